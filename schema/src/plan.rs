@@ -1,1 +1,278 @@
-//! (being written)
+//! The postcard-encoded plan metadata: target, model facts, tokenizer, scheduler, stages
+//! (values, steps, segments, arena layout) and the weight-tensor table.
+//!
+//! Identity is by numeric index everywhere (values, tensors, sections, stages); names are kept
+//! only for dumps and error messages.
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::DType;
+use crate::op::Op;
+use crate::scheduler::SchedulerConfig;
+use crate::tokenizer::TokenizerSpec;
+
+/// The instruction set a plan's packs were laid out for, and the CPU features they need.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Target {
+    pub isa: Isa,
+    /// CPU features the packed layouts need (e.g. `dotprod`); empty for generic layouts.
+    pub features: Vec<String>,
+}
+
+/// Instruction-set family of a [`Target`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Isa {
+    /// Plain row-major packs that the generic kernels of every target understand.
+    Generic,
+    X86_64,
+    Aarch64,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let isa = match self.isa {
+            Isa::Generic => "generic",
+            Isa::X86_64 => "x86_64",
+            Isa::Aarch64 => "aarch64",
+        };
+        if self.features.is_empty() {
+            write!(f, "{isa}")
+        } else {
+            write!(f, "{isa}+{}", self.features.join("+"))
+        }
+    }
+}
+
+/// Which PixArt variant the plan holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ModelFamily {
+    /// PixArt-Σ: no micro-conditions, T5 sequence length 300 by default.
+    PixArtSigma,
+    /// PixArt-α: resolution and aspect-ratio micro-conditions, sequence length 120 by default.
+    PixArtAlpha,
+}
+
+/// Facts about the compiled model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    pub family: ModelFamily,
+    /// The pipeline folder's name or the model's `general.name`.
+    pub name: String,
+    /// The diffusers pipeline class (`PixArtSigmaPipeline`, `PixArtAlphaPipeline`).
+    pub pipeline_class: String,
+}
+
+/// Facts about the text-encoder stage.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TextInfo {
+    /// Tokens per prompt after padding (300 for PixArt-Σ, 120 for PixArt-α by default).
+    pub max_sequence_length: u32,
+    /// Width of the encoder's hidden states (T5 `d_model`).
+    pub hidden: u32,
+    /// Rows of the embedding table; every token id must be below it.
+    pub vocab_rows: u32,
+}
+
+/// Facts about the VAE.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VaeInfo {
+    /// Latents are divided by this before decoding (`vae/config.json` `scaling_factor`).
+    pub scaling_factor: f32,
+    /// Channels of a latent (4 for SD/SDXL VAEs).
+    pub latent_channels: u32,
+    /// Image pixels per latent pixel along each axis (8).
+    pub downscale: u32,
+}
+
+/// One image size the plan was compiled for, with the stages that serve it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ImageSize {
+    /// Image width in pixels.
+    pub width: u32,
+    /// Image height in pixels.
+    pub height: u32,
+    /// Index into [`PlanMeta::stages`] of the denoiser for this size.
+    pub denoiser_stage: u32,
+    /// Index into [`PlanMeta::stages`] of the VAE decoder for this size.
+    pub decoder_stage: u32,
+}
+
+/// What a stage computes; fixes the meaning of its inputs and outputs.
+///
+/// | kind | inputs | outputs |
+/// | --- | --- | --- |
+/// | `TextEncoder` | `ids [l]` I32, `mask [l]` F32 (1 keep, 0 pad) | `hidden [l, d]` |
+/// | `Denoiser` | `latent [c, h, w]`, `timestep [1]`, `context [l, d_text]`, `mask [l]` | `eps [c, h, w]` |
+/// | `VaeDecoder` | `latent [c, h, w]` (scaled latents, as the sampler produces them) | `image [3, H, W]` in about −1…1 |
+/// | `VaeEncoder` | `image [3, H, W]` in −1…1 | `moments [2c, h, w]` |
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StageKind {
+    TextEncoder,
+    Denoiser,
+    VaeDecoder,
+    VaeEncoder,
+}
+
+/// A slot in an arena: `len` bytes at `offset` of arena number `arena`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArenaSlice {
+    /// Arena id (0 = host arena). Reserved for device arenas.
+    pub arena: u32,
+    /// Byte offset inside the arena.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+impl ArenaSlice {
+    /// End offset, or `None` on overflow.
+    pub fn end(&self) -> Option<u64> {
+        self.offset.checked_add(self.len)
+    }
+
+    /// Whether the two slices share at least one byte of the same arena.
+    pub fn overlaps(&self, other: &ArenaSlice) -> bool {
+        self.arena == other.arena
+            && self.len > 0
+            && other.len > 0
+            && self.offset < other.offset.saturating_add(other.len)
+            && other.offset < self.offset.saturating_add(self.len)
+    }
+}
+
+/// Where a value lives at run time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Storage {
+    /// An intermediate, input or output in the arena.
+    Arena(ArenaSlice),
+    /// A weight: index into [`PlanMeta::tensors`].
+    Weight(u32),
+}
+
+/// A tensor of a stage: its fact and its storage.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ValueEntry {
+    pub dtype: DType,
+    /// Shape, outermost-first.
+    pub shape: Vec<u64>,
+    pub storage: Storage,
+}
+
+/// One kernel invocation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    pub op: Op,
+    /// Value ids of the stage.
+    pub inputs: Vec<u32>,
+    /// Value ids of the stage (one output per step in format version 1).
+    pub outputs: Vec<u32>,
+    /// Planned scratch memory for kernels that need it (conv im2col, quantized activations).
+    pub scratch: Option<ArenaSlice>,
+}
+
+/// A contiguous run of steps whose weights are stored contiguously in one section.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Segment {
+    /// First step (inclusive).
+    pub first_step: u32,
+    /// One past the last step.
+    pub end_step: u32,
+    /// Where the cut came from (e.g. `transformer_blocks.3`), for dumps.
+    pub label: String,
+    /// Index into [`PlanMeta::sections`] of this segment's weights (`None` if it has none).
+    pub section: Option<u32>,
+}
+
+/// A stage: a static graph cut into segments, with its arena layout.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Stage {
+    pub name: String,
+    pub kind: StageKind,
+    /// Image width in pixels (0 for the text encoder).
+    pub width: u32,
+    /// Image height in pixels (0 for the text encoder).
+    pub height: u32,
+    pub values: Vec<ValueEntry>,
+    pub steps: Vec<Step>,
+    pub segments: Vec<Segment>,
+    /// Value ids of the inputs, in the order [`StageKind`] documents.
+    pub inputs: Vec<u32>,
+    /// Value ids of the outputs, in the order [`StageKind`] documents.
+    pub outputs: Vec<u32>,
+    /// Bytes of arena 0 this stage needs.
+    pub arena_size: u64,
+    /// The maximum over steps of the bytes of values live at that step (a lower bound for any
+    /// arena layout).
+    pub live_lower_bound: u64,
+}
+
+/// Weight layout inside a tensor's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PackLayout {
+    /// Rows of the outermost-first shape, one after another (ggml blocks along each row).
+    RowMajor,
+}
+
+/// A packed weight tensor in the weight region.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TensorEntry {
+    /// Canonical name (for dumps only; identity is the index).
+    pub name: String,
+    pub dtype: DType,
+    /// Shape, outermost-first.
+    pub shape: Vec<u64>,
+    pub layout: PackLayout,
+    /// Index into [`PlanMeta::sections`].
+    pub section: u32,
+    /// Byte offset inside the section (a multiple of [`crate::header::TENSOR_ALIGN`]).
+    pub offset: u64,
+    /// Byte length (`dtype.bytes_for(elements)`).
+    pub len: u64,
+}
+
+/// A page-aligned group of weights (one segment's), with its digest.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SectionEntry {
+    /// Byte offset relative to the weight region (a multiple of [`crate::header::SECTION_ALIGN`]).
+    pub offset: u64,
+    pub len: u64,
+    /// BLAKE3 of the section's bytes.
+    pub digest: [u8; 32],
+}
+
+/// Everything in a plan but the weight bytes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlanMeta {
+    pub target: Target,
+    pub model: ModelInfo,
+    pub tokenizer: TokenizerSpec,
+    pub scheduler: SchedulerConfig,
+    pub text: TextInfo,
+    pub vae: VaeInfo,
+    pub sizes: Vec<ImageSize>,
+    /// Index into `stages` of the text encoder.
+    pub text_stage: u32,
+    pub stages: Vec<Stage>,
+    pub tensors: Vec<TensorEntry>,
+    pub sections: Vec<SectionEntry>,
+}
+
+impl PlanMeta {
+    /// Decodes postcard bytes (no verification; see [`crate::verify`]).
+    pub fn decode(bytes: &[u8]) -> crate::Result<PlanMeta> {
+        postcard::from_bytes(bytes).map_err(|e| crate::Error::Decode(e.to_string()))
+    }
+
+    /// Encodes to postcard bytes.
+    #[cfg(feature = "write")]
+    pub fn encode(&self) -> crate::Result<Vec<u8>> {
+        postcard::to_allocvec(self).map_err(|e| crate::Error::Decode(e.to_string()))
+    }
+
+    /// The size entry for `width × height` pixels.
+    pub fn size(&self, width: u32, height: u32) -> Option<&ImageSize> {
+        self.sizes
+            .iter()
+            .find(|s| s.width == width && s.height == height)
+    }
+}

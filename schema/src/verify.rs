@@ -1,1 +1,380 @@
-//! (being written)
+//! The plan verifier: everything the runtime checks before it trusts a plan.
+//!
+//! Like a flatbuffers verifier, it walks every table: tensor ranges inside their sections,
+//! sections inside the weight region, value shapes against their storage, every step's op
+//! against its inputs and outputs (by re-running shape inference), arena slices inside the
+//! arena, no two simultaneously live values overlapping, segments covering the steps in
+//! order, and the stage kinds' input/output contracts. After `verify_meta` succeeds, kernels
+//! can index the slices the runtime gives them without further checks.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::header::{SECTION_ALIGN, TENSOR_ALIGN};
+use crate::op::{numel, Op, MAX_RANK};
+use crate::plan::{ArenaSlice, PlanMeta, Stage, StageKind, Storage};
+
+fn invalid(msg: String) -> Error {
+    Error::Invalid(msg)
+}
+
+/// Verifies `meta` against a weight region of `weights_len` bytes. Does not hash sections
+/// (see [`verify_section_digest`]).
+pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
+    meta.tokenizer
+        .validate()
+        .map_err(|e| invalid(format!("tokenizer: {e}")))?;
+    meta.scheduler
+        .validate()
+        .map_err(|e| invalid(format!("scheduler: {e}")))?;
+    if !(meta.vae.scaling_factor.is_finite() && meta.vae.scaling_factor > 0.0) {
+        return Err(invalid(format!(
+            "vae scaling factor {} is not a positive number",
+            meta.vae.scaling_factor
+        )));
+    }
+    if meta.vae.downscale == 0 || meta.vae.latent_channels == 0 {
+        return Err(invalid("vae downscale and latent channels must be positive".into()));
+    }
+    for (i, s) in meta.sections.iter().enumerate() {
+        let end = s.offset.checked_add(s.len);
+        if s.offset % SECTION_ALIGN != 0 || end.is_none_or(|e| e > weights_len) {
+            return Err(Error::Truncated {
+                what: format!("weight section {i}"),
+                start: s.offset,
+                end: end.unwrap_or(u64::MAX),
+                len: weights_len,
+            });
+        }
+    }
+    for (i, t) in meta.tensors.iter().enumerate() {
+        let sec = meta.sections.get(t.section as usize).ok_or_else(|| {
+            invalid(format!("tensor {i} ({}) names missing section {}", t.name, t.section))
+        })?;
+        let n = numel(&t.shape)
+            .ok_or_else(|| invalid(format!("tensor {i} ({}) has invalid shape {:?}", t.name, t.shape)))?;
+        let row = t.shape.last().copied().unwrap_or(1);
+        let bytes = t.dtype.bytes_for(n).filter(|_| row % t.dtype.block_size() as u64 == 0);
+        if bytes != Some(t.len) {
+            return Err(invalid(format!(
+                "tensor {i} ({}) of {} {:?} has {} bytes (expected {:?})",
+                t.name, t.dtype, t.shape, t.len, bytes
+            )));
+        }
+        let end = t.offset.checked_add(t.len);
+        if t.offset % TENSOR_ALIGN != 0 || end.is_none_or(|e| e > sec.len) {
+            return Err(Error::Truncated {
+                what: format!("tensor {i} ({}) in section {}", t.name, t.section),
+                start: t.offset,
+                end: end.unwrap_or(u64::MAX),
+                len: sec.len,
+            });
+        }
+    }
+    if meta.stages.get(meta.text_stage as usize).map(|s| s.kind) != Some(StageKind::TextEncoder) {
+        return Err(invalid(format!("text stage {} is not a text encoder", meta.text_stage)));
+    }
+    for (i, s) in meta.stages.iter().enumerate() {
+        verify_stage(meta, s).map_err(|e| match e {
+            Error::Invalid(m) => invalid(format!("stage {i} ({}): {m}", s.name)),
+            other => other,
+        })?;
+    }
+    if meta.sizes.is_empty() {
+        return Err(invalid("the plan holds no image size".into()));
+    }
+    for sz in &meta.sizes {
+        let ok = |idx: u32, kind: StageKind| {
+            meta.stages
+                .get(idx as usize)
+                .is_some_and(|s| s.kind == kind && s.width == sz.width && s.height == sz.height)
+        };
+        if !ok(sz.denoiser_stage, StageKind::Denoiser) || !ok(sz.decoder_stage, StageKind::VaeDecoder)
+        {
+            return Err(invalid(format!(
+                "size {}x{} points at stages of the wrong kind or size",
+                sz.width, sz.height
+            )));
+        }
+    }
+    let text = &meta.stages[meta.text_stage as usize];
+    let l = u64::from(meta.text.max_sequence_length);
+    let ids_shape = &text.values[text.inputs[0] as usize].shape;
+    if ids_shape != &[l] {
+        return Err(invalid(format!(
+            "text encoder input {ids_shape:?} does not match max sequence length {l}"
+        )));
+    }
+    if meta.tokenizer.vocab_len() as u64 > u64::from(meta.text.vocab_rows) {
+        return Err(invalid(format!(
+            "tokenizer has {} ids but the embedding table has {} rows",
+            meta.tokenizer.vocab_len(),
+            meta.text.vocab_rows
+        )));
+    }
+    Ok(())
+}
+
+/// Checks one section's digest against `bytes` (the section's bytes).
+pub fn verify_section_digest(meta: &PlanMeta, section: usize, bytes: &[u8]) -> Result<()> {
+    let s = meta
+        .sections
+        .get(section)
+        .ok_or_else(|| invalid(format!("no section {section}")))?;
+    if blake3::hash(bytes).as_bytes() != &s.digest {
+        return Err(Error::ChecksumMismatch {
+            what: format!("weight section {section}"),
+        });
+    }
+    Ok(())
+}
+
+fn expected_io(kind: StageKind) -> (usize, usize) {
+    match kind {
+        StageKind::TextEncoder => (2, 1),
+        StageKind::Denoiser => (4, 1),
+        StageKind::VaeDecoder => (1, 1),
+        StageKind::VaeEncoder => (1, 1),
+    }
+}
+
+fn verify_stage(meta: &PlanMeta, s: &Stage) -> Result<()> {
+    // Values: shapes, storage ranges.
+    for (i, v) in s.values.iter().enumerate() {
+        if v.shape.len() > MAX_RANK {
+            return Err(invalid(format!("value {i} has rank {}", v.shape.len())));
+        }
+        let n = numel(&v.shape)
+            .ok_or_else(|| invalid(format!("value {i} has invalid shape {:?}", v.shape)))?;
+        match &v.storage {
+            Storage::Arena(a) => {
+                if !matches!(v.dtype, DType::F32 | DType::I32) {
+                    return Err(invalid(format!("arena value {i} has dtype {}", v.dtype)));
+                }
+                let bytes = v.dtype.bytes_for(n);
+                if bytes != Some(a.len) {
+                    return Err(invalid(format!(
+                        "value {i} {:?} needs {bytes:?} bytes, its slot has {}",
+                        v.shape, a.len
+                    )));
+                }
+                check_slice(a, s.arena_size, &format!("value {i}"))?;
+            }
+            Storage::Weight(t) => {
+                let t = meta
+                    .tensors
+                    .get(*t as usize)
+                    .ok_or_else(|| invalid(format!("value {i} names missing tensor {t}")))?;
+                if t.shape != v.shape || t.dtype != v.dtype {
+                    return Err(invalid(format!(
+                        "value {i} ({} {:?}) does not match tensor {} ({} {:?})",
+                        v.dtype, v.shape, t.name, t.dtype, t.shape
+                    )));
+                }
+            }
+        }
+    }
+    let arena_of = |id: u32| -> Option<ArenaSlice> {
+        match s.values.get(id as usize).map(|v| &v.storage) {
+            Some(Storage::Arena(a)) => Some(*a),
+            _ => None,
+        }
+    };
+    let (ni, no) = expected_io(s.kind);
+    if s.inputs.len() != ni || s.outputs.len() != no {
+        return Err(invalid(format!(
+            "{:?} stage must have {ni} inputs and {no} outputs",
+            s.kind
+        )));
+    }
+    for &id in s.inputs.iter().chain(&s.outputs) {
+        if arena_of(id).is_none() {
+            return Err(invalid(format!("stage input/output {id} is not an arena value")));
+        }
+    }
+    // Steps: ids, op shapes, scratch, aliasing.
+    let mut produced = vec![false; s.values.len()];
+    for &id in &s.inputs {
+        produced[id as usize] = true;
+    }
+    for (k, step) in s.steps.iter().enumerate() {
+        let fail = |m: String| invalid(format!("step {k} ({}): {m}", step.op.name()));
+        if step.outputs.len() != 1 {
+            return Err(fail("must have exactly one output".into()));
+        }
+        let mut ins = Vec::with_capacity(step.inputs.len());
+        for &id in &step.inputs {
+            let v = s
+                .values
+                .get(id as usize)
+                .ok_or_else(|| fail(format!("input {id} out of range")))?;
+            if matches!(v.storage, Storage::Arena(_)) && !produced[id as usize] {
+                return Err(fail(format!("input {id} is read before it is written")));
+            }
+            ins.push((v.shape.as_slice(), v.dtype));
+        }
+        let out_id = step.outputs[0];
+        let out = s
+            .values
+            .get(out_id as usize)
+            .ok_or_else(|| fail(format!("output {out_id} out of range")))?;
+        let out_slice = arena_of(out_id).ok_or_else(|| fail("output is not an arena value".into()))?;
+        let (shape, dtype) = step.op.infer(&ins, Some(&out.shape)).map_err(fail)?;
+        if shape != out.shape || dtype != out.dtype {
+            return Err(fail(format!(
+                "output is {} {:?}, op gives {dtype} {shape:?}",
+                out.dtype, out.shape
+            )));
+        }
+        if let Op::Embedding = step.op {
+            if s.values[step.inputs[0] as usize].shape[0] < u64::from(meta.text.vocab_rows) {
+                return Err(fail("embedding table has fewer rows than the text info says".into()));
+            }
+        }
+        for &id in &step.inputs {
+            if let Some(a) = arena_of(id) {
+                let alias_ok = matches!(step.op, Op::Reshape) && a == out_slice;
+                if a.overlaps(&out_slice) && !alias_ok {
+                    return Err(fail(format!("input {id} overlaps the output in the arena")));
+                }
+            }
+        }
+        if let Some(sc) = &step.scratch {
+            check_slice(sc, s.arena_size, &format!("step {k} scratch"))?;
+        }
+        produced[out_id as usize] = true;
+    }
+    for &id in &s.outputs {
+        if !produced[id as usize] {
+            return Err(invalid(format!("output {id} is never written")));
+        }
+    }
+    verify_liveness(s)?;
+    // Segments: contiguous, in order, covering all steps.
+    let mut next = 0u32;
+    for (j, seg) in s.segments.iter().enumerate() {
+        if seg.first_step != next || seg.end_step < seg.first_step {
+            return Err(invalid(format!(
+                "segment {j} covers steps {}..{} (expected to start at {next})",
+                seg.first_step, seg.end_step
+            )));
+        }
+        if let Some(sec) = seg.section {
+            if sec as usize >= meta.sections.len() {
+                return Err(invalid(format!("segment {j} names missing section {sec}")));
+            }
+        }
+        next = seg.end_step;
+    }
+    if next as usize != s.steps.len() {
+        return Err(invalid(format!(
+            "segments cover {next} of {} steps",
+            s.steps.len()
+        )));
+    }
+    if s.live_lower_bound > s.arena_size {
+        return Err(invalid("live lower bound exceeds the arena size".into()));
+    }
+    Ok(())
+}
+
+fn check_slice(a: &ArenaSlice, arena_size: u64, what: &str) -> Result<()> {
+    if a.arena != 0 {
+        return Err(invalid(format!("{what} is in arena {} (only arena 0 exists)", a.arena)));
+    }
+    match a.end() {
+        Some(e) if e <= arena_size => Ok(()),
+        e => Err(invalid(format!(
+            "{what} spans {}..{:?} outside the arena of {arena_size} bytes",
+            a.offset, e
+        ))),
+    }
+}
+
+/// Checks that no two arena values (or step scratch slices) that are live at the same step
+/// overlap. A value is live from the step that writes it (or stage start, for inputs) to its
+/// last read (or stage end, for outputs). A reshape's output may share its input's slot.
+fn verify_liveness(s: &Stage) -> Result<()> {
+    let n = s.steps.len();
+    let mut first = vec![usize::MAX; s.values.len()];
+    let mut last = vec![0usize; s.values.len()];
+    for &id in &s.inputs {
+        first[id as usize] = 0;
+    }
+    for (k, step) in s.steps.iter().enumerate() {
+        for &id in &step.inputs {
+            last[id as usize] = last[id as usize].max(k);
+        }
+        let o = step.outputs[0] as usize;
+        first[o] = first[o].min(k);
+        last[o] = last[o].max(k);
+    }
+    for &id in &s.outputs {
+        last[id as usize] = n;
+    }
+    // Intervals: (start, end, slice, tag); tag distinguishes values from scratch.
+    let mut iv: Vec<(usize, usize, ArenaSlice, usize)> = Vec::new();
+    for (i, v) in s.values.iter().enumerate() {
+        if let Storage::Arena(a) = v.storage {
+            if first[i] != usize::MAX {
+                iv.push((first[i], last[i].max(first[i]), a, i));
+            }
+        }
+    }
+    for (k, step) in s.steps.iter().enumerate() {
+        if let Some(sc) = step.scratch {
+            iv.push((k, k, sc, usize::MAX - k));
+        }
+    }
+    iv.sort_by_key(|x| (x.0, x.1));
+    // Sweep: for each interval, compare against active intervals overlapping in time.
+    let mut active: Vec<(usize, usize, ArenaSlice, usize)> = Vec::new();
+    for cur in iv {
+        active.retain(|a| a.1 >= cur.0);
+        for a in &active {
+            if a.2.overlaps(&cur.2) && !reshape_alias(s, a.3, cur.3) {
+                return Err(invalid(format!(
+                    "arena slots of {} and {} overlap while both are live",
+                    tag_name(a.3),
+                    tag_name(cur.3)
+                )));
+            }
+        }
+        active.push(cur);
+    }
+    Ok(())
+}
+
+fn tag_name(tag: usize) -> String {
+    if tag > usize::MAX / 2 {
+        format!("scratch of step {}", usize::MAX - tag)
+    } else {
+        format!("value {tag}")
+    }
+}
+
+/// Whether `a` and `b` are a reshape's input and output sharing one slot (or chained reshapes).
+fn reshape_alias(s: &Stage, a: usize, b: usize) -> bool {
+    let slot = |id: usize| match s.values.get(id).map(|v| &v.storage) {
+        Some(Storage::Arena(x)) => Some(*x),
+        _ => None,
+    };
+    if a > usize::MAX / 2 || b > usize::MAX / 2 || slot(a) != slot(b) {
+        return false;
+    }
+    // Both must be connected by a chain of reshapes: check that one of them is produced by a
+    // reshape whose input has the same slot, walking back from each.
+    let root = |mut id: usize| {
+        for _ in 0..s.steps.len() {
+            let producer = s
+                .steps
+                .iter()
+                .find(|st| st.outputs.first() == Some(&(id as u32)) && matches!(st.op, Op::Reshape));
+            match producer {
+                Some(st) => id = st.inputs[0] as usize,
+                None => break,
+            }
+        }
+        id
+    };
+    root(a) == root(b)
+}
