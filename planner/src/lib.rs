@@ -1,5 +1,20 @@
 //! The offline planner: reads published model files, builds each stage's graph, folds,
 //! orders, cuts into segments, lays out the arena, packs weights and writes a `.plan`.
-#![forbid(unsafe_code)]
+//!
+//! Pipeline: [`load`] (safetensors, sharded index, GGUF, diffusers folder) → `edge_models`
+//! graph builders → [`lower`] (weights into the tensor table, liveness and the [`arena`]
+//! layout, cut markers into segments) → [`pack`] (weight types) → [`write`] (sections,
+//! digests, header, atomic write). Never depends on the runtime.
+#![deny(unsafe_code)]
 
+pub mod arena;
+pub mod compile;
+pub mod error;
+pub mod inspect;
 pub mod load;
+pub mod lower;
+pub mod pack;
+pub mod write;
+
+pub use compile::{compile_folder, compile_to_file, CompileOptions, Compiled};
+pub use error::{PlanError, Result};

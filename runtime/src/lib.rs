@@ -1,6 +1,22 @@
 //! The device runtime: mmap and verify a plan, run its stages on one arena, sample, decode,
-//! write the image. Depends only on `edge-schema` and the kernel crates.
+//! write the image.
+//!
+//! Depends only on `edge-schema`, the kernel crates and a few small libraries (memmap2,
+//! zerocopy, png); never on the planner, graph, models, safetensors, clap or anyhow.
+//! `unsafe` exists in one place: the `mmap` call in [`plan`].
+#![deny(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod error;
+pub mod image;
+pub mod pipeline;
+pub mod plan;
+pub mod rng;
 pub mod sampler;
+pub mod session;
 pub mod tokenizer;
+
+pub use error::{Error, Result};
+pub use pipeline::{generate, GenerateParams, Generated, Progress};
+pub use plan::Plan;
+pub use session::{Session, StageInput};

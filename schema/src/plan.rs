@@ -255,6 +255,9 @@ pub struct PlanMeta {
     pub stages: Vec<Stage>,
     pub tensors: Vec<TensorEntry>,
     pub sections: Vec<SectionEntry>,
+    /// What the planner decided that differs from what was asked (type fallbacks), for
+    /// `edgeplan inspect`.
+    pub notes: Vec<String>,
 }
 
 impl PlanMeta {

@@ -7,10 +7,12 @@
 //! it from `tokenizer.json` or `spiece.model` (`edge_planner::load::tokenizer`); the runtime
 //! builds its encoder from it (`edge_runtime::tokenizer`).
 //!
-//! The normalisation data is not the SentencePiece double-array trie itself but the table it
-//! encodes: one [`NormRule`] per key of the `precompiled_charsmap` trie, with the replacement
-//! string it points to. The table is plain strings, so a hostile plan cannot smuggle in
-//! out-of-range trie offsets; [`TokenizerSpec::validate`] checks the rest.
+//! The normalisation data is SentencePiece's `precompiled_charsmap` itself (a darts-clone
+//! double-array trie followed by NUL-terminated replacement strings; `nmt_nfkc` is about
+//! 240 KB, while the table it encodes has about 225 000 rules, so the trie is the compact
+//! form). [`TokenizerSpec::validate`] checks its framing and that the replacement area is
+//! UTF-8; the runtime bounds-checks every trie step, and the planner walks the whole trie
+//! before writing a plan.
 //!
 //! The types are postcard-friendly: plain structs and unit enums.
 
@@ -45,16 +47,6 @@ pub struct AddedToken {
     pub special: bool,
 }
 
-/// One normalisation rule of the precompiled charsmap: the longest `from` that is a prefix of
-/// the remaining text is replaced by `to` (SentencePiece `Normalizer::NormalizePrefix`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NormRule {
-    /// The source text (one or more characters). Never empty.
-    pub from: String,
-    /// The replacement (may be empty: the source is deleted).
-    pub to: String,
-}
-
 /// Where the Metaspace pre-tokenizer puts the `▁` word-start marker (HF `PrependScheme`;
 /// SentencePiece `add_dummy_prefix`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -85,9 +77,11 @@ pub struct TokenizerSpec {
     pub eos_id: u32,
     /// Id of `<pad>`: fills the padded tail in `encode_padded`.
     pub pad_id: u32,
-    /// The `nmt_nfkc` normalisation table derived from the `precompiled_charsmap`, sorted by
-    /// `from` (byte order), `from` unique. Empty means no normalisation.
-    pub norm_rules: Vec<NormRule>,
+    /// SentencePiece `normalizer_spec.precompiled_charsmap` (HF `Precompiled` normalizer):
+    /// little-endian `u32` trie size in bytes, the darts-clone trie (`u32` units), then
+    /// NUL-terminated UTF-8 replacement strings. At each position the longest key that
+    /// prefixes the remaining text is replaced. Empty means no normalisation.
+    pub precompiled_charsmap: Vec<u8>,
     /// `true`: whitespace runs separate words and are dropped (HF `WhitespaceSplit`;
     /// SentencePiece `remove_extra_whitespaces`). `false`: spaces become `▁` and are kept.
     pub remove_extra_whitespaces: bool,
@@ -113,8 +107,9 @@ impl TokenizerSpec {
     /// an empty, over-long ([`MAX_TOKEN_BYTES`]) or duplicate piece; a non-finite score; an
     /// empty, over-long or duplicate added token, or two added tokens with one id; an id above
     /// `i32::MAX` (ids are passed to the model as int32); `unk_id` not a piece; `eos_id` or
-    /// `pad_id` outside `0..vocab_len()`; a normalisation rule with an empty or over-long
-    /// `from`/`to`, or rules not strictly sorted by `from`.
+    /// `pad_id` outside `0..vocab_len()`; a non-empty `precompiled_charsmap` shorter than its
+    /// header, whose trie size is not a non-zero multiple of 4 within the blob, or whose
+    /// replacement area is not NUL-terminated UTF-8 strings.
     pub fn validate(&self) -> Result<(), String> {
         if self.pieces.is_empty() {
             return Err("tokenizer: no pieces".into());
@@ -196,32 +191,57 @@ impl TokenizerSpec {
                 ));
             }
         }
-        let mut prev: Option<&str> = None;
-        for (i, rule) in self.norm_rules.iter().enumerate() {
-            if rule.from.is_empty()
-                || rule.from.len() > MAX_TOKEN_BYTES
-                || rule.to.len() > MAX_TOKEN_BYTES
-            {
-                return Err(format!(
-                    "tokenizer: normalisation rule {i} has from/to of {}/{} bytes \
-                     (expected 1..={MAX_TOKEN_BYTES} / 0..={MAX_TOKEN_BYTES})",
-                    rule.from.len(),
-                    rule.to.len()
-                ));
-            }
-            if let Some(p) = prev {
-                if p >= rule.from.as_str() {
-                    return Err(format!(
-                        "tokenizer: normalisation rules are not strictly sorted at rule {i} \
-                         ({:?} after {p:?})",
-                        rule.from
-                    ));
-                }
-            }
-            prev = Some(&rule.from);
-        }
+        check_charsmap_framing(&self.precompiled_charsmap)?;
         Ok(())
     }
+}
+
+/// Splits a `precompiled_charsmap` into `(trie units, replacement strings)` after checking
+/// its framing; an empty blob gives no units and no strings. See [`TokenizerSpec::precompiled_charsmap`].
+pub fn split_charsmap(blob: &[u8]) -> Result<(Vec<u32>, &[u8]), String> {
+    if blob.is_empty() {
+        return Ok((Vec::new(), &[]));
+    }
+    let Some(&[a, b, c, d]) = blob.get(..4) else {
+        return Err(format!(
+            "tokenizer: precompiled_charsmap has {} bytes, less than its 4-byte header",
+            blob.len()
+        ));
+    };
+    let trie_size = u32::from_le_bytes([a, b, c, d]) as usize;
+    let rest = &blob[4..];
+    if trie_size == 0 || trie_size % 4 != 0 || trie_size > rest.len() {
+        return Err(format!(
+            "tokenizer: precompiled_charsmap trie size {trie_size} is not a non-zero multiple \
+             of 4 within the {} bytes after the header",
+            rest.len()
+        ));
+    }
+    let units = rest[..trie_size]
+        .chunks_exact(4)
+        .map(|u| u32::from_le_bytes([u[0], u[1], u[2], u[3]]))
+        .collect();
+    Ok((units, &rest[trie_size..]))
+}
+
+fn check_charsmap_framing(blob: &[u8]) -> Result<(), String> {
+    let (_, strings) = split_charsmap(blob)?;
+    if strings.is_empty() {
+        return Ok(());
+    }
+    if strings.last() != Some(&0) {
+        return Err(
+            "tokenizer: precompiled_charsmap replacement area does not end with NUL".into(),
+        );
+    }
+    for (i, s) in strings[..strings.len() - 1].split(|&b| b == 0).enumerate() {
+        if std::str::from_utf8(s).is_err() {
+            return Err(format!(
+                "tokenizer: precompiled_charsmap replacement string {i} is not UTF-8"
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -257,16 +277,8 @@ mod tests {
             unk_id: 2,
             eos_id: 1,
             pad_id: 0,
-            norm_rules: vec![
-                NormRule {
-                    from: "\t".into(),
-                    to: " ".into(),
-                },
-                NormRule {
-                    from: "ﬁ".into(),
-                    to: "fi".into(),
-                },
-            ],
+            // trie of 2 units (root only, no keys), then the strings "fi\0"
+            precompiled_charsmap: vec![8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, b'f', b'i', 0],
             remove_extra_whitespaces: true,
             prepend_scheme: PrependScheme::Always,
         }
@@ -304,12 +316,20 @@ mod tests {
         assert!(s.validate().unwrap_err().contains("id 1"));
 
         let mut s = small();
-        s.norm_rules.swap(0, 1);
-        assert!(s.validate().unwrap_err().contains("sorted"));
+        s.precompiled_charsmap.pop();
+        assert!(s.validate().unwrap_err().contains("NUL"));
 
         let mut s = small();
-        s.norm_rules[0].from.clear();
-        assert!(s.validate().unwrap_err().contains("rule 0"));
+        s.precompiled_charsmap[12] = 0xff;
+        assert!(s.validate().unwrap_err().contains("UTF-8"));
+
+        let mut s = small();
+        s.precompiled_charsmap[0] = 6;
+        assert!(s.validate().unwrap_err().contains("trie size"));
+
+        let mut s = small();
+        s.precompiled_charsmap.truncate(3);
+        assert!(s.validate().unwrap_err().contains("header"));
 
         let mut s = small();
         s.pieces.clear();

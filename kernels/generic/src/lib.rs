@@ -1,7 +1,51 @@
-//! The complete generic (scalar, portable) kernel table.
+//! The complete generic (portable, safe Rust) kernel table: the oracle for every SIMD and
+//! CUDA kernel.
 //!
 //! Kernels take slices and plain parameter structs; they never see `Op`. Every SIMD or CUDA
-//! kernel elsewhere has its twin here, and tests compare them.
+//! kernel elsewhere has its twin here, and tests compare them. This crate depends only on
+//! `edge-schema` (for [`DType`](edge_schema::DType)) and never on the graph, planner or runtime.
+//!
+//! Conventions shared by all kernels:
+//! - Tensors are contiguous, row-major, f32, shapes written outermost-first (PyTorch order).
+//! - Weights arrive as raw bytes ([`WeightRef`]); `F32` weights are viewed in place and must be
+//!   4-byte aligned (plans align weight sections to 64 bytes). Scratch memory comes from the
+//!   caller (the planned arena), 4-byte aligned; kernels allocate nothing on the heap.
+//! - Preconditions are asserted once per call with a message; inner loops only `debug_assert!`.
+//! - Work runs on rayon's global pool (see [`init_threads`]). Every output element is computed
+//!   by exactly one task and every reduction has a fixed order, so results are bit-identical
+//!   for any thread count.
 #![forbid(unsafe_code)]
 
+mod attention;
+mod conv;
+mod elementwise;
+mod embed;
+mod gemm;
+mod layout;
+mod linear;
+mod norm;
 pub mod quant;
+mod table;
+mod weights;
+
+pub use attention::{attention, AttentionParams, MAX_HEAD_DIM};
+pub use conv::{conv2d, conv2d_scratch_bytes, Conv2dParams};
+pub use elementwise::{add, gated_residual, gelu_tanh, modulate, mul, scale, silu};
+pub use embed::{embedding, t5_position_bias, t5_relative_position_bucket, timestep_embedding};
+pub use layout::{concat_axis, permute, slice_axis, upsample_nearest2x, MAX_RANK};
+pub use linear::{linear, linear_scratch_bytes};
+pub use norm::{group_norm, layer_norm, rms_norm};
+pub use table::{
+    generic, AttentionFn, BinaryFn, Conv2dFn, Conv2dScratchFn, GatedResidualFn, GroupNormFn,
+    Kernel, KernelTable, LayerNormFn, LinearFn, LinearScratchFn, ModulateFn, RmsNormFn, UnaryFn,
+};
+pub use weights::WeightRef;
+
+/// Builds rayon's global thread pool with `n` threads (0 = rayon's default, one per core).
+///
+/// Returns `true` if this call built the pool, `false` if the global pool already existed
+/// (an earlier call, or a kernel that already ran and started rayon's default pool); the
+/// existing pool then stays. Results never depend on the thread count.
+pub fn init_threads(n: usize) -> bool {
+    rayon::ThreadPoolBuilder::new().num_threads(n).build_global().is_ok()
+}

@@ -1,0 +1,169 @@
+//! `generic_attention_f32`: multi-head scaled-dot-product attention, flash-attention style.
+
+use rayon::prelude::*;
+
+use crate::gemm::dot;
+
+/// Largest supported `head_dim` (the stack accumulator size). The VAE mid-block attention is
+/// single-head with `head_dim = channels` (512 in the SD VAE used by PixArt).
+pub const MAX_HEAD_DIM: usize = 512;
+/// Keys per tile of the online softmax.
+const KEY_TILE: usize = 64;
+/// Query rows per task (they share each key/value tile while it is in cache).
+const QUERY_TILE: usize = 4;
+
+/// Where queries, keys and values lie in their source buffers, and the score formula.
+///
+/// Query of head `h` at row `i`: `q_src[i·q_stride + q_offset + h·head_dim ..][..head_dim]`;
+/// key of row `j`: `kv_src[j·kv_stride + k_offset + h·head_dim ..]`; value likewise with
+/// `v_offset`. A fused qkv projection `[L, 3D]` is read in place with strides `3D` and offsets
+/// `0, D, 2D`; a fused kv projection `[L, 2D]` with stride `2D` and offsets `0, D`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionParams {
+    /// Query rows.
+    pub lq: usize,
+    /// Key/value rows (≥ 1).
+    pub lk: usize,
+    /// Heads.
+    pub heads: usize,
+    /// Elements per head (1..=[`MAX_HEAD_DIM`]).
+    pub head_dim: usize,
+    /// Multiplier of `q·k` (`1/√head_dim` for PixArt and the VAE, 1.0 for T5).
+    pub scale: f32,
+    /// Elements between consecutive query rows of `q_src`.
+    pub q_stride: usize,
+    /// Offset of head 0 within a query row.
+    pub q_offset: usize,
+    /// Elements between consecutive rows of `kv_src`.
+    pub kv_stride: usize,
+    /// Offset of head 0's key within a `kv_src` row.
+    pub k_offset: usize,
+    /// Offset of head 0's value within a `kv_src` row.
+    pub v_offset: usize,
+    /// Added to the score of a dropped key, times `1 − mask[j]` (−10000 in PixArt's cross
+    /// attention, `f32::MIN` in T5).
+    pub masked_value: f32,
+}
+
+/// `generic_attention_f32`: for every head `h` and query row `i`,
+/// `s_j = scale·(q·k_j) + bias[h, i, j] + (1 − key_mask[j])·masked_value`,
+/// `out[i, h·head_dim ..][..head_dim] = Σ_j softmax(s)_j · v_j` (torch
+/// `scaled_dot_product_attention` with an additive mask; T5Attention with its position bias).
+///
+/// Shapes: `key_mask` `[lk]` (1 keep, 0 drop), `bias` `[heads, lq, lk]`, `out`
+/// `[lq, heads·head_dim]`; `q_src`/`kv_src` as described by [`AttentionParams`].
+///
+/// Keys are visited in tiles of 64 with an online softmax (running maximum and sum, rescaled
+/// when the maximum grows; Milakov & Gimelshein 2018, FlashAttention): the `[lq, lk]` score
+/// matrix is never stored and nothing is allocated. The order of every sum is fixed by the
+/// tile size, so the result is identical for any thread count. Parallel over blocks of 4 query
+/// rows (all heads of a row are in the same task because `out` rows interleave heads).
+pub fn attention(
+    p: &AttentionParams,
+    q_src: &[f32],
+    kv_src: &[f32],
+    key_mask: Option<&[f32]>,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    let hd = p.head_dim;
+    let width = p.heads * hd;
+    assert!(
+        (1..=MAX_HEAD_DIM).contains(&hd),
+        "attention: head_dim {hd} outside 1..={MAX_HEAD_DIM}"
+    );
+    assert!(p.lk > 0, "attention: lk must be ≥ 1");
+    assert_eq!(out.len(), p.lq * width, "attention: out has {} elements, expected [{}, {width}]", out.len(), p.lq);
+    if p.lq > 0 {
+        let need = (p.lq - 1) * p.q_stride + p.q_offset + width;
+        assert!(q_src.len() >= need, "attention: q_src has {} elements, needs {need} for {p:?}", q_src.len());
+    }
+    let need_kv = (p.lk - 1) * p.kv_stride + p.k_offset.max(p.v_offset) + width;
+    assert!(kv_src.len() >= need_kv, "attention: kv_src has {} elements, needs {need_kv} for {p:?}", kv_src.len());
+    if let Some(m) = key_mask {
+        assert_eq!(m.len(), p.lk, "attention: key_mask has {} elements, expected lk = {}", m.len(), p.lk);
+    }
+    if let Some(b) = bias {
+        assert_eq!(b.len(), p.heads * p.lq * p.lk, "attention: bias has {} elements, expected [{}, {}, {}]", b.len(), p.heads, p.lq, p.lk);
+    }
+    if p.lq == 0 || width == 0 {
+        return;
+    }
+    out.par_chunks_mut(QUERY_TILE * width)
+        .enumerate()
+        .for_each(|(t, rows)| {
+            let i0 = t * QUERY_TILE;
+            for h in 0..p.heads {
+                attend_rows(p, q_src, kv_src, key_mask, bias, h, i0, rows);
+            }
+        });
+}
+
+/// Computes head `h` of the query rows `i0 .. i0 + rows.len() / width` into `rows`.
+fn attend_rows(
+    p: &AttentionParams,
+    q_src: &[f32],
+    kv_src: &[f32],
+    key_mask: Option<&[f32]>,
+    bias: Option<&[f32]>,
+    h: usize,
+    i0: usize,
+    rows: &mut [f32],
+) {
+    let hd = p.head_dim;
+    let width = p.heads * hd;
+    let nq = rows.len() / width;
+    let mut acc = [[0.0f32; MAX_HEAD_DIM]; QUERY_TILE];
+    let mut run_max = [f32::NEG_INFINITY; QUERY_TILE];
+    let mut run_sum = [0.0f32; QUERY_TILE];
+    let mut scores = [0.0f32; KEY_TILE];
+    let q_at = |i: usize| &q_src[i * p.q_stride + p.q_offset + h * hd..][..hd];
+    let k_at = |j: usize| &kv_src[j * p.kv_stride + p.k_offset + h * hd..][..hd];
+    let v_at = |j: usize| &kv_src[j * p.kv_stride + p.v_offset + h * hd..][..hd];
+
+    for j0 in (0..p.lk).step_by(KEY_TILE) {
+        let nk = KEY_TILE.min(p.lk - j0);
+        for r in 0..nq {
+            let i = i0 + r;
+            let q = q_at(i);
+            let s = &mut scores[..nk];
+            for (jj, sj) in s.iter_mut().enumerate() {
+                let j = j0 + jj;
+                let mut v = p.scale * dot(q, k_at(j));
+                if let Some(b) = bias {
+                    v += b[(h * p.lq + i) * p.lk + j];
+                }
+                if let Some(m) = key_mask {
+                    v += (1.0 - m[j]) * p.masked_value;
+                }
+                *sj = v;
+            }
+            let tile_max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let new_max = run_max[r].max(tile_max);
+            let correction = (run_max[r] - new_max).exp();
+            let a = &mut acc[r][..hd];
+            if correction != 1.0 {
+                for x in a.iter_mut() {
+                    *x *= correction;
+                }
+            }
+            let mut sum = run_sum[r] * correction;
+            for (jj, sj) in s.iter().enumerate() {
+                let w = (sj - new_max).exp();
+                sum += w;
+                for (x, &vv) in a.iter_mut().zip(v_at(j0 + jj)) {
+                    *x += w * vv;
+                }
+            }
+            run_sum[r] = sum;
+            run_max[r] = new_max;
+        }
+    }
+    for r in 0..nq {
+        let inv = run_sum[r];
+        let dst = &mut rows[r * width + h * hd..][..hd];
+        for (o, &a) in dst.iter_mut().zip(&acc[r][..hd]) {
+            *o = a / inv;
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! The kernel table: named function pointers the runtime calls through.
+
+use edge_schema::DType;
+
+use crate::{AttentionParams, Conv2dParams, WeightRef};
+
+/// [`crate::linear`]'s signature: `(x, w, bias, out, m, k, n, scratch)`.
+pub type LinearFn =
+    fn(&[f32], WeightRef<'_>, Option<&[f32]>, &mut [f32], usize, usize, usize, &mut [u8]);
+/// [`crate::linear_scratch_bytes`]'s signature: `(w_dtype, m, k) -> bytes`.
+pub type LinearScratchFn = fn(DType, usize, usize) -> usize;
+/// [`crate::conv2d`]'s signature: `(p, x, w, bias, out, scratch)`.
+pub type Conv2dFn =
+    fn(&Conv2dParams, &[f32], WeightRef<'_>, Option<&[f32]>, &mut [f32], &mut [u8]);
+/// [`crate::conv2d_scratch_bytes`]'s signature.
+pub type Conv2dScratchFn = fn(&Conv2dParams, DType) -> usize;
+/// [`crate::attention`]'s signature: `(p, q_src, kv_src, key_mask, bias, out)`.
+pub type AttentionFn =
+    fn(&AttentionParams, &[f32], &[f32], Option<&[f32]>, Option<&[f32]>, &mut [f32]);
+/// [`crate::group_norm`]'s signature: `(x, c, hw, groups, eps, weight, bias, out)`.
+pub type GroupNormFn = fn(&[f32], usize, usize, usize, f32, &[f32], &[f32], &mut [f32]);
+/// [`crate::layer_norm`]'s signature: `(x, m, d, eps, weight, bias, out)`.
+pub type LayerNormFn =
+    fn(&[f32], usize, usize, f32, Option<&[f32]>, Option<&[f32]>, &mut [f32]);
+/// [`crate::rms_norm`]'s signature: `(x, m, d, eps, weight, out)`.
+pub type RmsNormFn = fn(&[f32], usize, usize, f32, &[f32], &mut [f32]);
+/// An element-wise map `(x, out)` such as [`crate::silu`].
+pub type UnaryFn = fn(&[f32], &mut [f32]);
+/// A broadcast binary op `(a, b, out)` such as [`crate::add`].
+pub type BinaryFn = fn(&[f32], &[f32], &mut [f32]);
+/// [`crate::modulate`]'s signature: `(x, m, d, shift, scale, out)`.
+pub type ModulateFn = fn(&[f32], usize, usize, &[f32], &[f32], &mut [f32]);
+/// [`crate::gated_residual`]'s signature: `(x, y, m, d, gate, out)`.
+pub type GatedResidualFn = fn(&[f32], &[f32], usize, usize, &[f32], &mut [f32]);
+
+/// One slot of the table: the function and the name reported by [`KernelTable::names`]
+/// (`{isa}_{op}_{dtype}[_{tile}]`, e.g. `generic_linear_f32`).
+#[derive(Clone, Copy, Debug)]
+pub struct Kernel<F> {
+    /// Kernel name for logs.
+    pub name: &'static str,
+    /// The kernel.
+    pub run: F,
+}
+
+/// The hot kernels by slot. [`generic`] fills every slot; SIMD crates copy it and overwrite
+/// the slots they accelerate (`best() = generic()` + plugs). Call a slot as
+/// `(table.linear.run)(x, w, bias, out, m, k, n, scratch)`.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelTable {
+    /// `out = x · wᵀ + bias`, every weight type.
+    pub linear: Kernel<LinearFn>,
+    /// Scratch bytes of `linear`.
+    pub linear_scratch_bytes: Kernel<LinearScratchFn>,
+    /// 2-D convolution.
+    pub conv2d: Kernel<Conv2dFn>,
+    /// Scratch bytes of `conv2d`.
+    pub conv2d_scratch_bytes: Kernel<Conv2dScratchFn>,
+    /// Multi-head attention.
+    pub attention: Kernel<AttentionFn>,
+    /// torch GroupNorm.
+    pub group_norm: Kernel<GroupNormFn>,
+    /// torch LayerNorm.
+    pub layer_norm: Kernel<LayerNormFn>,
+    /// T5LayerNorm.
+    pub rms_norm: Kernel<RmsNormFn>,
+    /// GELU, tanh approximation.
+    pub gelu_tanh: Kernel<UnaryFn>,
+    /// SiLU.
+    pub silu: Kernel<UnaryFn>,
+    /// Broadcast add.
+    pub add: Kernel<BinaryFn>,
+    /// Broadcast multiply.
+    pub mul: Kernel<BinaryFn>,
+    /// `x · (1 + scale) + shift`.
+    pub modulate: Kernel<ModulateFn>,
+    /// `x + gate · y`.
+    pub gated_residual: Kernel<GatedResidualFn>,
+}
+
+impl KernelTable {
+    /// `(slot, kernel name)` for every slot, in declaration order, for logging the choice.
+    pub fn names(&self) -> [(&'static str, &'static str); 14] {
+        [
+            ("linear", self.linear.name),
+            ("linear_scratch_bytes", self.linear_scratch_bytes.name),
+            ("conv2d", self.conv2d.name),
+            ("conv2d_scratch_bytes", self.conv2d_scratch_bytes.name),
+            ("attention", self.attention.name),
+            ("group_norm", self.group_norm.name),
+            ("layer_norm", self.layer_norm.name),
+            ("rms_norm", self.rms_norm.name),
+            ("gelu_tanh", self.gelu_tanh.name),
+            ("silu", self.silu.name),
+            ("add", self.add.name),
+            ("mul", self.mul.name),
+            ("modulate", self.modulate.name),
+            ("gated_residual", self.gated_residual.name),
+        ]
+    }
+}
+
+/// The complete generic table: every slot holds this crate's kernel.
+pub fn generic() -> KernelTable {
+    KernelTable {
+        linear: Kernel { name: "generic_linear_f32", run: crate::linear },
+        linear_scratch_bytes: Kernel {
+            name: "generic_linear_f32",
+            run: crate::linear_scratch_bytes,
+        },
+        conv2d: Kernel { name: "generic_conv2d_f32", run: crate::conv2d },
+        conv2d_scratch_bytes: Kernel {
+            name: "generic_conv2d_f32",
+            run: crate::conv2d_scratch_bytes,
+        },
+        attention: Kernel { name: "generic_attention_f32", run: crate::attention },
+        group_norm: Kernel { name: "generic_group_norm_f32", run: crate::group_norm },
+        layer_norm: Kernel { name: "generic_layer_norm_f32", run: crate::layer_norm },
+        rms_norm: Kernel { name: "generic_rms_norm_f32", run: crate::rms_norm },
+        gelu_tanh: Kernel { name: "generic_gelu_tanh_f32", run: crate::gelu_tanh },
+        silu: Kernel { name: "generic_silu_f32", run: crate::silu },
+        add: Kernel { name: "generic_add_f32", run: crate::add },
+        mul: Kernel { name: "generic_mul_f32", run: crate::mul },
+        modulate: Kernel { name: "generic_modulate_f32", run: crate::modulate },
+        gated_residual: Kernel {
+            name: "generic_gated_residual_f32",
+            run: crate::gated_residual,
+        },
+    }
+}

@@ -1,0 +1,203 @@
+//! `linear` against an f64 reference, for every plain weight type and the ggml block types.
+
+mod common;
+
+use common::*;
+use edge_kernels::{linear, linear_scratch_bytes, quant, WeightRef};
+use edge_schema::DType;
+
+/// `Σ_c x[i,c]·w[j,c] + b[j]` in f64, and `Σ |x·w| + |b|` for the tolerance.
+fn reference(x: &[f32], w: &[f32], b: Option<&[f32]>, m: usize, k: usize, n: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut out = vec![0.0; m * n];
+    let mut mag = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut s = 0.0f64;
+            let mut a = 0.0f64;
+            for c in 0..k {
+                let p = f64::from(x[i * k + c]) * f64::from(w[j * k + c]);
+                s += p;
+                a += p.abs();
+            }
+            if let Some(b) = b {
+                s += f64::from(b[j]);
+                a += f64::from(b[j]).abs();
+            }
+            out[i * n + j] = s;
+            mag[i * n + j] = a;
+        }
+    }
+    (out, mag)
+}
+
+/// Weight bytes of `dtype` for `w` and the values they really hold.
+fn plain_weight(dtype: DType, w: &[f32]) -> (AlignedBytes, Vec<f32>) {
+    match dtype {
+        DType::F32 => (f32_bytes(w), w.to_vec()),
+        DType::F16 => f16_bytes(w),
+        DType::BF16 => bf16_bytes(w),
+        _ => unreachable!(),
+    }
+}
+
+fn run(dtype: DType, wb: &AlignedBytes, x: &[f32], b: Option<&[f32]>, m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; m * n];
+    let mut scratch = AlignedBytes::zeroed(linear_scratch_bytes(dtype, m, k));
+    linear(x, WeightRef { dtype, bytes: wb.bytes() }, b, &mut out, m, k, n, scratch.bytes_mut());
+    out
+}
+
+#[test]
+fn plain_types_match_f64_reference_on_ragged_shapes() {
+    let mut rng = Rng::new(1);
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for &m in &SIZES {
+            for &k in &SIZES {
+                for &n in &SIZES {
+                    let x = rng.vec(m * k, 1.0);
+                    let w = rng.vec(n * k, 0.5);
+                    let bias = rng.vec(n, 1.0);
+                    let b = ((m + k + n) % 2 == 0).then_some(bias.as_slice());
+                    let (wb, wv) = plain_weight(dtype, &w);
+                    let got = run(dtype, &wb, &x, b, m, k, n);
+                    let (want, mag) = reference(&x, &wv, b, m, k, n);
+                    assert_close(&format!("{dtype:?} m={m} k={k} n={n}"), &got, &want, |i| 1e-6 * mag[i] + 1e-30);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn large_panels_and_row_blocks() {
+    // n > 64 (several F16 panels) and m > 64 (several row blocks of the tall path).
+    let mut rng = Rng::new(2);
+    for dtype in [DType::F32, DType::F16] {
+        let (m, k, n) = (150, 72, 200);
+        let x = rng.vec(m * k, 1.0);
+        let w = rng.vec(n * k, 0.5);
+        let bias = rng.vec(n, 1.0);
+        let (wb, wv) = plain_weight(dtype, &w);
+        let got = run(dtype, &wb, &x, Some(&bias), m, k, n);
+        let (want, mag) = reference(&x, &wv, Some(&bias), m, k, n);
+        assert_close(&format!("{dtype:?}"), &got, &want, |i| 1e-6 * mag[i]);
+    }
+}
+
+#[test]
+fn identical_for_any_thread_count() {
+    let mut rng = Rng::new(3);
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (m, k, n) in [(1, 100, 130), (5, 33, 64), (100, 17, 100), (33, 64, 5)] {
+            let x = rng.vec(m * k, 1.0);
+            let w = rng.vec(n * k, 0.5);
+            let bias = rng.vec(n, 1.0);
+            let (wb, _) = plain_weight(dtype, &w);
+            assert_thread_invariant(&format!("{dtype:?} {m}x{k}x{n}"), || run(dtype, &wb, &x, Some(&bias), m, k, n));
+        }
+    }
+}
+
+/// Every ggml block type, with its block size.
+fn quantized_types() -> Vec<(DType, usize)> {
+    DType::ALL.into_iter().filter(|d| d.is_quantized()).map(|d| (d, d.block_size())).collect()
+}
+
+/// Random `[n, k]` weights quantized row by row with ggml's reference quantizer
+/// (`quant::quantize_row`), and the values they hold (`quant::dequantize_row`).
+fn random_quant_weight(rng: &mut Rng, dtype: DType, n: usize, k: usize) -> (AlignedBytes, Vec<f32>) {
+    let row = dtype.bytes_for(k as u64).expect("whole blocks") as usize;
+    let mut bytes = vec![0u8; n * row];
+    let mut deq = vec![0.0f32; n * k];
+    for j in 0..n {
+        let w = rng.vec(k, 0.5);
+        quant::quantize_row(dtype, &w, &mut bytes[j * row..(j + 1) * row]);
+        quant::dequantize_row(dtype, &bytes[j * row..(j + 1) * row], &mut deq[j * k..(j + 1) * k]);
+    }
+    (AlignedBytes::from_bytes(&bytes), deq)
+}
+
+#[test]
+fn quantized_equals_ggml_vec_dot_composition() {
+    let mut rng = Rng::new(4);
+    for (dtype, bs) in quantized_types() {
+        for (m, kb, n) in [(1, 1, 5), (3, 2, 17), (17, 1, 33), (9, 3, 100)] {
+            let k = kb * bs;
+            let x = rng.vec(m * k, 1.0);
+            let bias = rng.vec(n, 1.0);
+            let (wb, _) = random_quant_weight(&mut rng, dtype, n, k);
+            let got = run(dtype, &wb, &x, Some(&bias), m, k, n);
+            let arow = quant::activation_row_bytes(dtype, k);
+            let wrow = dtype.bytes_for(k as u64).expect("whole blocks") as usize;
+            for i in 0..m {
+                let mut act = vec![0u8; arow];
+                quant::quantize_activation_row(dtype, &x[i * k..(i + 1) * k], &mut act);
+                for j in 0..n {
+                    let want = quant::vec_dot(dtype, k, &wb.bytes()[j * wrow..(j + 1) * wrow], &act) + bias[j];
+                    assert_eq!(got[i * n + j].to_bits(), want.to_bits(), "{dtype:?} m={m} k={k} n={n} ({i},{j})");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn quantized_close_to_f64_reference_of_dequantized_weights() {
+    // The only error left is the 8-bit quantization of the activations (ggml's vec_dot_type):
+    // per element at most half a step (row max / 127) times Σ|w|, plus the f16 rounding of the
+    // Q8_0 block scale (relative 2⁻¹¹ of the row max).
+    let mut rng = Rng::new(5);
+    for (dtype, bs) in quantized_types() {
+        let (m, k, n) = (7, 2 * bs, 19);
+        let x = rng.vec(m * k, 1.0);
+        let (wb, deq) = random_quant_weight(&mut rng, dtype, n, k);
+        let got = run(dtype, &wb, &x, None, m, k, n);
+        let (want, _) = reference(&x, &deq, None, m, k, n);
+        for i in 0..m {
+            let xmax = x[i * k..(i + 1) * k].iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            for j in 0..n {
+                let wabs: f64 = deq[j * k..(j + 1) * k].iter().map(|v| f64::from(v.abs())).sum();
+                let tol = f64::from(xmax) * (0.5 / 127.0 + 1e-3) * wabs + 1e-5;
+                let e = (f64::from(got[i * n + j]) - want[i * n + j]).abs();
+                assert!(e <= tol, "{dtype:?} ({i},{j}): got {}, want {}, tol {tol}", got[i * n + j], want[i * n + j]);
+            }
+        }
+    }
+}
+
+#[test]
+fn quantized_identical_for_any_thread_count() {
+    let mut rng = Rng::new(6);
+    let (m, k, n) = (10, 64, 130);
+    let x = rng.vec(m * k, 1.0);
+    let (wb, _) = random_quant_weight(&mut rng, DType::Q8_0, n, k);
+    assert_thread_invariant("q8_0", || run(DType::Q8_0, &wb, &x, None, m, k, n));
+}
+
+#[test]
+fn scratch_sizes() {
+    assert_eq!(linear_scratch_bytes(DType::F32, 100, 64), 0);
+    assert_eq!(linear_scratch_bytes(DType::F16, 100, 64), 64 * 64 * 4);
+    assert_eq!(linear_scratch_bytes(DType::Q8_0, 3, 64), 3 * quant::activation_row_bytes(DType::Q8_0, 64));
+}
+
+#[test]
+#[should_panic(expected = "linear: weight has")]
+fn wrong_weight_length_panics_with_message() {
+    let x = vec![0.0f32; 4];
+    let w = f32_bytes(&[0.0; 7]);
+    let mut out = vec![0.0f32; 4];
+    linear(&x, WeightRef { dtype: DType::F32, bytes: w.bytes() }, None, &mut out, 2, 2, 2, &mut []);
+}
+
+#[test]
+#[should_panic(expected = "cannot be viewed as f32")]
+fn misaligned_f32_weight_panics_with_message() {
+    let x = vec![0.0f32; 2];
+    let w = f32_bytes(&[0.0; 3]);
+    let mut out = vec![0.0f32; 1];
+    let bytes = &w.bytes()[..12];
+    let mut shifted = AlignedBytes::zeroed(13);
+    shifted.bytes_mut()[1..].copy_from_slice(bytes);
+    linear(&x, WeightRef { dtype: DType::F32, bytes: &shifted.bytes()[1..9] }, None, &mut out, 1, 2, 1, &mut []);
+}

@@ -1,0 +1,119 @@
+//! `edgeplan inspect`: a human-readable summary of a plan file.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use edge_schema::header::Header;
+use edge_schema::plan::{PlanMeta, Storage};
+use edge_schema::DType;
+
+/// Decodes and verifies `file` (a whole plan) and returns its metadata.
+pub fn read_meta(file: &[u8]) -> edge_schema::Result<PlanMeta> {
+    let h = Header::read(file)?;
+    let start = h.meta_offset.get() as usize;
+    let meta_bytes = &file[start..start + h.meta_len.get() as usize];
+    if blake3::hash(meta_bytes).as_bytes() != &h.meta_digest {
+        return Err(edge_schema::Error::ChecksumMismatch {
+            what: "metadata".into(),
+        });
+    }
+    let meta = PlanMeta::decode(meta_bytes)?;
+    edge_schema::verify::verify_meta(&meta, h.weights_len.get())?;
+    Ok(meta)
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.2} MiB", b as f64 / (1024.0 * 1024.0))
+}
+
+/// The summary `edgeplan inspect` prints: model, target, sizes, and per stage the steps,
+/// segments, arena size against the liveness lower bound, and weight bytes per type.
+pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "model: {} ({:?}, {})",
+        meta.model.name, meta.model.family, meta.model.pipeline_class
+    );
+    let _ = writeln!(s, "target: {}", meta.target);
+    let _ = writeln!(s, "file: {file_len} bytes ({})", mib(file_len));
+    let sizes: Vec<String> = meta
+        .sizes
+        .iter()
+        .map(|z| format!("{}x{}", z.width, z.height))
+        .collect();
+    let _ = writeln!(s, "image sizes (WxH): {}", sizes.join(", "));
+    let _ = writeln!(
+        s,
+        "text: max sequence length {}, hidden {}, tokenizer {} ids",
+        meta.text.max_sequence_length,
+        meta.text.hidden,
+        meta.tokenizer.vocab_len()
+    );
+    let _ = writeln!(
+        s,
+        "scheduler: {:?}, {} train steps; vae scale factor {}",
+        meta.scheduler.class, meta.scheduler.num_train_timesteps, meta.vae.scaling_factor
+    );
+    let mut total_by_type: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for (i, st) in meta.stages.iter().enumerate() {
+        let ratio = if st.live_lower_bound > 0 {
+            st.arena_size as f64 / st.live_lower_bound as f64
+        } else {
+            1.0
+        };
+        let size = if st.width > 0 {
+            format!(" {}x{}", st.width, st.height)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            s,
+            "stage {i} {} ({:?}{size}): {} steps, {} segments, arena {} bytes, liveness lower bound {} bytes, ratio {ratio:.3}",
+            st.name,
+            st.kind,
+            st.steps.len(),
+            st.segments.len(),
+            st.arena_size,
+            st.live_lower_bound
+        );
+        let mut seen = vec![false; meta.tensors.len()];
+        let mut by_type: BTreeMap<&'static str, u64> = BTreeMap::new();
+        for v in &st.values {
+            if let Storage::Weight(t) = v.storage {
+                if !std::mem::replace(&mut seen[t as usize], true) {
+                    let e = &meta.tensors[t as usize];
+                    *by_type.entry(e.dtype.name()).or_default() += e.len;
+                }
+            }
+        }
+        let total: u64 = by_type.values().sum();
+        let parts: Vec<String> = by_type
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        let _ = writeln!(s, "  weights: {} ; total {total} bytes ({})", parts.join(", "), mib(total));
+    }
+    for e in &meta.tensors {
+        *total_by_type.entry(e.dtype.name()).or_default() += e.len;
+    }
+    let parts: Vec<String> = total_by_type.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let total: u64 = total_by_type.values().sum();
+    let _ = writeln!(
+        s,
+        "all weights (shared tensors once): {} ; total {total} bytes ({}) in {} sections",
+        parts.join(", "),
+        mib(total),
+        meta.sections.len()
+    );
+    if meta.notes.is_empty() {
+        let _ = writeln!(s, "fallbacks: none");
+    } else {
+        let _ = writeln!(s, "fallbacks:");
+        for n in &meta.notes {
+            let _ = writeln!(s, "  {n}");
+        }
+    }
+    let _ = DType::F32;
+    s
+}

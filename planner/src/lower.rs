@@ -1,0 +1,324 @@
+//! Lowering a [`Graph`] to a plan [`Stage`]: weights into the tensor table, intermediates
+//! into the arena (liveness → greedy layout, verified), cut markers into segments, and each
+//! segment's first-used weights into one contiguous section.
+
+use std::collections::HashMap;
+
+use edge_graph::{Graph, Source, WeightKind, WeightSpec};
+use edge_kernels::Conv2dParams;
+use edge_schema::op::Op;
+use edge_schema::plan::{
+    ArenaSlice, PackLayout, Segment, Stage, StageKind, Step, Storage, TensorEntry, ValueEntry,
+};
+use edge_schema::DType;
+
+use crate::arena::{self, Lifetime};
+use crate::error::{PlanError, Result};
+use crate::pack::{self, Fallback, PackPolicy};
+
+/// A weight as a checkpoint provides it (parts already concatenated).
+pub struct LoadedWeight {
+    pub dtype: DType,
+    /// Shape, outermost-first.
+    pub shape: Vec<u64>,
+    pub bytes: Vec<u8>,
+}
+
+/// Resolves graph weights to checkpoint data.
+pub trait WeightResolver {
+    /// The tensor for `spec`, which the graph expects to have `shape`. Errors name the tensor
+    /// and the expected shape.
+    fn resolve(&self, spec: &WeightSpec, shape: &[u64]) -> Result<LoadedWeight>;
+}
+
+/// The tensor table and weight sections shared by all stages of a plan under construction.
+#[derive(Default)]
+pub struct TensorTable {
+    pub entries: Vec<TensorEntry>,
+    pub data: Vec<Vec<u8>>,
+    /// Tensor ids per section, in storage order.
+    pub sections: Vec<Vec<u32>>,
+    pub fallbacks: Vec<Fallback>,
+    dedup: HashMap<(Vec<String>, DType), u32>,
+    /// Section of each tensor once assigned.
+    section_of: Vec<Option<u32>>,
+}
+
+impl TensorTable {
+    fn add(&mut self, name: String, dtype: DType, shape: Vec<u64>, bytes: Vec<u8>) -> u32 {
+        self.entries.push(TensorEntry {
+            name,
+            dtype,
+            shape,
+            layout: PackLayout::RowMajor,
+            section: 0,
+            offset: 0,
+            len: bytes.len() as u64,
+        });
+        self.data.push(bytes);
+        self.section_of.push(None);
+        (self.entries.len() - 1) as u32
+    }
+
+    fn weight(
+        &mut self,
+        spec: &WeightSpec,
+        shape: &[u64],
+        resolver: &dyn WeightResolver,
+        policy: &PackPolicy,
+    ) -> Result<u32> {
+        let loaded = resolver.resolve(spec, shape)?;
+        let name = spec.parts.join("+");
+        let row = shape.last().copied().unwrap_or(1);
+        let (dtype, fb) = policy.choose(&name, spec.kind, loaded.dtype, row);
+        if let Some(&id) = self.dedup.get(&(spec.parts.clone(), dtype)) {
+            return Ok(id);
+        }
+        if let Some(fb) = fb {
+            self.fallbacks.push(fb);
+        }
+        let n: u64 = shape.iter().product();
+        let bytes = pack::convert(&loaded.bytes, loaded.dtype, dtype, n as usize);
+        let id = self.add(name, dtype, shape.to_vec(), bytes);
+        self.dedup.insert((spec.parts.clone(), dtype), id);
+        Ok(id)
+    }
+
+    fn constant(&mut self, name: String, shape: &[u64], data: &[f32]) -> u32 {
+        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.add(name, DType::F32, shape.to_vec(), bytes)
+    }
+
+    fn assign_section(&mut self, tensors: &[u32]) -> Option<u32> {
+        let fresh: Vec<u32> = tensors
+            .iter()
+            .copied()
+            .filter(|&t| self.section_of[t as usize].is_none())
+            .collect();
+        if fresh.is_empty() {
+            return tensors
+                .first()
+                .and_then(|&t| self.section_of[t as usize]);
+        }
+        let sec = self.sections.len() as u32;
+        for &t in &fresh {
+            self.section_of[t as usize] = Some(sec);
+            self.entries[t as usize].section = sec;
+        }
+        self.sections.push(fresh);
+        Some(sec)
+    }
+}
+
+fn f32_bytes(shape: &[u64], dtype: DType) -> u64 {
+    dtype.bytes_for(shape.iter().product()).unwrap_or(0)
+}
+
+fn scratch_bytes(op: &Op, ins: &[(&[u64], DType)]) -> u64 {
+    match op {
+        Op::Linear { .. } => {
+            let x = ins[0].0;
+            let k = *x.last().unwrap_or(&1) as usize;
+            let m = (x.iter().product::<u64>() as usize) / k.max(1);
+            edge_kernels::linear_scratch_bytes(ins[1].1, m, k) as u64
+        }
+        Op::Conv2d { stride, pad, .. } => {
+            let (x, w) = (ins[0].0, ins[1].0);
+            let p = Conv2dParams {
+                cin: x[0] as usize,
+                h: x[1] as usize,
+                w: x[2] as usize,
+                cout: w[0] as usize,
+                kh: w[2] as usize,
+                kw: w[3] as usize,
+                stride_h: stride[0] as usize,
+                stride_w: stride[1] as usize,
+                pad_top: pad[0] as usize,
+                pad_bottom: pad[1] as usize,
+                pad_left: pad[2] as usize,
+                pad_right: pad[3] as usize,
+            };
+            edge_kernels::conv2d_scratch_bytes(&p, ins[1].1) as u64
+        }
+        _ => 0,
+    }
+}
+
+/// Lowers `graph` into a stage of `kind` for an image of `width × height` pixels (0 × 0 for
+/// the text encoder), adding its weights to `table`.
+pub fn lower(
+    graph: &Graph,
+    kind: StageKind,
+    width: u32,
+    height: u32,
+    table: &mut TensorTable,
+    resolver: &dyn WeightResolver,
+    policy: &PackPolicy,
+) -> Result<Stage> {
+    let nv = graph.values.len();
+    let mut values: Vec<ValueEntry> = Vec::with_capacity(nv);
+    // Storage root of each arena value (reshapes of arena values share their input's slot).
+    let mut root: Vec<usize> = (0..nv).collect();
+    for (i, v) in graph.values.iter().enumerate() {
+        let storage = match &v.source {
+            Source::Weight(spec) => {
+                Storage::Weight(table.weight(spec, &v.shape, resolver, policy)?)
+            }
+            Source::Const(data) => {
+                Storage::Weight(table.constant(format!("{}.{}", graph.name, v.name), &v.shape, data))
+            }
+            Source::Input | Source::Node(_) => Storage::Arena(ArenaSlice {
+                arena: 0,
+                offset: 0,
+                len: f32_bytes(&v.shape, v.dtype),
+            }),
+        };
+        let dtype = match storage {
+            Storage::Weight(t) => table.entries[t as usize].dtype,
+            Storage::Arena(_) => v.dtype,
+        };
+        values.push(ValueEntry {
+            dtype,
+            shape: v.shape.clone(),
+            storage,
+        });
+    }
+    for node in &graph.nodes {
+        if let Op::Reshape = node.op {
+            let src = node.inputs[0].idx();
+            if matches!(values[src].storage, Storage::Arena(_)) {
+                root[node.output.idx()] = root[src];
+            }
+        }
+    }
+    // Lifetimes per root, in steps; inputs live from 0, outputs to the end.
+    let n = graph.nodes.len();
+    let mut first = vec![usize::MAX; nv];
+    let mut last = vec![0usize; nv];
+    for &i in &graph.inputs {
+        first[root[i.idx()]] = 0;
+    }
+    for (k, node) in graph.nodes.iter().enumerate() {
+        for &i in &node.inputs {
+            let r = root[i.idx()];
+            last[r] = last[r].max(k);
+        }
+        let r = root[node.output.idx()];
+        first[r] = first[r].min(k);
+        last[r] = last[r].max(k);
+    }
+    for &o in &graph.outputs {
+        last[root[o.idx()]] = n;
+    }
+    // Steps with scratch sizes.
+    let mut steps: Vec<Step> = Vec::with_capacity(n);
+    let mut scratch_sizes = Vec::with_capacity(n);
+    for node in &graph.nodes {
+        let ins: Vec<(&[u64], DType)> = node
+            .inputs
+            .iter()
+            .map(|i| (values[i.idx()].shape.as_slice(), values[i.idx()].dtype))
+            .collect();
+        scratch_sizes.push(scratch_bytes(&node.op, &ins));
+        steps.push(Step {
+            op: node.op.clone(),
+            inputs: node.inputs.iter().map(|i| i.0).collect(),
+            outputs: vec![node.output.0],
+            scratch: None,
+        });
+    }
+    // Arena layout over roots and scratch buffers.
+    let mut lifetimes = Vec::new();
+    let mut owners: Vec<Result<usize, usize>> = Vec::new(); // Ok(value root) / Err(step)
+    for r in 0..nv {
+        if root[r] == r && first[r] != usize::MAX {
+            if let Storage::Arena(a) = values[r].storage {
+                lifetimes.push(Lifetime {
+                    first: first[r],
+                    last: last[r].max(first[r]),
+                    size: a.len,
+                });
+                owners.push(Ok(r));
+            }
+        }
+    }
+    for (k, &s) in scratch_sizes.iter().enumerate() {
+        if s > 0 {
+            lifetimes.push(Lifetime { first: k, last: k, size: s });
+            owners.push(Err(k));
+        }
+    }
+    let (offsets, arena_size) = arena::plan_greedy(&lifetimes);
+    if let Err((a, b)) = arena::verify(&lifetimes, &offsets, arena_size) {
+        return Err(PlanError::Internal(format!(
+            "arena layout of {} overlaps tensors {a} and {b}",
+            graph.name
+        )));
+    }
+    let live_lower_bound = arena::live_lower_bound(&lifetimes);
+    let mut offset_of_root = vec![None; nv];
+    for (j, owner) in owners.iter().enumerate() {
+        match owner {
+            Ok(r) => offset_of_root[*r] = Some(offsets[j]),
+            Err(k) => {
+                steps[*k].scratch = Some(ArenaSlice {
+                    arena: 0,
+                    offset: offsets[j],
+                    len: lifetimes[j].size,
+                })
+            }
+        }
+    }
+    for (i, v) in values.iter_mut().enumerate() {
+        if let Storage::Arena(a) = &mut v.storage {
+            a.offset = offset_of_root[root[i]].unwrap_or(0);
+        }
+    }
+    // Segments from cut markers; each segment's new weights form one section.
+    let mut bounds: Vec<(usize, String)> = vec![(0, format!("{}.start", graph.name))];
+    for c in &graph.cuts {
+        if c.at_node == 0 {
+            bounds[0].1 = c.label.clone();
+        } else if c.at_node < n && bounds.last().is_some_and(|b| b.0 < c.at_node) {
+            bounds.push((c.at_node, c.label.clone()));
+        }
+    }
+    let mut segments = Vec::with_capacity(bounds.len());
+    for (j, (start, label)) in bounds.iter().enumerate() {
+        let end = bounds.get(j + 1).map_or(n, |b| b.0);
+        let mut used: Vec<u32> = Vec::new();
+        for step in &steps[*start..end] {
+            for &i in &step.inputs {
+                if let Storage::Weight(t) = values[i as usize].storage {
+                    if !used.contains(&t) {
+                        used.push(t);
+                    }
+                }
+            }
+        }
+        segments.push(Segment {
+            first_step: *start as u32,
+            end_step: end as u32,
+            label: label.clone(),
+            section: table.assign_section(&used),
+        });
+    }
+    Ok(Stage {
+        name: graph.name.clone(),
+        kind,
+        width,
+        height,
+        values,
+        steps,
+        segments,
+        inputs: graph.inputs.iter().map(|v| v.0).collect(),
+        outputs: graph.outputs.iter().map(|v| v.0).collect(),
+        arena_size,
+        live_lower_bound,
+    })
+}
+
+/// The kinds of weight whose values are matrices (for `inspect`).
+pub fn is_matrix(kind: WeightKind) -> bool {
+    matches!(kind, WeightKind::Matrix)
+}

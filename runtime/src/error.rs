@@ -1,0 +1,62 @@
+//! Runtime errors. No `String` catch-all: each variant says what was wrong.
+
+/// Why the runtime refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Plan(#[from] edge_schema::Error),
+    #[error("plan {path}: {source}")]
+    PlanFile {
+        path: String,
+        #[source]
+        source: edge_schema::Error,
+    },
+    #[error("the plan has no image size {width}x{height} (WxH); it holds: {available}")]
+    SizeNotInPlan {
+        width: u32,
+        height: u32,
+        available: String,
+    },
+    #[error("stage {stage}: input {index} has {got} elements, expected {expected} (shape {shape:?})")]
+    InputSize {
+        stage: String,
+        index: usize,
+        got: usize,
+        expected: usize,
+        shape: Vec<u64>,
+    },
+    #[error("token id {id} is outside the embedding table ({rows} rows)")]
+    TokenId { id: i64, rows: u32 },
+    #[error("tokenizer in plan: {0}")]
+    Tokenizer(String),
+    #[error("sampler: {0}")]
+    Sampler(#[from] crate::sampler::SamplerError),
+    #[error("the plan needs an arena of {needed} bytes, more than the {limit}-byte limit")]
+    ArenaTooLarge { needed: u64, limit: u64 },
+    #[error("--{flag}: {reason}")]
+    Argument { flag: &'static str, reason: String },
+    #[error("writing {path}: {reason}")]
+    Output { path: String, reason: String },
+}
+
+impl Error {
+    /// Attaches the plan path to a format error.
+    pub fn in_file(self, path: &std::path::Path) -> Error {
+        match self {
+            Error::Plan(source) => Error::PlanFile {
+                path: path.display().to_string(),
+                source,
+            },
+            other => other,
+        }
+    }
+}
+
+/// Result with the runtime [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,205 @@
+//! Text-to-image generation over a plan: tokenize, encode the prompt and the negative prompt,
+//! run the sampler loop over the denoiser with classifier-free guidance, decode the latents.
+//!
+//! Follows diffusers' `PixArtSigmaPipeline` / `PixArtAlphaPipeline.__call__`: the prompt is
+//! lower-cased and stripped, padded to the plan's maximum sequence length; guidance is
+//! `uncond + g · (cond − uncond)` when `g > 1` (otherwise the conditional prediction alone);
+//! the initial latents are unit noise times the scheduler's `init_noise_sigma`. The
+//! unconditional and conditional predictions are two batch-1 denoiser runs.
+
+use edge_schema::plan::{PlanMeta, Stage};
+
+use crate::error::{Error, Result};
+use crate::sampler::{Sampler, SamplingMethod};
+use crate::session::{Session, StageInput};
+use crate::tokenizer::Tokenizer;
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct GenerateParams {
+    pub prompt: String,
+    pub negative_prompt: String,
+    /// Number of denoising steps (≥ 1).
+    pub steps: usize,
+    /// Classifier-free guidance scale; ≤ 1 disables guidance.
+    pub cfg_scale: f32,
+    pub method: SamplingMethod,
+    /// Seed of the initial noise (ignored with `init_latents`).
+    pub seed: u64,
+    /// Image width in pixels (must be one of the plan's sizes).
+    pub width: u32,
+    /// Image height in pixels.
+    pub height: u32,
+    /// Unit-variance initial noise `[c, h/8, w/8]` to use instead of the seeded noise.
+    pub init_latents: Option<Vec<f32>>,
+}
+
+/// What [`generate`] produced.
+#[derive(Clone, Debug)]
+pub struct Generated {
+    /// Final denoised latents `[c, h/8, w/8]` (before VAE decoding).
+    pub latents: Vec<f32>,
+    /// RGB bytes `[height, width, 3]`.
+    pub rgb: Vec<u8>,
+    /// Whether the prompt (or the negative prompt) was cut to the maximum sequence length.
+    pub truncated: bool,
+}
+
+/// Progress events reported while generating.
+#[derive(Clone, Copy, Debug)]
+pub enum Progress {
+    /// Text encoding finished.
+    Encoded,
+    /// Sampler step `done` of `total` finished.
+    Step { done: usize, total: usize },
+    /// VAE decoding finished.
+    Decoded,
+}
+
+fn numel(s: &Stage, value: u32) -> usize {
+    s.values[value as usize].shape.iter().product::<u64>() as usize
+}
+
+/// Encodes `text` with the plan's text-encoder stage: returns `(hidden [l, d], mask [l], truncated)`.
+pub fn encode_text(
+    session: &mut Session<'_>,
+    tokenizer: &Tokenizer,
+    text: &str,
+) -> Result<(Vec<f32>, Vec<f32>, bool)> {
+    let meta = session.plan().meta();
+    let l = meta.text.max_sequence_length as usize;
+    let enc = tokenizer.encode_padded(text, l);
+    let stage = &meta.stages[meta.text_stage as usize];
+    let mut hidden = vec![0f32; numel(stage, stage.outputs[0])];
+    session.run_stage(
+        meta.text_stage,
+        &[StageInput::I32(&enc.ids), StageInput::F32(&enc.mask)],
+        &mut [&mut hidden],
+    )?;
+    Ok((hidden, enc.mask, enc.truncated))
+}
+
+/// Lists the plan's sizes as `WxH, WxH`.
+pub fn available_sizes(meta: &PlanMeta) -> String {
+    meta.sizes
+        .iter()
+        .map(|s| format!("{}x{}", s.width, s.height))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Runs the whole pipeline. `progress` is called after each phase and step.
+pub fn generate(
+    session: &mut Session<'_>,
+    params: &GenerateParams,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Generated> {
+    let meta = session.plan().meta();
+    let size = meta
+        .size(params.width, params.height)
+        .ok_or_else(|| Error::SizeNotInPlan {
+            width: params.width,
+            height: params.height,
+            available: available_sizes(meta),
+        })?
+        .clone();
+    if params.steps == 0 {
+        return Err(Error::Argument {
+            flag: "steps",
+            reason: "must be at least 1".into(),
+        });
+    }
+    if !params.cfg_scale.is_finite() {
+        return Err(Error::Argument {
+            flag: "cfg-scale",
+            reason: format!("{} is not a finite number", params.cfg_scale),
+        });
+    }
+    let tokenizer = Tokenizer::new(&meta.tokenizer).map_err(|e| Error::Tokenizer(e.to_string()))?;
+    let guided = params.cfg_scale > 1.0;
+    let (ctx_c, mask_c, trunc_c) = encode_text(session, &tokenizer, &params.prompt)?;
+    let uncond = if guided {
+        Some(encode_text(session, &tokenizer, &params.negative_prompt)?)
+    } else {
+        None
+    };
+    let truncated = trunc_c || uncond.as_ref().is_some_and(|u| u.2);
+    progress(Progress::Encoded);
+
+    let den = &meta.stages[size.denoiser_stage as usize];
+    let latent_len = numel(den, den.inputs[0]);
+    let mut latents = match &params.init_latents {
+        Some(l) if l.len() != latent_len => {
+            return Err(Error::Argument {
+                flag: "init-latents",
+                reason: format!(
+                    "has {} values, the plan's {}x{} latents have {latent_len} (shape {:?})",
+                    l.len(),
+                    params.width,
+                    params.height,
+                    den.values[den.inputs[0] as usize].shape
+                ),
+            })
+        }
+        Some(l) => l.clone(),
+        None => {
+            let mut n = vec![0f32; latent_len];
+            crate::rng::gaussian(params.seed, &mut n);
+            n
+        }
+    };
+    let mut sampler = Sampler::new(&meta.scheduler, params.method, params.steps, latent_len)?;
+    let sigma0 = sampler.init_noise_sigma();
+    for x in latents.iter_mut() {
+        *x *= sigma0;
+    }
+    let timesteps = sampler.timesteps().to_vec();
+    let mut model_in = vec![0f32; latent_len];
+    let mut eps_c = vec![0f32; latent_len];
+    let mut eps_u = vec![0f32; latent_len];
+    for (i, &t) in timesteps.iter().enumerate() {
+        sampler.scale_model_input(i, &latents, &mut model_in)?;
+        let tt = [t];
+        session.run_stage(
+            size.denoiser_stage,
+            &[
+                StageInput::F32(&model_in),
+                StageInput::F32(&tt),
+                StageInput::F32(&ctx_c),
+                StageInput::F32(&mask_c),
+            ],
+            &mut [&mut eps_c],
+        )?;
+        if let Some((ctx_u, mask_u, _)) = &uncond {
+            session.run_stage(
+                size.denoiser_stage,
+                &[
+                    StageInput::F32(&model_in),
+                    StageInput::F32(&tt),
+                    StageInput::F32(ctx_u),
+                    StageInput::F32(mask_u),
+                ],
+                &mut [&mut eps_u],
+            )?;
+            let g = params.cfg_scale;
+            for (c, &u) in eps_c.iter_mut().zip(&eps_u) {
+                *c = u + g * (*c - u);
+            }
+        }
+        sampler.step(i, &eps_c, &mut latents)?;
+        progress(Progress::Step {
+            done: i + 1,
+            total: timesteps.len(),
+        });
+    }
+    let dec = &meta.stages[size.decoder_stage as usize];
+    let mut image = vec![0f32; numel(dec, dec.outputs[0])];
+    session.run_stage(size.decoder_stage, &[StageInput::F32(&latents)], &mut [&mut image])?;
+    progress(Progress::Decoded);
+    let rgb = crate::image::to_rgb8(&image, params.width as usize, params.height as usize);
+    Ok(Generated {
+        latents,
+        rgb,
+        truncated,
+    })
+}

@@ -1,0 +1,433 @@
+//! A session: one plan, one arena allocated once, and the kernel table; runs stages step by
+//! step, matching on each step's [`Op`] and calling kernel slots.
+//!
+//! Borrowing: at every step the output slot and the scratch slot are carved out of the arena
+//! as the only mutable pieces; the verifier proved that no input overlaps them, so inputs are
+//! read from the remaining immutable pieces (an input that is not found whole in one of them
+//! is refused, never read).
+
+use edge_kernels::{AttentionParams, Conv2dParams, KernelTable, WeightRef};
+use edge_schema::op::Op;
+use edge_schema::plan::{ArenaSlice, Stage, Storage};
+use edge_schema::DType;
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::error::{Error, Result};
+use crate::plan::Plan;
+
+/// A stage input handed to [`Session::run_stage`].
+#[derive(Clone, Copy, Debug)]
+pub enum StageInput<'a> {
+    F32(&'a [f32]),
+    I32(&'a [i32]),
+}
+
+/// One plan bound to an arena and a kernel table.
+pub struct Session<'p> {
+    plan: &'p Plan,
+    arena: Vec<u64>,
+    kernels: KernelTable,
+}
+
+impl std::fmt::Debug for Session<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("arena_bytes", &(self.arena.len() * 8))
+            .finish()
+    }
+}
+
+/// The largest arena any stage of `plan` needs, in bytes.
+pub fn arena_bytes(plan: &Plan) -> u64 {
+    plan.meta()
+        .stages
+        .iter()
+        .map(|s| s.arena_size)
+        .max()
+        .unwrap_or(0)
+}
+
+struct Carved<'a> {
+    pieces: [(usize, &'a [u8]); 3],
+    out: &'a mut [u8],
+    scratch: &'a mut [u8],
+}
+
+fn carve<'a>(
+    arena: &'a mut [u8],
+    out: &ArenaSlice,
+    scratch: Option<&ArenaSlice>,
+) -> Result<Carved<'a>> {
+    let bad = || Error::Plan(edge_schema::Error::Invalid("arena slot outside the arena".into()));
+    let r = |s: &ArenaSlice| -> Result<(usize, usize)> {
+        let start = usize::try_from(s.offset).map_err(|_| bad())?;
+        let end = usize::try_from(s.end().ok_or_else(bad)?).map_err(|_| bad())?;
+        Ok((start, end))
+    };
+    let (o0, o1) = r(out)?;
+    let (s0, s1) = match scratch {
+        Some(s) if s.len > 0 => r(s)?,
+        _ => (o1, o1),
+    };
+    if o1 > arena.len() || s1 > arena.len() || (s0 < o1 && o0 < s1 && s0 != s1) {
+        return Err(bad());
+    }
+    // Order the two mutable ranges, then split the arena into five pieces.
+    let out_first = o0 <= s0;
+    let ((a0, a1), (b0, b1)) = if out_first {
+        ((o0, o1), (s0, s1))
+    } else {
+        ((s0, s1), (o0, o1))
+    };
+    let (p0, rest) = arena.split_at_mut(a0);
+    let (ma, rest) = rest.split_at_mut(a1 - a0);
+    let (p1, rest) = rest.split_at_mut(b0 - a1);
+    let (mb, p2) = rest.split_at_mut(b1 - b0);
+    let (out, scratch) = if out_first { (ma, mb) } else { (mb, ma) };
+    Ok(Carved {
+        pieces: [(0, &*p0), (a1, &*p1), (b1, &*p2)],
+        out,
+        scratch,
+    })
+}
+
+impl Carved<'_> {
+    fn read(&self, s: &ArenaSlice) -> Result<&[u8]> {
+        let start = s.offset as usize;
+        let end = start + s.len as usize;
+        for (base, piece) in &self.pieces {
+            if start >= *base && end <= base + piece.len() {
+                return Ok(&piece[start - base..end - base]);
+            }
+        }
+        Err(Error::Plan(edge_schema::Error::Invalid(format!(
+            "input slot {start}..{end} overlaps the step's output or scratch"
+        ))))
+    }
+}
+
+fn as_f32(b: &[u8]) -> Result<&[f32]> {
+    <[f32]>::ref_from_bytes(b)
+        .map_err(|_| Error::Plan(edge_schema::Error::Invalid("misaligned f32 tensor".into())))
+}
+
+fn as_f32_mut(b: &mut [u8]) -> Result<&mut [f32]> {
+    <[f32]>::mut_from_bytes(b)
+        .map_err(|_| Error::Plan(edge_schema::Error::Invalid("misaligned f32 tensor".into())))
+}
+
+fn dims(s: &[u64]) -> Vec<usize> {
+    s.iter().map(|&d| d as usize).collect()
+}
+
+impl<'p> Session<'p> {
+    /// Binds `plan` to a fresh arena sized for its largest stage. With `max_arena_bytes`, a plan
+    /// whose arena exceeds it is refused before anything is allocated.
+    pub fn new(plan: &'p Plan, kernels: KernelTable, max_arena_bytes: Option<u64>) -> Result<Self> {
+        let needed = arena_bytes(plan);
+        if let Some(limit) = max_arena_bytes {
+            if needed > limit {
+                return Err(Error::ArenaTooLarge { needed, limit });
+            }
+        }
+        let words = usize::try_from(needed.div_ceil(8)).map_err(|_| Error::ArenaTooLarge {
+            needed,
+            limit: usize::MAX as u64,
+        })?;
+        Ok(Session {
+            plan,
+            arena: vec![0u64; words],
+            kernels,
+        })
+    }
+
+    /// The plan this session runs.
+    pub fn plan(&self) -> &'p Plan {
+        self.plan
+    }
+
+    /// Runs stage `index` with `inputs` (in the order [`edge_schema::plan::StageKind`]
+    /// documents) and copies its outputs into `outputs` (each exactly the output's size).
+    pub fn run_stage(
+        &mut self,
+        index: u32,
+        inputs: &[StageInput<'_>],
+        outputs: &mut [&mut [f32]],
+    ) -> Result<()> {
+        let plan = self.plan;
+        let stage = &plan.meta().stages[index as usize];
+        let arena = self.arena.as_mut_bytes();
+        if inputs.len() != stage.inputs.len() || outputs.len() != stage.outputs.len() {
+            return Err(Error::InputSize {
+                stage: stage.name.clone(),
+                index: inputs.len(),
+                got: outputs.len(),
+                expected: stage.inputs.len(),
+                shape: vec![],
+            });
+        }
+        for (i, (&vid, input)) in stage.inputs.iter().zip(inputs).enumerate() {
+            let v = &stage.values[vid as usize];
+            let Storage::Arena(slot) = v.storage else {
+                continue;
+            };
+            let dst = &mut arena[slot.offset as usize..(slot.offset + slot.len) as usize];
+            let expected = dst.len() / 4;
+            let (src, got): (&[u8], usize) = match (input, v.dtype) {
+                (StageInput::F32(x), DType::F32) => (x.as_bytes(), x.len()),
+                (StageInput::I32(x), DType::I32) => {
+                    for &id in x.iter() {
+                        if id < 0 || id as u32 >= plan.meta().text.vocab_rows {
+                            return Err(Error::TokenId {
+                                id: i64::from(id),
+                                rows: plan.meta().text.vocab_rows,
+                            });
+                        }
+                    }
+                    (x.as_bytes(), x.len())
+                }
+                _ => (&[][..], usize::MAX),
+            };
+            if got != expected {
+                return Err(Error::InputSize {
+                    stage: stage.name.clone(),
+                    index: i,
+                    got,
+                    expected,
+                    shape: v.shape.clone(),
+                });
+            }
+            dst.copy_from_slice(src);
+        }
+        for step in &stage.steps {
+            self.run_step(stage, step)?;
+        }
+        let arena = self.arena.as_bytes();
+        for (i, (&vid, out)) in stage.outputs.iter().zip(outputs.iter_mut()).enumerate() {
+            let v = &stage.values[vid as usize];
+            let Storage::Arena(slot) = v.storage else {
+                continue;
+            };
+            let src = as_f32(&arena[slot.offset as usize..(slot.offset + slot.len) as usize])?;
+            if src.len() != out.len() {
+                return Err(Error::InputSize {
+                    stage: stage.name.clone(),
+                    index: i,
+                    got: out.len(),
+                    expected: src.len(),
+                    shape: v.shape.clone(),
+                });
+            }
+            out.copy_from_slice(src);
+        }
+        Ok(())
+    }
+
+    fn run_step(&mut self, stage: &Stage, step: &edge_schema::plan::Step) -> Result<()> {
+        let plan = self.plan;
+        let k = &self.kernels;
+        let out_v = &stage.values[step.outputs[0] as usize];
+        let Storage::Arena(out_slot) = out_v.storage else {
+            return Err(Error::Plan(edge_schema::Error::Invalid("output is a weight".into())));
+        };
+        // A reshape whose output shares its input's slot is a no-op.
+        if let Op::Reshape = step.op {
+            if stage.values[step.inputs[0] as usize].storage == Storage::Arena(out_slot) {
+                return Ok(());
+            }
+        }
+        let arena = self.arena.as_mut_bytes();
+        let c = carve(arena, &out_slot, step.scratch.as_ref())?;
+        let bytes_of = |id: u32| -> Result<&[u8]> {
+            match &stage.values[id as usize].storage {
+                Storage::Arena(s) => c.read(s),
+                Storage::Weight(t) => Ok(plan.tensor_bytes(*t)),
+            }
+        };
+        let f = |id: u32| -> Result<&[f32]> { as_f32(bytes_of(id)?) };
+        let w = |id: u32| -> Result<WeightRef<'_>> {
+            Ok(WeightRef {
+                dtype: stage.values[id as usize].dtype,
+                bytes: bytes_of(id)?,
+            })
+        };
+        let shape = |id: u32| -> &[u64] { &stage.values[id as usize].shape };
+        let ins = &step.inputs;
+        let out = as_f32_mut(c.out)?;
+        let scratch = c.scratch;
+        let last = |s: &[u64]| s.last().copied().unwrap_or(1) as usize;
+        match &step.op {
+            Op::Embedding => {
+                let ids = <[i32]>::ref_from_bytes(bytes_of(ins[1])?).map_err(|_| {
+                    Error::Plan(edge_schema::Error::Invalid("misaligned ids".into()))
+                })?;
+                let rows = shape(ins[0])[0];
+                if let Some(&bad) = ids.iter().find(|&&i| i < 0 || i as u64 >= rows) {
+                    return Err(Error::TokenId {
+                        id: i64::from(bad),
+                        rows: rows as u32,
+                    });
+                }
+                edge_kernels::embedding(w(ins[0])?, ids, last(shape(ins[0])), out);
+            }
+            Op::Linear { has_bias } => {
+                let x = f(ins[0])?;
+                let kdim = last(shape(ins[0]));
+                let n = shape(ins[1])[0] as usize;
+                let bias = if *has_bias { Some(f(ins[2])?) } else { None };
+                (k.linear.run)(x, w(ins[1])?, bias, out, x.len() / kdim, kdim, n, scratch);
+            }
+            Op::RmsNorm { eps } => {
+                let x = f(ins[0])?;
+                let d = last(shape(ins[0]));
+                (k.rms_norm.run)(x, x.len() / d, d, *eps, f(ins[1])?, out);
+            }
+            Op::LayerNorm { eps, affine } => {
+                let x = f(ins[0])?;
+                let d = last(shape(ins[0]));
+                let (wt, b) = if *affine {
+                    (Some(f(ins[1])?), Some(f(ins[2])?))
+                } else {
+                    (None, None)
+                };
+                (k.layer_norm.run)(x, x.len() / d, d, *eps, wt, b, out);
+            }
+            Op::GroupNorm { groups, eps } => {
+                let s = shape(ins[0]);
+                let (c0, hw) = (s[0] as usize, (s[1] * s[2]) as usize);
+                (k.group_norm.run)(f(ins[0])?, c0, hw, *groups as usize, *eps, f(ins[1])?, f(ins[2])?, out);
+            }
+            Op::Modulate { shift_row, scale_row } => {
+                let x = f(ins[0])?;
+                let d = last(shape(ins[0]));
+                let t = f(ins[1])?;
+                let row = |r: u32| &t[r as usize * d..(r as usize + 1) * d];
+                (k.modulate.run)(x, x.len() / d, d, row(*shift_row), row(*scale_row), out);
+            }
+            Op::GatedResidual { gate_row } => {
+                let x = f(ins[0])?;
+                let d = last(shape(ins[0]));
+                let t = f(ins[2])?;
+                let g = &t[*gate_row as usize * d..(*gate_row as usize + 1) * d];
+                (k.gated_residual.run)(x, f(ins[1])?, x.len() / d, d, g, out);
+            }
+            Op::Add => (k.add.run)(f(ins[0])?, f(ins[1])?, out),
+            Op::Mul => (k.mul.run)(f(ins[0])?, f(ins[1])?, out),
+            Op::Scale { factor } => edge_kernels::scale(f(ins[0])?, *factor, out),
+            Op::Silu => (k.silu.run)(f(ins[0])?, out),
+            Op::GeluTanh => (k.gelu_tanh.run)(f(ins[0])?, out),
+            Op::Attention {
+                heads,
+                head_dim,
+                scale,
+                q_offset,
+                k_offset,
+                v_offset,
+                has_mask,
+                masked_value,
+                has_bias,
+            } => {
+                let (qs, kvs) = (shape(ins[0]), shape(ins[1]));
+                let p = AttentionParams {
+                    lq: qs[0] as usize,
+                    lk: kvs[0] as usize,
+                    heads: *heads as usize,
+                    head_dim: *head_dim as usize,
+                    scale: *scale,
+                    q_stride: qs[1] as usize,
+                    q_offset: *q_offset as usize,
+                    kv_stride: kvs[1] as usize,
+                    k_offset: *k_offset as usize,
+                    v_offset: *v_offset as usize,
+                    masked_value: *masked_value,
+                };
+                let mut next = 2;
+                let mask = if *has_mask {
+                    next += 1;
+                    Some(f(ins[2])?)
+                } else {
+                    None
+                };
+                let bias = if *has_bias { Some(f(ins[next])?) } else { None };
+                (k.attention.run)(&p, f(ins[0])?, f(ins[1])?, mask, bias, out);
+            }
+            Op::Conv2d { stride, pad, has_bias } => {
+                let (xs, ws) = (shape(ins[0]), shape(ins[1]));
+                let p = Conv2dParams {
+                    cin: xs[0] as usize,
+                    h: xs[1] as usize,
+                    w: xs[2] as usize,
+                    cout: ws[0] as usize,
+                    kh: ws[2] as usize,
+                    kw: ws[3] as usize,
+                    stride_h: stride[0] as usize,
+                    stride_w: stride[1] as usize,
+                    pad_top: pad[0] as usize,
+                    pad_bottom: pad[1] as usize,
+                    pad_left: pad[2] as usize,
+                    pad_right: pad[3] as usize,
+                };
+                let bias = if *has_bias { Some(f(ins[2])?) } else { None };
+                (k.conv2d.run)(&p, f(ins[0])?, w(ins[1])?, bias, out, scratch);
+            }
+            Op::UpsampleNearest2x => {
+                let s = shape(ins[0]);
+                edge_kernels::upsample_nearest2x(f(ins[0])?, s[0] as usize, s[1] as usize, s[2] as usize, out);
+            }
+            Op::Permute { perm } => {
+                let p: Vec<usize> = perm.iter().map(|&x| usize::from(x)).collect();
+                edge_kernels::permute(f(ins[0])?, &dims(shape(ins[0])), &p, out);
+            }
+            Op::Reshape => out.copy_from_slice(f(ins[0])?),
+            Op::Slice { axis, start, len } => {
+                edge_kernels::slice_axis(
+                    f(ins[0])?,
+                    &dims(shape(ins[0])),
+                    usize::from(*axis),
+                    *start as usize,
+                    *len as usize,
+                    out,
+                );
+            }
+            Op::Concat { axis } => {
+                let parts: Vec<&[f32]> = ins.iter().map(|&i| f(i)).collect::<Result<_>>()?;
+                let shapes: Vec<Vec<usize>> = ins.iter().map(|&i| dims(shape(i))).collect();
+                let shape_refs: Vec<&[usize]> = shapes.iter().map(|s| s.as_slice()).collect();
+                edge_kernels::concat_axis(&parts, &shape_refs, usize::from(*axis), out);
+            }
+            Op::TimestepEmbedding {
+                flip_sin_to_cos,
+                downscale_freq_shift,
+                max_period,
+            } => {
+                let dim = last(&out_v.shape);
+                edge_kernels::timestep_embedding(
+                    f(ins[0])?,
+                    dim,
+                    *flip_sin_to_cos,
+                    *downscale_freq_shift,
+                    *max_period,
+                    out,
+                );
+            }
+            Op::T5PositionBias {
+                num_buckets,
+                max_distance,
+                bidirectional,
+            } => {
+                let o = &out_v.shape;
+                edge_kernels::t5_position_bias(
+                    f(ins[0])?,
+                    o[0] as usize,
+                    o[1] as usize,
+                    o[2] as usize,
+                    *num_buckets as usize,
+                    *max_distance as usize,
+                    *bidirectional,
+                    out,
+                );
+            }
+        }
+        Ok(())
+    }
+}
