@@ -1,1 +1,256 @@
-fn main() {}
+//! `edgerun`: the device side. Generates an image from a plan.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use edge_runtime::pipeline::{available_sizes, Progress};
+use edge_runtime::sampler::SamplingMethod;
+use edge_runtime::{GenerateParams, Plan, Session};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+#[derive(Parser)]
+#[command(name = "edgerun", version, about = "Run ahead-of-time diffusion plans")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate an image from a prompt.
+    Generate(GenArgs),
+}
+
+#[derive(clap::Args)]
+struct GenArgs {
+    /// The plan file (from `edgeplan compile`).
+    #[arg(long)]
+    plan: PathBuf,
+    /// The prompt.
+    #[arg(short = 'p', long = "prompt", default_value = "")]
+    prompt: String,
+    /// The negative prompt.
+    #[arg(short = 'n', long = "negative-prompt", default_value = "")]
+    negative_prompt: String,
+    /// Denoising steps.
+    #[arg(long, default_value_t = 20)]
+    steps: usize,
+    /// Classifier-free guidance scale (≤ 1 disables guidance).
+    #[arg(long = "cfg-scale", default_value_t = 4.5)]
+    cfg_scale: f32,
+    /// Sampler: dpm++2m or euler.
+    #[arg(long = "sampling-method", default_value = "dpm++2m")]
+    sampling_method: String,
+    /// Seed of the initial noise.
+    #[arg(short = 's', long = "seed", default_value_t = 42)]
+    seed: u64,
+    /// Image width in pixels (default: the plan's only size).
+    #[arg(short = 'W', long = "width")]
+    width: Option<u32>,
+    /// Image height in pixels (default: the plan's only size).
+    #[arg(short = 'H', long = "height")]
+    height: Option<u32>,
+    /// Output PNG.
+    #[arg(short = 'o', long = "output", default_value = "output.png")]
+    output: PathBuf,
+    /// Worker threads (default: one per core).
+    #[arg(short = 't', long = "threads", default_value_t = 0)]
+    threads: usize,
+    /// Initial noise: safetensors with one f32 tensor `latents` [1, 4, H/8, W/8] (replaces the seeded noise).
+    #[arg(long = "init-latents")]
+    init_latents: Option<PathBuf>,
+    /// Also write the final latents (before VAE decoding) as safetensors `latents` [1, 4, H/8, W/8].
+    #[arg(long = "latents-out")]
+    latents_out: Option<PathBuf>,
+    /// No progress display.
+    #[arg(long)]
+    quiet: bool,
+    /// Print timings and memory figures.
+    #[arg(short = 'v', long)]
+    verbose: bool,
+}
+
+fn read_latents(path: &Path, shape: &[usize]) -> Result<Vec<f32>> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| anyhow::anyhow!("{}: not a valid safetensors file: {e}", path.display()))?;
+    let t = st.tensor("latents").map_err(|_| {
+        anyhow::anyhow!("{}: no tensor named `latents` (expected f32 {shape:?})", path.display())
+    })?;
+    if t.dtype() != safetensors::Dtype::F32 || t.shape() != shape {
+        bail!(
+            "{}: tensor `latents` is {:?} {:?}, expected F32 {shape:?}",
+            path.display(),
+            t.dtype(),
+            t.shape()
+        );
+    }
+    Ok(t.data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+fn write_latents(path: &Path, data: &[f32], shape: &[usize]) -> Result<()> {
+    let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.to_vec(), &bytes)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let out = safetensors::serialize([("latents", view)], None)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    edge_runtime::image::write_atomic(path, &out)?;
+    Ok(())
+}
+
+fn peak_rss_kib() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    s.lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn generate(a: GenArgs) -> Result<()> {
+    let t0 = Instant::now();
+    let method: SamplingMethod = a
+        .sampling_method
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--sampling-method: {e}"))?;
+    if a.steps == 0 {
+        bail!("--steps: must be at least 1");
+    }
+    edge_kernels::init_threads(a.threads);
+    let plan = Plan::open(&a.plan)?;
+    let meta = plan.meta();
+    let (width, height) = match (a.width, a.height, meta.sizes.as_slice()) {
+        (Some(w), Some(h), _) => (w, h),
+        (None, None, [only]) => (only.width, only.height),
+        (w, h, sizes) => {
+            let pick: Vec<_> = sizes
+                .iter()
+                .filter(|s| w.is_none_or(|w| w == s.width) && h.is_none_or(|h| h == s.height))
+                .collect();
+            match pick.as_slice() {
+                [only] => (only.width, only.height),
+                _ => bail!(
+                    "-W/-H: give the image size; the plan holds {}",
+                    available_sizes(meta)
+                ),
+            }
+        }
+    };
+    let size = meta.size(width, height).ok_or_else(|| {
+        anyhow::anyhow!(
+            "-W/-H: the plan has no size {width}x{height} (WxH); it holds {}",
+            available_sizes(meta)
+        )
+    })?;
+    let den = &meta.stages[size.denoiser_stage as usize];
+    let lshape: Vec<usize> = std::iter::once(1)
+        .chain(den.values[den.inputs[0] as usize].shape.iter().map(|&d| d as usize))
+        .collect();
+    let init_latents = a
+        .init_latents
+        .as_deref()
+        .map(|p| read_latents(p, &lshape))
+        .transpose()?;
+    let mut session = Session::new(&plan, edge_kernels::generic(), None)?;
+    let params = GenerateParams {
+        prompt: a.prompt.clone(),
+        negative_prompt: a.negative_prompt.clone(),
+        steps: a.steps,
+        cfg_scale: a.cfg_scale,
+        method,
+        seed: a.seed,
+        width,
+        height,
+        init_latents,
+    };
+    let bar = ProgressBar::new(a.steps as u64);
+    if a.quiet {
+        bar.set_draw_target(ProgressDrawTarget::hidden());
+    } else {
+        bar.set_style(
+            ProgressStyle::with_template("{msg:>10} [{bar:30}] {pos}/{len} {elapsed_precise}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar.set_message("encoding");
+    }
+    let mut timings: HashMap<&str, f64> = HashMap::new();
+    let mut last = Instant::now();
+    let out = edge_runtime::generate(&mut session, &params, &mut |p| {
+        let now = Instant::now();
+        let dt = (now - last).as_secs_f64();
+        last = now;
+        match p {
+            Progress::Encoded => {
+                timings.insert("encode", dt);
+                bar.set_message("sampling");
+            }
+            Progress::Step { done, .. } => {
+                *timings.entry("sample").or_default() += dt;
+                bar.set_position(done as u64);
+            }
+            Progress::Decoded => {
+                timings.insert("decode", dt);
+                bar.set_message("decoded");
+            }
+        }
+    })?;
+    bar.finish_and_clear();
+    if out.truncated {
+        eprintln!(
+            "warning: the prompt was longer than the plan's {} tokens and was truncated",
+            meta.text.max_sequence_length
+        );
+    }
+    if let Some(p) = &a.latents_out {
+        write_latents(p, &out.latents, &lshape)?;
+    }
+    let text = [
+        ("parameters", format!(
+            "prompt: {}\nnegative prompt: {}\nsteps: {}, sampler: {}, cfg scale: {}, seed: {}, size: {}x{}, init latents: {}",
+            a.prompt,
+            a.negative_prompt,
+            a.steps,
+            a.sampling_method,
+            a.cfg_scale,
+            a.seed,
+            width,
+            height,
+            a.init_latents.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "seeded".into())
+        )),
+        ("Software", format!("edgerun {}", env!("CARGO_PKG_VERSION"))),
+        ("plan", a.plan.display().to_string()),
+    ];
+    edge_runtime::image::write_png(&a.output, &out.rgb, width, height, &text)?;
+    if !a.quiet {
+        eprintln!("wrote {} ({width}x{height}) in {:.2}s", a.output.display(), t0.elapsed().as_secs_f64());
+    }
+    if a.verbose {
+        eprintln!(
+            "timings: encode {:.3}s, sampling {:.3}s, decode {:.3}s; arena {} bytes; peak RSS (VmHWM) {} KiB",
+            timings.get("encode").unwrap_or(&0.0),
+            timings.get("sample").unwrap_or(&0.0),
+            timings.get("decode").unwrap_or(&0.0),
+            edge_runtime::session::arena_bytes(&plan),
+            peak_rss_kib().unwrap_or(0)
+        );
+    }
+    Ok(())
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Generate(a) => generate(a),
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
