@@ -162,9 +162,14 @@ pub fn compile_pipeline(folder: &PipelineFolder, opts: &CompileOptions) -> Resul
     let tok = tokenizer::load_tokenizer_dir(&folder.tokenizer_dir).map_err(crate::load::LoadError::from)?;
     let sched = scheduler::load_scheduler_config(&folder.scheduler_config)
         .map_err(crate::load::LoadError::from)?;
-    let t5_cfg = T5Config::from_json(&folder.text_encoder.config)?;
-    let dit_cfg = PixArtConfig::from_json(&folder.transformer.config)?;
-    let vae_cfg = VaeConfig::from_json(&folder.vae.config)?;
+    let cfg_err = |dir: &Path, e: edge_models::config::ConfigError| {
+        PlanError::Invalid(format!("{}: {e}", dir.join("config.json").display()))
+    };
+    let t5_cfg = T5Config::from_json(&folder.text_encoder.config)
+        .map_err(|e| cfg_err(&folder.text_encoder.dir, e))?;
+    let dit_cfg = PixArtConfig::from_json(&folder.transformer.config)
+        .map_err(|e| cfg_err(&folder.transformer.dir, e))?;
+    let vae_cfg = VaeConfig::from_json(&folder.vae.config).map_err(|e| cfg_err(&folder.vae.dir, e))?;
     let seq_len = opts.max_sequence_length.unwrap_or(match family {
         ModelFamily::PixArtSigma => 300,
         ModelFamily::PixArtAlpha => 120,

@@ -109,7 +109,8 @@ pub struct TrainTables {
     pub lambdas: Vec<f32>,
 }
 
-/// Builds the train tables of `cfg` (assumed valid).
+/// Builds the train tables of `cfg`. Meaningful only for a config that passes
+/// [`SchedulerConfig::validate`] (never panics otherwise).
 pub fn train_tables(cfg: &SchedulerConfig) -> TrainTables {
     let n = cfg.num_train_timesteps as usize;
     let betas = match &cfg.trained_betas {
@@ -151,20 +152,21 @@ pub fn train_tables(cfg: &SchedulerConfig) -> TrainTables {
     }
 }
 
-/// `torch.linspace(start, end, n, dtype=float32)` on the CPU: the step is computed in f32, the
-/// first half counts up from `start`, the second half down from `end`.
+/// `torch.linspace(start, end, n, dtype=float32)` on the CPU (`RangeFactoriesKernel.cpp`): the
+/// step is computed in f32, the first half counts up from `start`, the second half down from
+/// `end`, each value one fused multiply-add (this reproduces torch's betas bit for bit).
 fn torch_linspace_f32(start: f32, end: f32, n: usize) -> Vec<f32> {
-    if n == 1 {
-        return vec![start];
+    if n <= 1 {
+        return vec![start; n];
     }
     let step = (end - start) / (n - 1) as f32;
     let halfway = n / 2;
     (0..n)
         .map(|i| {
             if i < halfway {
-                start + step * i as f32
+                step.mul_add(i as f32, start)
             } else {
-                end - step * (n - i - 1) as f32
+                (-step).mul_add((n - i - 1) as f32, end)
             }
         })
         .collect()
@@ -212,7 +214,7 @@ fn np_linspace(start: f64, stop: f64, num: usize) -> Vec<f64> {
 /// `start + i·d` with `d = (start + step) − start` (numpy's fill rule).
 fn np_arange(start: f64, stop: f64, step: f64) -> Vec<f64> {
     let len = ((stop - start) / step).ceil();
-    if !(len >= 1.0) {
+    if len.is_nan() || len < 1.0 {
         return Vec::new();
     }
     let len = len as usize;
@@ -415,7 +417,8 @@ fn check_schedule(s: &Schedule) -> Result<(), SamplerError> {
     }
     for (i, &sigma) in s.sigmas.iter().enumerate() {
         let final_zero = i == steps && sigma == 0.0;
-        if !final_zero && !(sigma > 0.0 && (sigma * sigma).is_finite()) {
+        let usable = sigma > 0.0 && (sigma * sigma).is_finite();
+        if !(final_zero || usable) {
             return Err(SamplerError::BadSchedule {
                 what: format!("sigma[{i}] = {sigma} (timestep {:?})", s.timesteps.get(i)),
             });
@@ -842,6 +845,51 @@ mod tests {
             s.scale_model_input(9, &x, &mut out),
             Err(SamplerError::StepOrder { .. })
         ));
+    }
+
+    /// Structural properties of every spacing (no reference values exist for leading /
+    /// trailing in the fixtures): S timesteps inside the train range, decreasing, sigmas
+    /// decreasing to the final value, Euler's leading ending at `steps_offset`, trailing starting
+    /// at N−1.
+    #[test]
+    fn every_spacing_gives_a_decreasing_schedule() {
+        for spacing in [
+            TimestepSpacing::Linspace,
+            TimestepSpacing::Leading,
+            TimestepSpacing::Trailing,
+        ] {
+            for method in [SamplingMethod::DpmPp2m, SamplingMethod::Euler] {
+                for steps in [1usize, 2, 3, 7, 20, 50, 333, 500] {
+                    let mut cfg = pixart();
+                    cfg.timestep_spacing = spacing;
+                    cfg.steps_offset = 1;
+                    let s = schedule(&cfg, method, steps).unwrap();
+                    let ctx = format!("{spacing:?} {method} {steps}");
+                    assert_eq!(s.timesteps.len(), steps, "{ctx}");
+                    assert_eq!(s.sigmas.len(), steps + 1, "{ctx}");
+                    assert!(
+                        s.timesteps.iter().all(|&t| (0.0..=999.0).contains(&t)),
+                        "{ctx}"
+                    );
+                    assert!(
+                        s.timesteps.windows(2).all(|w| w[0] > w[1]),
+                        "{ctx}: {:?}",
+                        s.timesteps
+                    );
+                    assert!(s.sigmas.windows(2).all(|w| w[0] > w[1]), "{ctx}");
+                    assert_eq!(s.sigmas[steps], 0.0, "{ctx}");
+                    match spacing {
+                        // Euler keeps t = 0 (+ offset); DPM-Solver drops it.
+                        TimestepSpacing::Leading if method == SamplingMethod::Euler => {
+                            assert_eq!(s.timesteps[steps - 1], 1.0, "{ctx}")
+                        }
+                        TimestepSpacing::Leading => assert!(s.timesteps[steps - 1] > 1.0, "{ctx}"),
+                        TimestepSpacing::Trailing => assert_eq!(s.timesteps[0], 999.0, "{ctx}"),
+                        TimestepSpacing::Linspace => {}
+                    }
+                }
+            }
+        }
     }
 
     /// The last DPM step lands on sigma 0 and returns the data prediction exactly.

@@ -91,11 +91,12 @@ fn carve<'a>(
     })
 }
 
-impl Carved<'_> {
-    fn read(&self, s: &ArenaSlice) -> Result<&[u8]> {
+/// The bytes of `s`, if they lie whole inside one of the immutable `pieces`.
+fn read<'a>(pieces: &[(usize, &'a [u8]); 3], s: &ArenaSlice) -> Result<&'a [u8]> {
+    {
         let start = s.offset as usize;
         let end = start + s.len as usize;
-        for (base, piece) in &self.pieces {
+        for (base, piece) in pieces {
             if start >= *base && end <= base + piece.len() {
                 return Ok(&piece[start - base..end - base]);
             }
@@ -237,10 +238,14 @@ impl<'p> Session<'p> {
             }
         }
         let arena = self.arena.as_mut_bytes();
-        let c = carve(arena, &out_slot, step.scratch.as_ref())?;
+        let Carved {
+            pieces,
+            out,
+            scratch,
+        } = carve(arena, &out_slot, step.scratch.as_ref())?;
         let bytes_of = |id: u32| -> Result<&[u8]> {
             match &stage.values[id as usize].storage {
-                Storage::Arena(s) => c.read(s),
+                Storage::Arena(s) => read(&pieces, s),
                 Storage::Weight(t) => Ok(plan.tensor_bytes(*t)),
             }
         };
@@ -253,8 +258,7 @@ impl<'p> Session<'p> {
         };
         let shape = |id: u32| -> &[u64] { &stage.values[id as usize].shape };
         let ins = &step.inputs;
-        let out = as_f32_mut(c.out)?;
-        let scratch = c.scratch;
+        let out = as_f32_mut(out)?;
         let last = |s: &[u64]| s.last().copied().unwrap_or(1) as usize;
         match &step.op {
             Op::Embedding => {

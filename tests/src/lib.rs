@@ -1,1 +1,121 @@
-//! (being written)
+//! Helpers for the end-to-end tests: fixture paths, safetensors readers, comparison metrics,
+//! and compiled plans cached per test binary.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `tests/fixtures/<rel>`.
+pub fn fixture(rel: &str) -> PathBuf {
+    repo().join("tests/fixtures").join(rel)
+}
+
+/// `demo/<rel>`.
+pub fn demo(rel: &str) -> PathBuf {
+    repo().join("demo").join(rel)
+}
+
+/// A tensor read from a reference file, converted to f64 for comparisons.
+#[derive(Clone, Debug)]
+pub struct RefTensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+/// Reads every tensor of a safetensors file (F32, I32, I64 and U8 converted to f32).
+pub fn read_safetensors(path: &Path) -> HashMap<String, RefTensor> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut out = HashMap::new();
+    for (name, t) in st.tensors() {
+        let d = t.data();
+        let data: Vec<f32> = match t.dtype() {
+            safetensors::Dtype::F32 => d
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            safetensors::Dtype::I32 => d
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32)
+                .collect(),
+            safetensors::Dtype::I64 => d
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
+                .collect(),
+            safetensors::Dtype::U8 => d.iter().map(|&b| f32::from(b)).collect(),
+            other => panic!("{}: tensor {name} has unsupported dtype {other:?}", path.display()),
+        };
+        out.insert(
+            name.clone(),
+            RefTensor {
+                shape: t.shape().to_vec(),
+                data,
+            },
+        );
+    }
+    out
+}
+
+/// Largest absolute difference.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (f64::from(x) - f64::from(y)).abs())
+        .fold(0.0, f64::max)
+}
+
+/// Largest absolute value.
+pub fn max_abs(a: &[f32]) -> f64 {
+    a.iter().map(|&x| f64::from(x).abs()).fold(0.0, f64::max)
+}
+
+/// ‖a − b‖ / ‖b‖.
+pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|&y| f64::from(y).powi(2)).sum();
+    (num / den.max(1e-300)).sqrt()
+}
+
+/// Compiles `model` for `sizes` once per test binary and returns the plan bytes.
+pub fn compiled_plan(model: &Path, sizes: &[(u32, u32)], seq: Option<u32>) -> Vec<u8> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Vec<u8>>>> = OnceLock::new();
+    let key = format!("{}|{sizes:?}|{seq:?}", model.display());
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(b) = cache.lock().unwrap().get(&key) {
+        return b.clone();
+    }
+    let opts = edge_planner::CompileOptions {
+        sizes: sizes.to_vec(),
+        max_sequence_length: seq,
+        ..Default::default()
+    };
+    let mut c = edge_planner::compile_folder(model, &opts)
+        .unwrap_or_else(|e| panic!("compiling {}: {e}", model.display()));
+    let bytes = edge_planner::write::assemble(&mut c.meta, &c.table).expect("assemble");
+    cache.lock().unwrap().insert(key, bytes.clone());
+    bytes
+}
+
+/// Checks `ours` against `reference` as the issue states for single forwards:
+/// max |diff| ≤ tol × max(1, max |reference|).
+pub fn assert_close(what: &str, ours: &[f32], reference: &[f32], tol: f64) {
+    let d = max_abs_diff(ours, reference);
+    let bound = tol * max_abs(reference).max(1.0);
+    assert!(
+        d <= bound,
+        "{what}: max abs diff {d:e} exceeds {bound:e} (max |ref| {:e})",
+        max_abs(reference)
+    );
+}

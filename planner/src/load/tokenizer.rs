@@ -1076,6 +1076,17 @@ mod tests {
     }
 
     #[test]
+    fn fixture_spec_survives_postcard() {
+        for dir in fixture_dirs() {
+            let spec = load_tokenizer_dir(&dir).unwrap();
+            let bytes = postcard::to_allocvec(&spec).unwrap();
+            let back: TokenizerSpec = postcard::from_bytes(&bytes).unwrap();
+            assert_eq!(back, spec, "{}", dir.display());
+            back.validate().unwrap();
+        }
+    }
+
+    #[test]
     fn spiece_without_config_adds_100_sentinels() {
         let dir = &fixture_dirs()[0];
         let spec = load_spiece_model(&dir.join("spiece.model")).unwrap();

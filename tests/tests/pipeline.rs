@@ -1,0 +1,211 @@
+//! End-to-end checks against diffusers: every stage of a plan compiled from the fixture
+//! pipelines, and whole pipeline runs from the fixtures' initial noise.
+
+use edge_e2e::*;
+use edge_runtime::sampler::SamplingMethod;
+use edge_runtime::{GenerateParams, Plan, Session, StageInput};
+
+const SIZES: [(u32, u32); 3] = [(64, 64), (64, 96), (96, 64)];
+
+fn plan_for(name: &str) -> Plan {
+    let bytes = compiled_plan(&fixture(name), &SIZES, None);
+    Plan::from_bytes(&bytes).expect("plan verifies")
+}
+
+fn t5_matches(name: &str) {
+    let plan = plan_for(name);
+    let mut s = Session::new(&plan, edge_kernels::generic(), None).unwrap();
+    let tokens = read_safetensors(&fixture(&format!("{name}/reference/tokens.safetensors")));
+    let t5 = read_safetensors(&fixture(&format!("{name}/reference/t5.safetensors")));
+    let ids = &tokens["input_ids"];
+    let mask = &tokens["attention_mask"];
+    let refh = &t5["last_hidden_state"];
+    let (n, l) = (ids.shape[0], ids.shape[1]);
+    let d = refh.shape[2];
+    assert_eq!(plan.meta().text.max_sequence_length as usize, l);
+    for row in 0..n {
+        let id: Vec<i32> = ids.data[row * l..(row + 1) * l].iter().map(|&x| x as i32).collect();
+        let m = &mask.data[row * l..(row + 1) * l];
+        let mut out = vec![0f32; l * d];
+        s.run_stage(plan.meta().text_stage, &[StageInput::I32(&id), StageInput::F32(m)], &mut [&mut out])
+            .unwrap();
+        assert_close(
+            &format!("{name} t5 row {row}"),
+            &out,
+            &refh.data[row * l * d..(row + 1) * l * d],
+            1e-4,
+        );
+    }
+}
+
+#[test]
+fn t5_sigma() {
+    t5_matches("pixart-sigma-tiny");
+}
+
+#[test]
+fn t5_alpha() {
+    t5_matches("pixart-alpha-tiny");
+}
+
+fn transformer_matches(name: &str) {
+    let plan = plan_for(name);
+    let mut s = Session::new(&plan, edge_kernels::generic(), None).unwrap();
+    for case in ["sq_t999_cat", "sq_t500_cat", "ns_t999_cat", "ns_t500_long", "sq_t999_cfgbatch"] {
+        let r = read_safetensors(&fixture(&format!("{name}/reference/transformer_{case}.safetensors")));
+        let x = &r["hidden_states"];
+        let (b, c, h, w) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
+        let size = plan
+            .meta()
+            .size((w * 8) as u32, (h * 8) as u32)
+            .unwrap_or_else(|| panic!("plan lacks {}x{}", w * 8, h * 8))
+            .clone();
+        let ctx = &r["encoder_hidden_states"];
+        let (l, dc) = (ctx.shape[1], ctx.shape[2]);
+        let mask = &r["encoder_attention_mask"];
+        let out_ref = &r["output_noise"];
+        for bi in 0..b {
+            let lat = &x.data[bi * c * h * w..(bi + 1) * c * h * w];
+            let t = [r["timestep"].data[bi]];
+            let mut out = vec![0f32; c * h * w];
+            s.run_stage(
+                size.denoiser_stage,
+                &[
+                    StageInput::F32(lat),
+                    StageInput::F32(&t),
+                    StageInput::F32(&ctx.data[bi * l * dc..(bi + 1) * l * dc]),
+                    StageInput::F32(&mask.data[bi * l..(bi + 1) * l]),
+                ],
+                &mut [&mut out],
+            )
+            .unwrap();
+            assert_close(
+                &format!("{name} transformer {case} batch {bi}"),
+                &out,
+                &out_ref.data[bi * c * h * w..(bi + 1) * c * h * w],
+                1e-4,
+            );
+        }
+    }
+}
+
+#[test]
+fn transformer_sigma() {
+    transformer_matches("pixart-sigma-tiny");
+}
+
+#[test]
+fn transformer_alpha() {
+    transformer_matches("pixart-alpha-tiny");
+}
+
+fn vae_matches(name: &str) {
+    let plan = plan_for(name);
+    let mut s = Session::new(&plan, edge_kernels::generic(), None).unwrap();
+    for case in ["dec_64x64", "dec_w64_h96"] {
+        let r = read_safetensors(&fixture(&format!("{name}/reference/vae_{case}.safetensors")));
+        let lat = &r["latents"];
+        let (h, w) = (lat.shape[2], lat.shape[3]);
+        let size = plan.meta().size((w * 8) as u32, (h * 8) as u32).unwrap().clone();
+        let img = &r["image"];
+        let mut out = vec![0f32; img.data.len()];
+        s.run_stage(size.decoder_stage, &[StageInput::F32(&lat.data)], &mut [&mut out])
+            .unwrap();
+        assert_close(&format!("{name} vae {case}"), &out, &img.data, 1e-4);
+    }
+}
+
+#[test]
+fn vae_sigma() {
+    vae_matches("pixart-sigma-tiny");
+}
+
+#[test]
+fn vae_alpha() {
+    vae_matches("pixart-alpha-tiny");
+}
+
+/// Runs a whole pipeline from the fixture's initial noise and compares final latents and PNG.
+fn pipeline_matches(name: &str, run: &str, method: SamplingMethod, steps: usize, cfg: f32) {
+    let plan = plan_for(name);
+    let mut s = Session::new(&plan, edge_kernels::generic(), None).unwrap();
+    let r = read_safetensors(&fixture(&format!("{name}/reference/pipeline_{run}.safetensors")));
+    let noise = &r["initial_noise"];
+    let (h, w) = (noise.shape[2], noise.shape[3]);
+    let params = GenerateParams {
+        prompt: "a lovely cat".into(),
+        negative_prompt: String::new(),
+        steps,
+        cfg_scale: cfg,
+        method,
+        seed: 0,
+        width: (w * 8) as u32,
+        height: (h * 8) as u32,
+        init_latents: Some(noise.data.clone()),
+    };
+    let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();
+    let refl = &r["final_latents"];
+    assert_close(&format!("{name} {run} final latents"), &out.latents, &refl.data, 1e-3);
+    let img = &r["image_uint8"];
+    assert_eq!(out.rgb.len(), img.data.len());
+    let mut off_by_one = 0usize;
+    let mut worst = 0i32;
+    for (&a, &b) in out.rgb.iter().zip(&img.data) {
+        let d = (i32::from(a) - b as i32).abs();
+        worst = worst.max(d);
+        if d > 1 {
+            off_by_one += 1;
+        }
+    }
+    let frac_within_1 = 1.0 - off_by_one as f64 / out.rgb.len() as f64;
+    assert!(
+        frac_within_1 >= 0.995 && worst <= 3,
+        "{name} {run}: {:.4} of channel values within 1 level, worst {worst}",
+        frac_within_1
+    );
+}
+
+#[test]
+fn pipeline_sigma_dpm_4() {
+    pipeline_matches("pixart-sigma-tiny", "dpm_4_cat_64x64", SamplingMethod::DpmPp2m, 4, 4.5);
+}
+
+#[test]
+fn pipeline_sigma_dpm_20() {
+    pipeline_matches("pixart-sigma-tiny", "dpm_20_cat_64x64", SamplingMethod::DpmPp2m, 20, 4.5);
+}
+
+#[test]
+fn pipeline_sigma_euler_4() {
+    pipeline_matches("pixart-sigma-tiny", "euler_4_cat_64x64", SamplingMethod::Euler, 4, 4.5);
+}
+
+#[test]
+fn pipeline_sigma_nonsquare() {
+    pipeline_matches("pixart-sigma-tiny", "dpm_4_cat_w64_h96", SamplingMethod::DpmPp2m, 4, 4.5);
+}
+
+#[test]
+fn pipeline_sigma_nocfg() {
+    pipeline_matches("pixart-sigma-tiny", "dpm_4_cat_nocfg_64x64", SamplingMethod::DpmPp2m, 4, 1.0);
+}
+
+#[test]
+fn pipeline_alpha_dpm_4() {
+    pipeline_matches("pixart-alpha-tiny", "dpm_4_cat_64x64", SamplingMethod::DpmPp2m, 4, 4.5);
+}
+
+#[test]
+fn pipeline_alpha_dpm_20() {
+    pipeline_matches("pixart-alpha-tiny", "dpm_20_cat_64x64", SamplingMethod::DpmPp2m, 20, 4.5);
+}
+
+#[test]
+fn pipeline_alpha_euler_4() {
+    pipeline_matches("pixart-alpha-tiny", "euler_4_cat_64x64", SamplingMethod::Euler, 4, 4.5);
+}
+
+#[test]
+fn pipeline_alpha_nonsquare() {
+    pipeline_matches("pixart-alpha-tiny", "dpm_4_cat_w64_h96", SamplingMethod::DpmPp2m, 4, 4.5);
+}
