@@ -249,7 +249,7 @@ pub trait GgmlBlock: FromBytes + IntoBytes + KnownLayout + Immutable + Copy {
     /// Views `bytes` as blocks, borrowing when `bytes` is aligned and copying block by block
     /// otherwise. `None` when `bytes.len()` is not a multiple of [`Self::TYPE_SIZE`].
     fn cow_from_bytes(bytes: &[u8]) -> Option<Cow<'_, [Self]>> {
-        if bytes.len() % Self::TYPE_SIZE != 0 {
+        if !bytes.len().is_multiple_of(Self::TYPE_SIZE) {
             return None;
         }
         if let Some(s) = Self::slice_from_bytes(bytes) {
@@ -375,12 +375,16 @@ mod tests {
         let words = [0x0706_0504_0302_0100u64; 40];
         let bytes = words.as_bytes();
         let at2 = &bytes[2..2 + 2 * 34];
-        let v = BlockQ8_0::slice_from_bytes(at2).expect("2-aligned view");
+        let Some(v) = BlockQ8_0::slice_from_bytes(at2) else {
+            panic!("no view of 2-aligned bytes");
+        };
         assert_eq!(v.len(), 2);
         assert_eq!(v[0].d, u16::from_le_bytes([2, 3]));
         let at1 = &bytes[1..1 + 2 * 34];
         assert!(BlockQ8_0::slice_from_bytes(at1).is_none());
-        let c = BlockQ8_0::cow_from_bytes(at1).expect("copied");
+        let Some(c) = BlockQ8_0::cow_from_bytes(at1) else {
+            panic!("no copy of misaligned bytes");
+        };
         assert!(matches!(c, Cow::Owned(_)));
         assert_eq!(c[1].d, u16::from_le_bytes([bytes[35], bytes[36]]));
         assert_eq!(BlockQ8_0::read_at(at1, 1), Some(c[1]));

@@ -262,7 +262,8 @@ mod tests {
 
     #[test]
     fn bad_values_are_refused_naming_the_field() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut SchedulerConfig)>)> = vec![
+        type Mutation = Box<dyn Fn(&mut SchedulerConfig)>;
+        let cases: Vec<(&str, Mutation)> = vec![
             (
                 "num_train_timesteps",
                 Box::new(|c| c.num_train_timesteps = 0),

@@ -210,7 +210,7 @@ pub fn split_charsmap(blob: &[u8]) -> Result<(Vec<u32>, &[u8]), String> {
     };
     let trie_size = u32::from_le_bytes([a, b, c, d]) as usize;
     let rest = &blob[4..];
-    if trie_size == 0 || trie_size % 4 != 0 || trie_size > rest.len() {
+    if trie_size == 0 || !trie_size.is_multiple_of(4) || trie_size > rest.len() {
         return Err(format!(
             "tokenizer: precompiled_charsmap trie size {trie_size} is not a non-zero multiple \
              of 4 within the {} bytes after the header",

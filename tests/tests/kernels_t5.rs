@@ -99,11 +99,24 @@ fn timestep_sinusoid_matches_diffusers() {
     // PixArt: Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=0), max_period 10000.
     let mut out = vec![0.0; t.len() * 256];
     timestep_embedding(t, 256, true, 0.0, 10000.0, &mut out);
-    let max = out
-        .iter()
-        .zip(&want.data)
-        .map(|(a, b)| (f64::from(*a) - f64::from(*b)).abs())
-        .fold(0.0, f64::max);
-    // Values are in [−1, 1]; torch's vectorized sin/cos/exp differ from libm by about an ulp.
-    assert!(max <= 1e-6, "timestep sinusoid: max abs difference {max}");
+    // Values are in [−1, 1]. torch evaluates exp with SLEEF (≤ 1 ulp, not always correctly
+    // rounded): at t = 500, k = 13 its frequency is one f32 ulp above the correctly rounded
+    // exp(−ln(10⁴)·13/128) that libm returns, which moves the angle by t·ulp(f) ≈ 1.5e-5.
+    // Every element must agree to 1e-6, or to that one-ulp bound on a few elements at most.
+    let mut loose = 0;
+    for (i, (a, b)) in out.iter().zip(&want.data).enumerate() {
+        let diff = (f64::from(*a) - f64::from(*b)).abs();
+        if diff <= 1e-6 {
+            continue;
+        }
+        loose += 1;
+        let (row, k) = (i / 256, i % 128);
+        let freq = (-(10000f64.ln()) * k as f64 / 128.0).exp();
+        let one_ulp = f64::from(t[row]) * freq * f64::from(f32::EPSILON) * 1.01 + 1e-6;
+        assert!(
+            diff <= one_ulp,
+            "element {i}: {a} vs {b}, difference {diff} > {one_ulp}"
+        );
+    }
+    assert!(loose <= 4, "{loose} elements differ by more than 1e-6");
 }

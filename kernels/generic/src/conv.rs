@@ -42,7 +42,10 @@ impl Conv2dParams {
     /// width (torch's formula with dilation 1). Panics if the kernel is larger than the padded
     /// input or a stride is 0.
     pub fn out_hw(&self) -> (usize, usize) {
-        assert!(self.stride_h > 0 && self.stride_w > 0, "conv2d: stride must be ≥ 1: {self:?}");
+        assert!(
+            self.stride_h > 0 && self.stride_w > 0,
+            "conv2d: stride must be ≥ 1: {self:?}"
+        );
         let ph = self.h + self.pad_top + self.pad_bottom;
         let pw = self.w + self.pad_left + self.pad_right;
         assert!(
@@ -51,7 +54,10 @@ impl Conv2dParams {
             self.kh,
             self.kw
         );
-        ((ph - self.kh) / self.stride_h + 1, (pw - self.kw) / self.stride_w + 1)
+        (
+            (ph - self.kh) / self.stride_h + 1,
+            (pw - self.kw) / self.stride_w + 1,
+        )
     }
 
     /// Elements of one im2col row: `cin · kh · kw`.
@@ -104,8 +110,22 @@ pub fn conv2d(
     let (oh, ow) = p.out_hw();
     let kk = p.patch_len();
     let npix = oh * ow;
-    assert_eq!(x.len(), p.cin * p.h * p.w, "conv2d: x has {} elements, expected [{}, {}, {}]", x.len(), p.cin, p.h, p.w);
-    assert_eq!(out.len(), p.cout * npix, "conv2d: out has {} elements, expected [{}, {oh}, {ow}]", out.len(), p.cout);
+    assert_eq!(
+        x.len(),
+        p.cin * p.h * p.w,
+        "conv2d: x has {} elements, expected [{}, {}, {}]",
+        x.len(),
+        p.cin,
+        p.h,
+        p.w
+    );
+    assert_eq!(
+        out.len(),
+        p.cout * npix,
+        "conv2d: out has {} elements, expected [{}, {oh}, {ow}]",
+        out.len(),
+        p.cout
+    );
     let wrow = row_bytes(w.dtype, kk, "conv2d weight");
     assert_eq!(
         w.bytes.len(),
@@ -119,10 +139,20 @@ pub fn conv2d(
         w.dtype
     );
     if let Some(b) = bias {
-        assert_eq!(b.len(), p.cout, "conv2d: bias has {} elements, expected cout = {}", b.len(), p.cout);
+        assert_eq!(
+            b.len(),
+            p.cout,
+            "conv2d: bias has {} elements, expected cout = {}",
+            b.len(),
+            p.cout
+        );
     }
     let need = conv2d_scratch_bytes(p, w.dtype);
-    assert!(scratch.len() >= need, "conv2d: scratch has {} bytes, needs {need} for {p:?}", scratch.len());
+    assert!(
+        scratch.len() >= need,
+        "conv2d: scratch has {} bytes, needs {need} for {p:?}",
+        scratch.len()
+    );
     if p.cout == 0 || npix == 0 {
         return;
     }
@@ -165,7 +195,9 @@ fn im2col_patch(p: &Conv2dParams, x: &[f32], oy: usize, ox: usize, patch: &mut [
     for ci in 0..p.cin {
         let plane = &x[ci * p.h * p.w..(ci + 1) * p.h * p.w];
         for ky in 0..p.kh {
-            let iy = (oy * p.stride_h + ky).checked_sub(p.pad_top).filter(|&iy| iy < p.h);
+            let iy = (oy * p.stride_h + ky)
+                .checked_sub(p.pad_top)
+                .filter(|&iy| iy < p.h);
             let dst = &mut patch[idx..idx + p.kw];
             match iy {
                 None => dst.fill(0.0),

@@ -21,7 +21,13 @@ pub fn timestep_embedding(
     max_period: f32,
     out: &mut [f32],
 ) {
-    assert_eq!(out.len(), t.len() * dim, "timestep_embedding: out has {} elements, expected [{}, {dim}]", out.len(), t.len());
+    assert_eq!(
+        out.len(),
+        t.len() * dim,
+        "timestep_embedding: out has {} elements, expected [{}, {dim}]",
+        out.len(),
+        t.len()
+    );
     let half = dim / 2;
     // torch multiplies the f32 arange by the Python float −ln(max_period), converted to f32.
     let neg_log = -(f64::from(max_period).ln()) as f32;
@@ -99,8 +105,18 @@ pub fn t5_position_bias(
     bidirectional: bool,
     out: &mut [f32],
 ) {
-    assert_eq!(table.len(), num_buckets * heads, "t5_position_bias: table has {} elements, expected [{num_buckets}, {heads}]", table.len());
-    assert_eq!(out.len(), heads * lq * lk, "t5_position_bias: out has {} elements, expected [{heads}, {lq}, {lk}]", out.len());
+    assert_eq!(
+        table.len(),
+        num_buckets * heads,
+        "t5_position_bias: table has {} elements, expected [{num_buckets}, {heads}]",
+        table.len()
+    );
+    assert_eq!(
+        out.len(),
+        heads * lq * lk,
+        "t5_position_bias: out has {} elements, expected [{heads}, {lq}, {lk}]",
+        out.len()
+    );
     if out.is_empty() {
         return;
     }
@@ -125,15 +141,30 @@ pub fn embedding(table: WeightRef<'_>, ids: &[i32], d: usize, out: &mut [f32]) {
         "embedding: table of type {:?} is not supported (F32, F16, BF16)",
         table.dtype
     );
-    assert_eq!(out.len(), ids.len() * d, "embedding: out has {} elements, expected [{}, {d}]", out.len(), ids.len());
+    assert_eq!(
+        out.len(),
+        ids.len() * d,
+        "embedding: out has {} elements, expected [{}, {d}]",
+        out.len(),
+        ids.len()
+    );
     let rb = row_bytes(table.dtype, d, "embedding table");
     if rb == 0 || ids.is_empty() {
         return;
     }
-    assert_eq!(table.bytes.len() % rb, 0, "embedding: table has {} bytes, not a whole number of rows of {d} {:?}", table.bytes.len(), table.dtype);
+    assert_eq!(
+        table.bytes.len() % rb,
+        0,
+        "embedding: table has {} bytes, not a whole number of rows of {d} {:?}",
+        table.bytes.len(),
+        table.dtype
+    );
     let v = table.bytes.len() / rb;
     for (t, &id) in ids.iter().enumerate() {
-        assert!(id >= 0 && (id as usize) < v, "embedding: id {id} at position {t} outside the vocabulary 0..{v}");
+        assert!(
+            id >= 0 && (id as usize) < v,
+            "embedding: id {id} at position {t} outside the vocabulary 0..{v}"
+        );
     }
     for (row, &id) in out.chunks_mut(d).zip(ids) {
         let id = id as usize;

@@ -11,8 +11,12 @@ use rayon::prelude::*;
 
 /// Lane accumulators per dot product.
 pub(crate) const LANES: usize = 8;
-/// Rows of each operand in one register tile.
-pub(crate) const TILE: usize = 4;
+/// Rows of `x` (output rows) in one register tile.
+pub(crate) const TILE_R: usize = 4;
+/// Rows of `w` (output columns) in one register tile.
+pub(crate) const TILE_C: usize = 2;
+/// Largest tile side, for the fixed-size tile buffer.
+const TILE: usize = 4;
 
 #[inline(always)]
 fn reduce_lanes(a: &[f32; LANES]) -> f32 {
@@ -133,7 +137,7 @@ impl Bias<'_> {
 
 /// Rows of `out` per task in the row-parallel path (a function of `m` only).
 fn row_block(m: usize) -> usize {
-    m.div_ceil(16).next_multiple_of(TILE).clamp(TILE, 64)
+    m.div_ceil(16).next_multiple_of(TILE_R).clamp(TILE_R, 64)
 }
 
 /// Columns per task in the column-parallel path used when `m` is small.
@@ -169,9 +173,9 @@ pub(crate) fn gemm_nt(
                 .enumerate()
                 .for_each(|(cb, cols)| {
                     let mut t = [[0.0f32; TILE]; TILE];
-                    for (jt, chunk) in cols.chunks_mut(TILE).enumerate() {
-                        let jj0 = cb * COL_BLOCK + jt * TILE;
-                        let ws: [&[f32]; TILE] = std::array::from_fn(|c| {
+                    for (jt, chunk) in cols.chunks_mut(TILE_C).enumerate() {
+                        let jj0 = cb * COL_BLOCK + jt * TILE_C;
+                        let ws: [&[f32]; TILE_C] = std::array::from_fn(|c| {
                             let j = (jj0 + c).min(nb - 1);
                             &w[j * k..(j + 1) * k]
                         });
@@ -191,15 +195,15 @@ pub(crate) fn gemm_nt(
             let i0 = b * rb;
             let rows = rows_out.len() / n;
             let mut t = [[0.0f32; TILE]; TILE];
-            for jj0 in (0..nb).step_by(TILE) {
-                let nc = TILE.min(nb - jj0);
-                let ws: [&[f32]; TILE] = std::array::from_fn(|c| {
+            for jj0 in (0..nb).step_by(TILE_C) {
+                let nc = TILE_C.min(nb - jj0);
+                let ws: [&[f32]; TILE_C] = std::array::from_fn(|c| {
                     let j = (jj0 + c).min(nb - 1);
                     &w[j * k..(j + 1) * k]
                 });
-                for r0 in (0..rows).step_by(TILE) {
-                    let nr = TILE.min(rows - r0);
-                    let xs: [&[f32]; TILE] = std::array::from_fn(|r| {
+                for r0 in (0..rows).step_by(TILE_R) {
+                    let nr = TILE_R.min(rows - r0);
+                    let xs: [&[f32]; TILE_R] = std::array::from_fn(|r| {
                         let i = i0 + (r0 + r).min(rows - 1);
                         &x[i * k..(i + 1) * k]
                     });

@@ -14,21 +14,35 @@ fn numel(shape: &[usize]) -> usize {
 /// `generic_upsample_nearest2x_f32`: torch `F.interpolate(x, scale_factor=2, mode="nearest")`:
 /// `out[ch, y, x] = x[ch, y / 2, x / 2]`. Shapes: `x` `[c, h, w]`, `out` `[c, 2h, 2w]`.
 pub fn upsample_nearest2x(x: &[f32], c: usize, h: usize, w: usize, out: &mut [f32]) {
-    assert_eq!(x.len(), c * h * w, "upsample_nearest2x: x has {} elements, expected [{c}, {h}, {w}]", x.len());
-    assert_eq!(out.len(), 4 * c * h * w, "upsample_nearest2x: out has {} elements, expected [{c}, {}, {}]", out.len(), 2 * h, 2 * w);
+    assert_eq!(
+        x.len(),
+        c * h * w,
+        "upsample_nearest2x: x has {} elements, expected [{c}, {h}, {w}]",
+        x.len()
+    );
+    assert_eq!(
+        out.len(),
+        4 * c * h * w,
+        "upsample_nearest2x: out has {} elements, expected [{c}, {}, {}]",
+        out.len(),
+        2 * h,
+        2 * w
+    );
     if c * h * w == 0 {
         return;
     }
-    out.par_chunks_mut(4 * w).enumerate().for_each(|(pair, rows)| {
-        let (ch, y) = (pair / h, pair % h);
-        let src = &x[(ch * h + y) * w..][..w];
-        let (top, bottom) = rows.split_at_mut(2 * w);
-        for (d, &v) in top.chunks_mut(2).zip(src) {
-            d[0] = v;
-            d[1] = v;
-        }
-        bottom.copy_from_slice(top);
-    });
+    out.par_chunks_mut(4 * w)
+        .enumerate()
+        .for_each(|(pair, rows)| {
+            let (ch, y) = (pair / h, pair % h);
+            let src = &x[(ch * h + y) * w..][..w];
+            let (top, bottom) = rows.split_at_mut(2 * w);
+            for (d, &v) in top.chunks_mut(2).zip(src) {
+                d[0] = v;
+                d[1] = v;
+            }
+            bottom.copy_from_slice(top);
+        });
 }
 
 /// `generic_permute_f32`: torch `x.permute(perm).contiguous()`: `out` has shape
@@ -37,15 +51,32 @@ pub fn upsample_nearest2x(x: &[f32], c: usize, h: usize, w: usize, out: &mut [f3
 pub fn permute(x: &[f32], shape: &[usize], perm: &[usize], out: &mut [f32]) {
     let rank = shape.len();
     assert!(rank <= MAX_RANK, "permute: rank {rank} exceeds {MAX_RANK}");
-    assert_eq!(perm.len(), rank, "permute: perm {perm:?} does not match shape {shape:?}");
+    assert_eq!(
+        perm.len(),
+        rank,
+        "permute: perm {perm:?} does not match shape {shape:?}"
+    );
     let mut seen = [false; MAX_RANK];
     for &a in perm {
-        assert!(a < rank && !seen[a], "permute: {perm:?} is not a permutation of 0..{rank}");
+        assert!(
+            a < rank && !seen[a],
+            "permute: {perm:?} is not a permutation of 0..{rank}"
+        );
         seen[a] = true;
     }
     let n = numel(shape);
-    assert_eq!(x.len(), n, "permute: x has {} elements, shape {shape:?} needs {n}", x.len());
-    assert_eq!(out.len(), n, "permute: out has {} elements, expected {n}", out.len());
+    assert_eq!(
+        x.len(),
+        n,
+        "permute: x has {} elements, shape {shape:?} needs {n}",
+        x.len()
+    );
+    assert_eq!(
+        out.len(),
+        n,
+        "permute: out has {} elements, expected {n}",
+        out.len()
+    );
     if n == 0 {
         return;
     }
@@ -92,51 +123,105 @@ pub fn permute(x: &[f32], shape: &[usize], perm: &[usize], out: &mut [f32]) {
 
 /// Splits `shape` around `axis` into `(outer, extent, inner)` element counts.
 fn split_axis(shape: &[usize], axis: usize, what: &str) -> (usize, usize, usize) {
-    assert!(axis < shape.len(), "{what}: axis {axis} out of range for shape {shape:?}");
-    (numel(&shape[..axis]), shape[axis], numel(&shape[axis + 1..]))
+    assert!(
+        axis < shape.len(),
+        "{what}: axis {axis} out of range for shape {shape:?}"
+    );
+    (
+        numel(&shape[..axis]),
+        shape[axis],
+        numel(&shape[axis + 1..]),
+    )
 }
 
 /// `generic_slice_axis_f32`: torch `x.narrow(axis, start, len).contiguous()`. `x` has `shape`;
 /// `out` has `shape` with `shape[axis]` replaced by `len`; `start + len ≤ shape[axis]`.
-pub fn slice_axis(x: &[f32], shape: &[usize], axis: usize, start: usize, len: usize, out: &mut [f32]) {
+pub fn slice_axis(
+    x: &[f32],
+    shape: &[usize],
+    axis: usize,
+    start: usize,
+    len: usize,
+    out: &mut [f32],
+) {
     let (outer, extent, inner) = split_axis(shape, axis, "slice_axis");
-    assert!(start + len <= extent, "slice_axis: {start}..{} exceeds axis {axis} of {shape:?}", start + len);
-    assert_eq!(x.len(), outer * extent * inner, "slice_axis: x has {} elements, shape {shape:?}", x.len());
-    assert_eq!(out.len(), outer * len * inner, "slice_axis: out has {} elements, expected {}", out.len(), outer * len * inner);
+    assert!(
+        start + len <= extent,
+        "slice_axis: {start}..{} exceeds axis {axis} of {shape:?}",
+        start + len
+    );
+    assert_eq!(
+        x.len(),
+        outer * extent * inner,
+        "slice_axis: x has {} elements, shape {shape:?}",
+        x.len()
+    );
+    assert_eq!(
+        out.len(),
+        outer * len * inner,
+        "slice_axis: out has {} elements, expected {}",
+        out.len(),
+        outer * len * inner
+    );
     if out.is_empty() {
         return;
     }
-    out.par_chunks_mut(len * inner).enumerate().for_each(|(o, dst)| {
-        dst.copy_from_slice(&x[(o * extent + start) * inner..][..len * inner]);
-    });
+    out.par_chunks_mut(len * inner)
+        .enumerate()
+        .for_each(|(o, dst)| {
+            dst.copy_from_slice(&x[(o * extent + start) * inner..][..len * inner]);
+        });
 }
 
 /// `generic_concat_axis_f32`: torch `cat(parts, dim=axis)`. `parts[p]` has `shapes[p]`; all
 /// shapes have the same rank and agree except along `axis`; `out` has the common shape with
 /// `axis` extent equal to the sum of the parts' extents.
 pub fn concat_axis(parts: &[&[f32]], shapes: &[&[usize]], axis: usize, out: &mut [f32]) {
-    assert_eq!(parts.len(), shapes.len(), "concat_axis: {} parts but {} shapes", parts.len(), shapes.len());
+    assert_eq!(
+        parts.len(),
+        shapes.len(),
+        "concat_axis: {} parts but {} shapes",
+        parts.len(),
+        shapes.len()
+    );
     assert!(!parts.is_empty(), "concat_axis: no parts");
     let first = shapes[0];
     let (outer, _, inner) = split_axis(first, axis, "concat_axis");
     let mut total = 0;
     for (p, (part, shape)) in parts.iter().zip(shapes).enumerate() {
         let same = shape.len() == first.len()
-            && shape.iter().zip(first).enumerate().all(|(a, (s, f))| a == axis || s == f);
+            && shape
+                .iter()
+                .zip(first)
+                .enumerate()
+                .all(|(a, (s, f))| a == axis || s == f);
         assert!(same, "concat_axis: part {p} has shape {shape:?}, incompatible with {first:?} along axis {axis}");
-        assert_eq!(part.len(), numel(shape), "concat_axis: part {p} has {} elements, shape {shape:?}", part.len());
+        assert_eq!(
+            part.len(),
+            numel(shape),
+            "concat_axis: part {p} has {} elements, shape {shape:?}",
+            part.len()
+        );
         total += shape[axis];
     }
-    assert_eq!(out.len(), outer * total * inner, "concat_axis: out has {} elements, expected {}", out.len(), outer * total * inner);
+    assert_eq!(
+        out.len(),
+        outer * total * inner,
+        "concat_axis: out has {} elements, expected {}",
+        out.len(),
+        outer * total * inner
+    );
     if out.is_empty() {
         return;
     }
-    out.par_chunks_mut(total * inner).enumerate().for_each(|(o, dst)| {
-        let mut at = 0;
-        for (part, shape) in parts.iter().zip(shapes) {
-            let len = shape[axis] * inner;
-            dst[at..at + len].copy_from_slice(&part[o * len..][..len]);
-            at += len;
-        }
-    });
+    out.par_chunks_mut(total * inner)
+        .enumerate()
+        .for_each(|(o, dst)| {
+            let mut at = 0;
+            for (part, shape) in parts.iter().zip(shapes) {
+                let len = shape[axis] * inner;
+                dst[at..at + len].copy_from_slice(&part[o * len..][..len]);
+                at += len;
+            }
+        });
 }

@@ -9,7 +9,7 @@
 //! - Tensors are contiguous, row-major, f32, shapes written outermost-first (PyTorch order).
 //! - Weights arrive as raw bytes ([`WeightRef`]); `F32` weights are viewed in place and must be
 //!   4-byte aligned (plans align weight sections to 64 bytes). Scratch memory comes from the
-//!   caller (the planned arena), 4-byte aligned; kernels allocate nothing on the heap.
+//!   caller (the planned arena), 4-byte aligned; kernels allocate no buffers.
 //! - Preconditions are asserted once per call with a message; inner loops only `debug_assert!`.
 //! - Work runs on rayon's global pool (see [`init_threads`]). Every output element is computed
 //!   by exactly one task and every reduction has a fixed order, so results are bit-identical
@@ -47,5 +47,8 @@ pub use weights::WeightRef;
 /// (an earlier call, or a kernel that already ran and started rayon's default pool); the
 /// existing pool then stays. Results never depend on the thread count.
 pub fn init_threads(n: usize) -> bool {
-    rayon::ThreadPoolBuilder::new().num_threads(n).build_global().is_ok()
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+        .is_ok()
 }

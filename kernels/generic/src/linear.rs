@@ -47,8 +47,18 @@ pub fn linear(
     n: usize,
     scratch: &mut [u8],
 ) {
-    assert_eq!(x.len(), m * k, "linear: x has {} elements, expected m·k = {m}·{k}", x.len());
-    assert_eq!(out.len(), m * n, "linear: out has {} elements, expected m·n = {m}·{n}", out.len());
+    assert_eq!(
+        x.len(),
+        m * k,
+        "linear: x has {} elements, expected m·k = {m}·{k}",
+        x.len()
+    );
+    assert_eq!(
+        out.len(),
+        m * n,
+        "linear: out has {} elements, expected m·n = {m}·{n}",
+        out.len()
+    );
     let wrow = row_bytes(w.dtype, k, "linear weight");
     assert_eq!(
         w.bytes.len(),
@@ -59,7 +69,12 @@ pub fn linear(
         n * wrow
     );
     if let Some(b) = bias {
-        assert_eq!(b.len(), n, "linear: bias has {} elements, expected n = {n}", b.len());
+        assert_eq!(
+            b.len(),
+            n,
+            "linear: bias has {} elements, expected n = {n}",
+            b.len()
+        );
     }
     let need = linear_scratch_bytes(w.dtype, m, k);
     assert!(

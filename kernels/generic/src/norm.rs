@@ -12,7 +12,11 @@ const ROWS_PER_TASK: usize = 16;
 fn moments(x: &[f32]) -> (f64, f64) {
     let n = x.len() as f64;
     let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
-    let var = x.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n;
+    let var = x
+        .iter()
+        .map(|&v| (f64::from(v) - mean).powi(2))
+        .sum::<f64>()
+        / n;
     (mean, var)
 }
 
@@ -33,11 +37,34 @@ pub fn group_norm(
     bias: &[f32],
     out: &mut [f32],
 ) {
-    assert!(groups > 0 && c % groups == 0, "group_norm: {groups} groups do not divide {c} channels");
-    assert_eq!(x.len(), c * hw, "group_norm: x has {} elements, expected [{c}, {hw}]", x.len());
-    assert_eq!(out.len(), c * hw, "group_norm: out has {} elements, expected [{c}, {hw}]", out.len());
-    assert_eq!(weight.len(), c, "group_norm: weight has {} elements, expected {c}", weight.len());
-    assert_eq!(bias.len(), c, "group_norm: bias has {} elements, expected {c}", bias.len());
+    assert!(
+        groups > 0 && c.is_multiple_of(groups),
+        "group_norm: {groups} groups do not divide {c} channels"
+    );
+    assert_eq!(
+        x.len(),
+        c * hw,
+        "group_norm: x has {} elements, expected [{c}, {hw}]",
+        x.len()
+    );
+    assert_eq!(
+        out.len(),
+        c * hw,
+        "group_norm: out has {} elements, expected [{c}, {hw}]",
+        out.len()
+    );
+    assert_eq!(
+        weight.len(),
+        c,
+        "group_norm: weight has {} elements, expected {c}",
+        weight.len()
+    );
+    assert_eq!(
+        bias.len(),
+        c,
+        "group_norm: bias has {} elements, expected {c}",
+        bias.len()
+    );
     let cg = c / groups;
     if cg * hw == 0 {
         return;
@@ -72,11 +99,26 @@ pub fn layer_norm(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    assert_eq!(x.len(), m * d, "layer_norm: x has {} elements, expected [{m}, {d}]", x.len());
-    assert_eq!(out.len(), m * d, "layer_norm: out has {} elements, expected [{m}, {d}]", out.len());
+    assert_eq!(
+        x.len(),
+        m * d,
+        "layer_norm: x has {} elements, expected [{m}, {d}]",
+        x.len()
+    );
+    assert_eq!(
+        out.len(),
+        m * d,
+        "layer_norm: out has {} elements, expected [{m}, {d}]",
+        out.len()
+    );
     for (name, v) in [("weight", weight), ("bias", bias)] {
         if let Some(v) = v {
-            assert_eq!(v.len(), d, "layer_norm: {name} has {} elements, expected {d}", v.len());
+            assert_eq!(
+                v.len(),
+                d,
+                "layer_norm: {name} has {} elements, expected {d}",
+                v.len()
+            );
         }
     }
     if m * d == 0 {
@@ -108,9 +150,24 @@ pub fn layer_norm(
 /// Shapes: `x`, `out` `[m, d]`, `weight` `[d]`. The mean of squares is summed in f64 and rounded
 /// to f32 (the value torch's f32 reduction approximates); the rest is f32 in torch's order.
 pub fn rms_norm(x: &[f32], m: usize, d: usize, eps: f32, weight: &[f32], out: &mut [f32]) {
-    assert_eq!(x.len(), m * d, "rms_norm: x has {} elements, expected [{m}, {d}]", x.len());
-    assert_eq!(out.len(), m * d, "rms_norm: out has {} elements, expected [{m}, {d}]", out.len());
-    assert_eq!(weight.len(), d, "rms_norm: weight has {} elements, expected {d}", weight.len());
+    assert_eq!(
+        x.len(),
+        m * d,
+        "rms_norm: x has {} elements, expected [{m}, {d}]",
+        x.len()
+    );
+    assert_eq!(
+        out.len(),
+        m * d,
+        "rms_norm: out has {} elements, expected [{m}, {d}]",
+        out.len()
+    );
+    assert_eq!(
+        weight.len(),
+        d,
+        "rms_norm: weight has {} elements, expected {d}",
+        weight.len()
+    );
     if m * d == 0 {
         return;
     }

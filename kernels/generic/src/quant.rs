@@ -103,7 +103,7 @@ pub fn activation_type(w: DType) -> ActFormat {
 pub fn activation_row_bytes(w: DType, k: usize) -> usize {
     let a = activation_type(w);
     assert!(
-        k % a.block_size() == 0,
+        k.is_multiple_of(a.block_size()),
         "activation_row_bytes: k = {k} is not a multiple of the {} block size {}",
         a.name(),
         a.block_size()
@@ -146,9 +146,19 @@ pub fn quantize_activation_row(w: DType, x: &[f32], out: &mut [u8]) {
 /// Panics when a length does not match or `w` is `I32`.
 pub fn vec_dot(w: DType, k: usize, w_row: &[u8], act_row: &[u8]) -> f32 {
     let wb = row_bytes(w, k);
-    assert_eq!(w_row.len(), wb, "vec_dot: weight row has {} bytes, expected {wb} for {k} {w}", w_row.len());
+    assert_eq!(
+        w_row.len(),
+        wb,
+        "vec_dot: weight row has {} bytes, expected {wb} for {k} {w}",
+        w_row.len()
+    );
     let ab = activation_row_bytes(w, k);
-    assert_eq!(act_row.len(), ab, "vec_dot: activation row has {} bytes, expected {ab}", act_row.len());
+    assert_eq!(
+        act_row.len(),
+        ab,
+        "vec_dot: activation row has {} bytes, expected {ab}",
+        act_row.len()
+    );
     match w {
         DType::F32 => vec_dot_f32(&decode_f32(w_row), &decode_f32(act_row)),
         DType::F16 => vec_dot_f16(&decode_u16(w_row), &decode_u16(act_row)),
@@ -175,7 +185,12 @@ pub fn vec_dot(w: DType, k: usize, w_row: &[u8], act_row: &[u8]) -> f32 {
 pub fn dequantize_row(w: DType, src: &[u8], dst: &mut [f32]) {
     let n = dst.len();
     let b = row_bytes(w, n);
-    assert_eq!(src.len(), b, "dequantize_row: source has {} bytes, expected {b} for {n} {w}", src.len());
+    assert_eq!(
+        src.len(),
+        b,
+        "dequantize_row: source has {} bytes, expected {b} for {n} {w}",
+        src.len()
+    );
     match w {
         DType::F32 => {
             for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
@@ -219,7 +234,12 @@ pub fn dequantize_row(w: DType, src: &[u8], dst: &mut [f32]) {
 pub fn quantize_row(w: DType, src: &[f32], dst: &mut [u8]) {
     let n = src.len();
     let b = row_bytes(w, n);
-    assert_eq!(dst.len(), b, "quantize_row: destination has {} bytes, expected {b} for {n} {w}", dst.len());
+    assert_eq!(
+        dst.len(),
+        b,
+        "quantize_row: destination has {} bytes, expected {b} for {n} {w}",
+        dst.len()
+    );
     match w {
         DType::F32 => encode_f32(src, dst),
         DType::F16 => encode_f16(src, dst),
@@ -242,7 +262,10 @@ pub fn quantize_row(w: DType, src: &[f32], dst: &mut [u8]) {
 fn row_bytes(w: DType, n: usize) -> usize {
     match w.bytes_for(n as u64) {
         Some(b) => b as usize,
-        None => panic!("{n} elements are not a whole number of {w} blocks of {}", w.block_size()),
+        None => panic!(
+            "{n} elements are not a whole number of {w} blocks of {}",
+            w.block_size()
+        ),
     }
 }
 
@@ -251,13 +274,22 @@ fn row_bytes(w: DType, n: usize) -> usize {
 fn view<B: GgmlBlock>(bytes: &[u8]) -> Cow<'_, [B]> {
     match B::cow_from_bytes(bytes) {
         Some(c) => c,
-        None => panic!("{} bytes are not a whole number of {} blocks", bytes.len(), B::NAME),
+        None => panic!(
+            "{} bytes are not a whole number of {} blocks",
+            bytes.len(),
+            B::NAME
+        ),
     }
 }
 
 /// Runs `f` on `out` viewed as blocks; when `out` is misaligned, on a copy written back after.
 fn with_blocks_mut<B: GgmlBlock>(out: &mut [u8], f: impl FnOnce(&mut [B])) {
-    assert!(out.len() % B::TYPE_SIZE == 0, "{} bytes are not a whole number of {} blocks", out.len(), B::NAME);
+    assert!(
+        out.len().is_multiple_of(B::TYPE_SIZE),
+        "{} bytes are not a whole number of {} blocks",
+        out.len(),
+        B::NAME
+    );
     if let Some(blocks) = B::slice_from_bytes_mut(out) {
         f(blocks);
         return;
@@ -286,11 +318,15 @@ fn encode_bf16(x: &[f32], out: &mut [u8]) {
 }
 
 fn decode_f32(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 fn decode_u16(b: &[u8]) -> Vec<u16> {
-    b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()
+    b.chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -416,7 +452,11 @@ fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], rmse_type: i32) -> f32
     }
     let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
     if return_early {
-        return if suml2 > 0.0 { 0.5 * (scale + 1.0 / iscale) } else { 1.0 / iscale };
+        return if suml2 > 0.0 {
+            0.5 * (scale + 1.0 / iscale)
+        } else {
+            1.0 / iscale
+        };
     }
     let mut best = scale * sumlx;
     for is in -9i32..=9 {
@@ -607,7 +647,10 @@ fn get_scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
-        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
     }
 }
 
@@ -635,7 +678,11 @@ fn q3k_scales(s: &[u8; 12]) -> [i8; 16] {
 }
 
 fn check_len(what: &str, x: usize, blocks: usize, qk: usize) {
-    assert_eq!(x, blocks * qk, "{what}: {x} elements for {blocks} blocks of {qk}");
+    assert_eq!(
+        x,
+        blocks * qk,
+        "{what}: {x} elements for {blocks} blocks of {qk}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -767,7 +814,7 @@ pub fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         b.d = fp32_to_fp16(d);
         for (q, &v) in b.qs.iter_mut().zip(x) {
-            *q = (v * id).round_ties_even() as i8;
+            *q = (v * id).round() as i8;
         }
     }
 }
@@ -925,7 +972,8 @@ pub fn dequantize_row_q8_k(x: &[BlockQ8K], y: &mut [f32]) {
 fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8; QK_K / 4]) {
     for j in (0..QK_K).step_by(128) {
         for i in 0..32 {
-            qs[j / 4 + i] = l[j + i] | (l[j + i + 32] << 2) | (l[j + i + 64] << 4) | (l[j + i + 96] << 6);
+            qs[j / 4 + i] =
+                l[j + i] | (l[j + i + 32] << 2) | (l[j + i + 64] << 4) | (l[j + i + 96] << 6);
         }
     }
 }
@@ -948,7 +996,17 @@ pub fn quantize_row_q2_k(x: &[f32], y: &mut [BlockQ2K]) {
             for (w, v) in weights.iter_mut().zip(xg) {
                 *w = v.abs();
             }
-            let (s, m) = make_qkx2_quants(3, xg, &weights, &mut l[16 * j..16 * j + 16], &mut l_aux, -0.5, 0.1, 15, true);
+            let (s, m) = make_qkx2_quants(
+                3,
+                xg,
+                &weights,
+                &mut l[16 * j..16 * j + 16],
+                &mut l_aux,
+                -0.5,
+                0.1,
+                15,
+                true,
+            );
             scales[j] = s;
             mins[j] = m;
             if s > max_scale {
@@ -1030,7 +1088,12 @@ pub fn quantize_row_q3_k(x: &[f32], y: &mut [BlockQ3K]) {
         let mut max_scale = 0f32;
         let mut amax = 0f32;
         for j in 0..QK_K / 16 {
-            scales[j] = make_q3_quants(4, &x[16 * j..16 * j + 16], &mut l[16 * j..16 * j + 16], true);
+            scales[j] = make_q3_quants(
+                4,
+                &x[16 * j..16 * j + 16],
+                &mut l[16 * j..16 * j + 16],
+                true,
+            );
             let scale = scales[j].abs();
             if scale > amax {
                 amax = scale;
@@ -1056,7 +1119,11 @@ pub fn quantize_row_q3_k(x: &[f32], y: &mut [BlockQ3K]) {
             b.d = fp32_to_fp16(0.0);
         }
         for j in 0..QK_K / 16 {
-            let lo = if j < 8 { b.scales[j] & 0xF } else { b.scales[j - 8] >> 4 };
+            let lo = if j < 8 {
+                b.scales[j] & 0xF
+            } else {
+                b.scales[j - 8] >> 4
+            };
             let sc = (lo | (((b.scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) as i8 - 32;
             let d = fp16_to_fp32(b.d) * sc as f32;
             if d == 0.0 {
@@ -1105,7 +1172,8 @@ pub fn dequantize_row_q3_k(x: &[BlockQ3K], y: &mut [f32]) {
                     let dl = d_all * (scales[is] as i32 - 32) as f32;
                     is += 1;
                     for l in 16 * part..16 * part + 16 {
-                        let v = ((q[l] >> shift) & 3) as i32 - if b.hmask[l] & m != 0 { 0 } else { 4 };
+                        let v =
+                            ((q[l] >> shift) & 3) as i32 - if b.hmask[l] & m != 0 { 0 } else { 4 };
                         if let Some(o) = out.next() {
                             *o = dl * v as f32;
                         }
@@ -1160,7 +1228,17 @@ fn quantize_k4_scales(
         for (w, v) in weights.iter_mut().zip(xg) {
             *w = av_x + v.abs();
         }
-        let (s, m) = make_qkx2_quants(nmax, xg, &weights, &mut l[32 * j..32 * j + 32], &mut l_aux, rmin, 0.1, nstep, false);
+        let (s, m) = make_qkx2_quants(
+            nmax,
+            xg,
+            &weights,
+            &mut l[32 * j..32 * j + 32],
+            &mut l_aux,
+            rmin,
+            0.1,
+            nstep,
+            false,
+        );
         scales[j] = s;
         mins[j] = m;
         if s > max_scale {
@@ -1170,7 +1248,11 @@ fn quantize_k4_scales(
             max_min = m;
         }
     }
-    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+    let inv_scale = if max_scale > 0.0 {
+        63.0 / max_scale
+    } else {
+        0.0
+    };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let mut ls = [0u8; 8];
     let mut lm = [0u8; 8];
@@ -1202,7 +1284,16 @@ pub fn quantize_row_q4_k(x: &[f32], y: &mut [BlockQ4K]) {
     check_len("quantize_row_q4_K", x.len(), y.len(), QK_K);
     let mut l = [0u8; QK_K];
     for (b, x) in y.iter_mut().zip(x.chunks_exact(QK_K)) {
-        quantize_k4_scales(x, 15, -1.0, 20, &mut b.d, &mut b.dmin, &mut b.scales, &mut l);
+        quantize_k4_scales(
+            x,
+            15,
+            -1.0,
+            20,
+            &mut b.d,
+            &mut b.dmin,
+            &mut b.scales,
+            &mut l,
+        );
         for (h, q) in b.qs.chunks_exact_mut(32).enumerate() {
             for i in 0..32 {
                 q[i] = l[64 * h + i] | (l[64 * h + i + 32] << 4);
@@ -1217,13 +1308,17 @@ pub fn dequantize_row_q4_k(x: &[BlockQ4K], y: &mut [f32]) {
     for (b, y) in x.iter().zip(y.chunks_exact_mut(QK_K)) {
         let d = fp16_to_fp32(b.d);
         let min = fp16_to_fp32(b.dmin);
-        for (h, (q, y)) in b.qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
+        for (h, (q, y)) in
+            b.qs.chunks_exact(32)
+                .zip(y.chunks_exact_mut(64))
+                .enumerate()
+        {
             let (sc1, m1) = get_scale_min_k4(2 * h, &b.scales);
             let (sc2, m2) = get_scale_min_k4(2 * h + 1, &b.scales);
             let (d1, m1) = (d * sc1 as f32, min * m1 as f32);
             let (d2, m2) = (d * sc2 as f32, min * m2 as f32);
             for l in 0..32 {
-                y[l] = (d * sc1 as f32 * (q[l] & 0xF) as f32) - m1;
+                y[l] = d1 * (q[l] & 0xF) as f32 - m1;
                 y[l + 32] = d2 * (q[l] >> 4) as f32 - m2;
             }
         }
@@ -1236,7 +1331,16 @@ pub fn quantize_row_q5_k(x: &[f32], y: &mut [BlockQ5K]) {
     check_len("quantize_row_q5_K", x.len(), y.len(), QK_K);
     let mut l = [0u8; QK_K];
     for (b, x) in y.iter_mut().zip(x.chunks_exact(QK_K)) {
-        quantize_k4_scales(x, 31, -0.5, 15, &mut b.d, &mut b.dmin, &mut b.scales, &mut l);
+        quantize_k4_scales(
+            x,
+            31,
+            -0.5,
+            15,
+            &mut b.d,
+            &mut b.dmin,
+            &mut b.scales,
+            &mut l,
+        );
         b.qh = [0; QK_K / 8];
         let (mut m1, mut m2) = (1u8, 2u8);
         for (h, ql) in b.qs.chunks_exact_mut(32).enumerate() {
@@ -1266,7 +1370,11 @@ pub fn dequantize_row_q5_k(x: &[BlockQ5K], y: &mut [f32]) {
         let d = fp16_to_fp32(b.d);
         let min = fp16_to_fp32(b.dmin);
         let (mut u1, mut u2) = (1u8, 2u8);
-        for (h, (ql, y)) in b.qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
+        for (h, (ql, y)) in
+            b.qs.chunks_exact(32)
+                .zip(y.chunks_exact_mut(64))
+                .enumerate()
+        {
             let (sc1, m1) = get_scale_min_k4(2 * h, &b.scales);
             let (sc2, m2) = get_scale_min_k4(2 * h + 1, &b.scales);
             let (d1, m1) = (d * sc1 as f32, min * m1 as f32);
@@ -1293,7 +1401,12 @@ pub fn quantize_row_q6_k(x: &[f32], y: &mut [BlockQ6K]) {
         let mut max_scale = 0f32;
         let mut max_abs_scale = 0f32;
         for ib in 0..QK_K / 16 {
-            let scale = make_qx_quants(32, &x[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16], 1);
+            let scale = make_qx_quants(
+                32,
+                &x[16 * ib..16 * ib + 16],
+                &mut l[16 * ib..16 * ib + 16],
+                1,
+            );
             scales[ib] = scale;
             let abs_scale = scale.abs();
             if abs_scale > max_abs_scale {
@@ -1330,7 +1443,8 @@ pub fn quantize_row_q6_k(x: &[f32], y: &mut [BlockQ6K]) {
                 let q4 = lb[i + 96] as u8;
                 b.ql[64 * h + i] = (q1 & 0xF) | ((q3 & 0xF) << 4);
                 b.ql[64 * h + i + 32] = (q2 & 0xF) | ((q4 & 0xF) << 4);
-                b.qh[32 * h + i] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
+                b.qh[32 * h + i] =
+                    (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
             }
         }
     }
@@ -1428,7 +1542,8 @@ pub fn vec_dot_q4_1_q8_1(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
             s0 += (a.qs[j] & 0x0F) as i32 * b.qs[j] as i32;
             s1 += (a.qs[j] >> 4) as i32 * b.qs[j + QK8_1 / 2] as i32;
         }
-        sumf += (fp16_to_fp32(a.d) * fp16_to_fp32(b.d)) * (s0 + s1) as f32 + fp16_to_fp32(a.m) * fp16_to_fp32(b.s);
+        sumf += (fp16_to_fp32(a.d) * fp16_to_fp32(b.d)) * (s0 + s1) as f32
+            + fp16_to_fp32(a.m) * fp16_to_fp32(b.s);
     }
     sumf
 }
@@ -1460,7 +1575,8 @@ pub fn vec_dot_q5_1_q8_1(x: &[BlockQ5_1], y: &[BlockQ8_1]) -> f32 {
             s0 += q[j] * b.qs[j] as i32;
             s1 += q[j + 16] * b.qs[j + QK8_1 / 2] as i32;
         }
-        sumf += (fp16_to_fp32(a.d) * fp16_to_fp32(b.d)) * (s0 + s1) as f32 + fp16_to_fp32(a.m) * fp16_to_fp32(b.s);
+        sumf += (fp16_to_fp32(a.d) * fp16_to_fp32(b.d)) * (s0 + s1) as f32
+            + fp16_to_fp32(a.m) * fp16_to_fp32(b.s);
     }
     sumf
 }
@@ -1516,7 +1632,11 @@ pub fn vec_dot_q2_k_q8_k(x: &[BlockQ2K], y: &[BlockQ8K]) -> f32 {
 
 /// Accumulates `aux32[l] += scale·q8[l]·a[l]` over 16-element groups, 8 lanes, as the K-quant
 /// generic dot products do; `scale_of(g)` is the scale of 16-element group `g`.
-fn accumulate_k_lanes(q8: &[i8; QK_K], a: &[i8; QK_K], scale_of: impl Fn(usize) -> i32) -> [i32; 8] {
+fn accumulate_k_lanes(
+    q8: &[i8; QK_K],
+    a: &[i8; QK_K],
+    scale_of: impl Fn(usize) -> i32,
+) -> [i32; 8] {
     let mut aux32 = [0i32; 8];
     for (i, (q, v)) in q8.chunks_exact(8).zip(a.chunks_exact(8)).enumerate() {
         let scale = scale_of(i / 2);
@@ -1539,7 +1659,8 @@ pub fn vec_dot_q3_k_q8_k(x: &[BlockQ3K], y: &[BlockQ8K]) -> f32 {
             let q3 = &a.qs[32 * half..32 * half + 32];
             for shift in [0u32, 2, 4, 6] {
                 for l in 0..32 {
-                    aux8[k + l] = ((q3[l] >> shift) & 3) as i8 - if a.hmask[l] & m != 0 { 0 } else { 4 };
+                    aux8[k + l] =
+                        ((q3[l] >> shift) & 3) as i8 - if a.hmask[l] & m != 0 { 0 } else { 4 };
                 }
                 k += 32;
                 m <<= 1;
@@ -1560,7 +1681,15 @@ pub fn vec_dot_q3_k_q8_k(x: &[BlockQ3K], y: &[BlockQ8K]) -> f32 {
 }
 
 /// The shared body of the Q4_K / Q5_K generic dot products given the 256 unsigned quants.
-fn dot_k4(aux8: &[i8; QK_K], scales: &[u8; 12], d: u16, dmin: u16, b: &BlockQ8K, sums: &mut [f32; 8], sumf: &mut f32) {
+fn dot_k4(
+    aux8: &[i8; QK_K],
+    scales: &[u8; 12],
+    d: u16,
+    dmin: u16,
+    b: &BlockQ8K,
+    sums: &mut [f32; 8],
+    sumf: &mut f32,
+) {
     let mut sc = [0u8; 8];
     let mut mins = [0u8; 8];
     for j in 0..8 {
@@ -1674,12 +1803,18 @@ mod tests {
 
     /// ggml `generate_data`: `0.1 + 2·cos(i + offset)`.
     fn generate_data(offset: f32, n: usize) -> Vec<f32> {
-        (0..n).map(|i| 0.1 + 2.0 * (i as f32 + offset).cos()).collect()
+        (0..n)
+            .map(|i| 0.1 + 2.0 * (i as f32 + offset).cos())
+            .collect()
     }
 
     /// ggml `array_rmse` (which is `sqrt(Σ diff²) / n`, not a true RMSE).
     fn array_rmse(a: &[f32], b: &[f32]) -> f32 {
-        let sum: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
+        let sum: f64 = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+            .sum();
         (sum.sqrt() as f32) / a.len() as f32
     }
 
@@ -1692,7 +1827,9 @@ mod tests {
             s ^= s << 17;
             (s >> 40) as f32 / (1u64 << 24) as f32
         };
-        (0..n).map(|_| (next() + next() + next() - 1.5) * 2.0 * scale).collect()
+        (0..n)
+            .map(|_| (next() + next() + next() - 1.5) * 2.0 * scale)
+            .collect()
     }
 
     fn roundtrip(w: DType, x: &[f32]) -> (Vec<u8>, Vec<f32>) {
@@ -1740,7 +1877,11 @@ mod tests {
         let x = random_data(7, 256 * 16, 1.0);
         let rel = |w: DType| {
             let (_, y) = roundtrip(w, &x);
-            let num: f64 = x.iter().zip(&y).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum();
+            let num: f64 = x
+                .iter()
+                .zip(&y)
+                .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+                .sum();
             let den: f64 = x.iter().map(|a| (*a as f64).powi(2)).sum();
             (num / den).sqrt()
         };
@@ -1756,7 +1897,10 @@ mod tests {
         // 2^-(bits) scale: a 4-bit quantizer cannot do better than ~1/16 relative error on
         // Gaussian data, nor much worse than ~1/8.
         assert!((0.03..0.15).contains(&get(DType::Q4_0)), "{e:?}");
-        assert!(get(DType::F16) < 1e-3 && get(DType::BF16) < 1e-2 && get(DType::F32) == 0.0, "{e:?}");
+        assert!(
+            get(DType::F16) < 1e-3 && get(DType::BF16) < 1e-2 && get(DType::F32) == 0.0,
+            "{e:?}"
+        );
     }
 
     /// Re-quantizing dequantized values reproduces the blocks exactly for the absmax-based
@@ -1764,7 +1908,13 @@ mod tests {
     #[test]
     fn requantize_is_stable_for_absmax_formats() {
         let x = random_data(11, 32 * 24, 3.0);
-        for w in [DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::F16, DType::BF16] {
+        for w in [
+            DType::Q8_0,
+            DType::Q4_0,
+            DType::Q5_0,
+            DType::F16,
+            DType::BF16,
+        ] {
             let (q, y) = roundtrip(w, &x);
             let (q2, y2) = roundtrip(w, &y);
             assert_eq!(q, q2, "{w}");
@@ -1772,12 +1922,23 @@ mod tests {
         }
         // The K-quants and min-based formats search their scales; re-quantizing their own
         // output must not lose accuracy against the first dequantization.
-        for w in [DType::Q4_1, DType::Q5_1, DType::Q2K, DType::Q3K, DType::Q4K, DType::Q5K, DType::Q6K] {
+        for w in [
+            DType::Q4_1,
+            DType::Q5_1,
+            DType::Q2K,
+            DType::Q3K,
+            DType::Q4K,
+            DType::Q5K,
+            DType::Q6K,
+        ] {
             let (_, y) = roundtrip(w, &x);
             let (_, y2) = roundtrip(w, &y);
             let first = array_rmse(&x, &y);
             let second = array_rmse(&y, &y2);
-            assert!(second <= first, "{w}: requantization error {second} > {first}");
+            assert!(
+                second <= first,
+                "{w}: requantization error {second} > {first}"
+            );
         }
     }
 
@@ -1796,7 +1957,11 @@ mod tests {
             quantize_activation_row(w, &a, &mut aq);
             let got = vec_dot(w, n, &wq, &aq);
             let err = (got - exact as f32).abs() / n as f32;
-            let max = if w == DType::Q2K { MAX_DOT_PRODUCT_ERROR_LOWBIT } else { MAX_DOT_PRODUCT_ERROR };
+            let max = if w == DType::Q2K {
+                MAX_DOT_PRODUCT_ERROR_LOWBIT
+            } else {
+                MAX_DOT_PRODUCT_ERROR
+            };
             assert!(err < max, "{w}: dot product error {err} >= {max}");
         }
     }
@@ -1817,18 +1982,28 @@ mod tests {
                 quantize_activation_row(w, &a, &mut aq);
                 let ad = dequant_act(w, &aq, k);
                 let reference: f64 = wd.iter().zip(&ad).map(|(p, q)| *p as f64 * *q as f64).sum();
-                let magnitude: f64 = wd.iter().zip(&ad).map(|(p, q)| (*p as f64 * *q as f64).abs()).sum();
+                let magnitude: f64 = wd
+                    .iter()
+                    .zip(&ad)
+                    .map(|(p, q)| (*p as f64 * *q as f64).abs())
+                    .sum();
                 let mut tol = 1e-5 * magnitude;
                 if activation_type(w) == ActFormat::Q8_1 {
                     // mx·sy with sy rounded to f16: |m|·|s|·2⁻¹¹ per block.
                     let bb = view::<BlockQ8_1>(&aq);
                     for (i, blk) in bb.iter().enumerate() {
-                        let m = wd[i * 32..(i + 1) * 32].iter().fold(f32::MAX, |p, v| p.min(*v)).abs();
+                        let m = wd[i * 32..(i + 1) * 32]
+                            .iter()
+                            .fold(f32::MAX, |p, v| p.min(*v))
+                            .abs();
                         tol += (m * fp16_to_fp32(blk.s).abs()) as f64 / 1024.0;
                     }
                 }
                 let got = vec_dot(w, k, &wq, &aq) as f64;
-                assert!((got - reference).abs() <= tol, "{w} x{blocks}: vec_dot {got} vs reference {reference} (tol {tol})");
+                assert!(
+                    (got - reference).abs() <= tol,
+                    "{w} x{blocks}: vec_dot {got} vs reference {reference} (tol {tol})"
+                );
             }
         }
     }
@@ -1852,7 +2027,11 @@ mod tests {
             let mut abuf = vec![0u8; ab + 1];
             quantize_activation_row(w, &a, &mut abuf[1..]);
             assert_eq!(&abuf[1..], &act[..], "{w}");
-            assert_eq!(vec_dot(w, k, &buf[1..], &abuf[1..]).to_bits(), vec_dot(w, k, &aligned, &act).to_bits(), "{w}");
+            assert_eq!(
+                vec_dot(w, k, &buf[1..], &abuf[1..]).to_bits(),
+                vec_dot(w, k, &aligned, &act).to_bits(),
+                "{w}"
+            );
             let mut y1 = vec![0f32; k];
             let mut y2 = vec![0f32; k];
             dequantize_row(w, &aligned, &mut y1);

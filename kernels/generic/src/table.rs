@@ -10,8 +10,7 @@ pub type LinearFn =
 /// [`crate::linear_scratch_bytes`]'s signature: `(w_dtype, m, k) -> bytes`.
 pub type LinearScratchFn = fn(DType, usize, usize) -> usize;
 /// [`crate::conv2d`]'s signature: `(p, x, w, bias, out, scratch)`.
-pub type Conv2dFn =
-    fn(&Conv2dParams, &[f32], WeightRef<'_>, Option<&[f32]>, &mut [f32], &mut [u8]);
+pub type Conv2dFn = fn(&Conv2dParams, &[f32], WeightRef<'_>, Option<&[f32]>, &mut [f32], &mut [u8]);
 /// [`crate::conv2d_scratch_bytes`]'s signature.
 pub type Conv2dScratchFn = fn(&Conv2dParams, DType) -> usize;
 /// [`crate::attention`]'s signature: `(p, q_src, kv_src, key_mask, bias, out)`.
@@ -20,8 +19,7 @@ pub type AttentionFn =
 /// [`crate::group_norm`]'s signature: `(x, c, hw, groups, eps, weight, bias, out)`.
 pub type GroupNormFn = fn(&[f32], usize, usize, usize, f32, &[f32], &[f32], &mut [f32]);
 /// [`crate::layer_norm`]'s signature: `(x, m, d, eps, weight, bias, out)`.
-pub type LayerNormFn =
-    fn(&[f32], usize, usize, f32, Option<&[f32]>, Option<&[f32]>, &mut [f32]);
+pub type LayerNormFn = fn(&[f32], usize, usize, f32, Option<&[f32]>, Option<&[f32]>, &mut [f32]);
 /// [`crate::rms_norm`]'s signature: `(x, m, d, eps, weight, out)`.
 pub type RmsNormFn = fn(&[f32], usize, usize, f32, &[f32], &mut [f32]);
 /// An element-wise map `(x, out)` such as [`crate::silu`].
@@ -103,25 +101,58 @@ impl KernelTable {
 /// The complete generic table: every slot holds this crate's kernel.
 pub fn generic() -> KernelTable {
     KernelTable {
-        linear: Kernel { name: "generic_linear_f32", run: crate::linear },
+        linear: Kernel {
+            name: "generic_linear_f32",
+            run: crate::linear,
+        },
         linear_scratch_bytes: Kernel {
             name: "generic_linear_f32",
             run: crate::linear_scratch_bytes,
         },
-        conv2d: Kernel { name: "generic_conv2d_f32", run: crate::conv2d },
+        conv2d: Kernel {
+            name: "generic_conv2d_f32",
+            run: crate::conv2d,
+        },
         conv2d_scratch_bytes: Kernel {
             name: "generic_conv2d_f32",
             run: crate::conv2d_scratch_bytes,
         },
-        attention: Kernel { name: "generic_attention_f32", run: crate::attention },
-        group_norm: Kernel { name: "generic_group_norm_f32", run: crate::group_norm },
-        layer_norm: Kernel { name: "generic_layer_norm_f32", run: crate::layer_norm },
-        rms_norm: Kernel { name: "generic_rms_norm_f32", run: crate::rms_norm },
-        gelu_tanh: Kernel { name: "generic_gelu_tanh_f32", run: crate::gelu_tanh },
-        silu: Kernel { name: "generic_silu_f32", run: crate::silu },
-        add: Kernel { name: "generic_add_f32", run: crate::add },
-        mul: Kernel { name: "generic_mul_f32", run: crate::mul },
-        modulate: Kernel { name: "generic_modulate_f32", run: crate::modulate },
+        attention: Kernel {
+            name: "generic_attention_f32",
+            run: crate::attention,
+        },
+        group_norm: Kernel {
+            name: "generic_group_norm_f32",
+            run: crate::group_norm,
+        },
+        layer_norm: Kernel {
+            name: "generic_layer_norm_f32",
+            run: crate::layer_norm,
+        },
+        rms_norm: Kernel {
+            name: "generic_rms_norm_f32",
+            run: crate::rms_norm,
+        },
+        gelu_tanh: Kernel {
+            name: "generic_gelu_tanh_f32",
+            run: crate::gelu_tanh,
+        },
+        silu: Kernel {
+            name: "generic_silu_f32",
+            run: crate::silu,
+        },
+        add: Kernel {
+            name: "generic_add_f32",
+            run: crate::add,
+        },
+        mul: Kernel {
+            name: "generic_mul_f32",
+            run: crate::mul,
+        },
+        modulate: Kernel {
+            name: "generic_modulate_f32",
+            run: crate::modulate,
+        },
         gated_residual: Kernel {
             name: "generic_gated_residual_f32",
             run: crate::gated_residual,

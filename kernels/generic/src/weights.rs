@@ -1,6 +1,7 @@
 //! Weight bytes as typed views, and row conversion of plain (non-block) weight types.
 
 use edge_schema::DType;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use zerocopy::FromBytes;
 
 /// A weight tensor as it lies in a plan: its storage type and its raw little-endian bytes.
@@ -55,8 +56,16 @@ pub(crate) fn convert_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
         }
         DType::F16 => {
             debug_assert_eq!(src.len(), dst.len() * 2);
-            for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                *d = half::f16::from_bits(u16::from_le_bytes([s[0], s[1]])).to_f32();
+            match <[u16]>::ref_from_bytes(src) {
+                // Aligned: half's slice conversion (F16C/NEON when the CPU has it, exact).
+                Ok(bits) => bits
+                    .reinterpret_cast::<half::f16>()
+                    .convert_to_f32_slice(dst),
+                Err(_) => {
+                    for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                        *d = half::f16::from_bits(u16::from_le_bytes([s[0], s[1]])).to_f32();
+                    }
+                }
             }
         }
         DType::BF16 => {

@@ -5,7 +5,13 @@ mod common;
 use common::*;
 use edge_kernels::{attention, AttentionParams};
 
-fn reference(p: &AttentionParams, q: &[f32], kv: &[f32], mask: Option<&[f32]>, bias: Option<&[f32]>) -> Vec<f64> {
+fn reference(
+    p: &AttentionParams,
+    q: &[f32],
+    kv: &[f32],
+    mask: Option<&[f32]>,
+    bias: Option<&[f32]>,
+) -> Vec<f64> {
     let hd = p.head_dim;
     let mut out = vec![0.0; p.lq * p.heads * hd];
     for h in 0..p.heads {
@@ -14,7 +20,11 @@ fn reference(p: &AttentionParams, q: &[f32], kv: &[f32], mask: Option<&[f32]>, b
             let mut s = vec![0.0f64; p.lk];
             for (j, sj) in s.iter_mut().enumerate() {
                 let kj = &kv[j * p.kv_stride + p.k_offset + h * hd..][..hd];
-                let dotp: f64 = qi.iter().zip(kj).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
+                let dotp: f64 = qi
+                    .iter()
+                    .zip(kj)
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum();
                 *sj = f64::from(p.scale) * dotp;
                 if let Some(b) = bias {
                     *sj += f64::from(b[(h * p.lq + i) * p.lk + j]);
@@ -38,7 +48,13 @@ fn reference(p: &AttentionParams, q: &[f32], kv: &[f32], mask: Option<&[f32]>, b
     out
 }
 
-fn run(p: &AttentionParams, q: &[f32], kv: &[f32], mask: Option<&[f32]>, bias: Option<&[f32]>) -> Vec<f32> {
+fn run(
+    p: &AttentionParams,
+    q: &[f32],
+    kv: &[f32],
+    mask: Option<&[f32]>,
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
     let mut out = vec![f32::NAN; p.lq * p.heads * p.head_dim];
     attention(p, q, kv, mask, bias, &mut out);
     out
@@ -71,12 +87,27 @@ fn matches_materialized_softmax_on_ragged_sizes() {
             let p = cross_params(lq, lk, heads, hd);
             let q = rng.vec(lq * heads * hd, 2.0);
             let kv = rng.vec(lk * 2 * heads * hd, 2.0);
-            let mask: Vec<f32> = (0..lk).map(|j| if j == 0 || rng.below(3) > 0 { 1.0 } else { 0.0 }).collect();
+            let mask: Vec<f32> = (0..lk)
+                .map(|j| if j == 0 || rng.below(3) > 0 { 1.0 } else { 0.0 })
+                .collect();
             let bias = rng.vec(heads * lq * lk, 1.0);
-            for (m, b) in [(None, None), (Some(mask.as_slice()), None), (Some(mask.as_slice()), Some(bias.as_slice()))] {
+            for (m, b) in [
+                (None, None),
+                (Some(mask.as_slice()), None),
+                (Some(mask.as_slice()), Some(bias.as_slice())),
+            ] {
                 let got = run(&p, &q, &kv, m, b);
                 let want = reference(&p, &q, &kv, m, b);
-                assert_close(&format!("hd={hd} lq={lq} lk={lk} mask={} bias={}", m.is_some(), b.is_some()), &got, &want, |_| 2e-5);
+                assert_close(
+                    &format!(
+                        "hd={hd} lq={lq} lk={lk} mask={} bias={}",
+                        m.is_some(),
+                        b.is_some()
+                    ),
+                    &got,
+                    &want,
+                    |_| 2e-5,
+                );
             }
         }
     }
@@ -103,7 +134,12 @@ fn fused_qkv_self_attention_in_place() {
         masked_value: 0.0,
     };
     let got = run(&p, &qkv, &qkv, None, None);
-    assert_close("fused qkv", &got, &reference(&p, &qkv, &qkv, None, None), |_| 2e-5);
+    assert_close(
+        "fused qkv",
+        &got,
+        &reference(&p, &qkv, &qkv, None, None),
+        |_| 2e-5,
+    );
 }
 
 #[test]
@@ -118,7 +154,12 @@ fn t5_style_min_mask_with_bias_and_no_scale() {
     let mask: Vec<f32> = (0..lk).map(|j| if j < 7 { 1.0 } else { 0.0 }).collect();
     let bias = rng.vec(heads * lq * lk, 3.0);
     let got = run(&p, &q, &kv, Some(&mask), Some(&bias));
-    assert_close("t5", &got, &reference(&p, &q, &kv, Some(&mask), Some(&bias)), |_| 2e-5);
+    assert_close(
+        "t5",
+        &got,
+        &reference(&p, &q, &kv, Some(&mask), Some(&bias)),
+        |_| 2e-5,
+    );
     // Every key dropped: torch gives a softmax over equal (finite) scores, not NaN.
     let none = vec![0.0; lk];
     let got = run(&p, &q, &kv, Some(&none), None);

@@ -38,7 +38,15 @@ fn reference(p: &Conv2dParams, x: &[f32], w: &[f32], b: Option<&[f32]>) -> (Vec<
     (out, mag)
 }
 
-fn params(cin: usize, h: usize, w: usize, cout: usize, k: usize, stride: usize, pads: [usize; 4]) -> Conv2dParams {
+fn params(
+    cin: usize,
+    h: usize,
+    w: usize,
+    cout: usize,
+    k: usize,
+    stride: usize,
+    pads: [usize; 4],
+) -> Conv2dParams {
     Conv2dParams {
         cin,
         h,
@@ -58,20 +66,36 @@ fn params(cin: usize, h: usize, w: usize, cout: usize, k: usize, stride: usize, 
 fn cases() -> Vec<Conv2dParams> {
     vec![
         params(3, 5, 7, 4, 3, 1, [1, 1, 1, 1]),
-        params(4, 8, 12, 64, 2, 2, [0, 0, 0, 0]),    // PixArt patch embedding (patch 2)
-        params(5, 9, 9, 3, 3, 2, [0, 1, 0, 1]),      // Downsample2D: pad right/bottom 1, stride 2
-        params(17, 6, 5, 33, 1, 1, [0, 0, 0, 0]),    // 1×1 (quant_conv, shortcut)
-        params(33, 17, 17, 5, 3, 1, [1, 1, 1, 1]),   // 289 output pixels: several im2col tiles
-        params(2, 4, 3, 1, 3, 1, [2, 0, 1, 3]),      // asymmetric padding on every side
+        params(4, 8, 12, 64, 2, 2, [0, 0, 0, 0]), // PixArt patch embedding (patch 2)
+        params(5, 9, 9, 3, 3, 2, [0, 1, 0, 1]),   // Downsample2D: pad right/bottom 1, stride 2
+        params(17, 6, 5, 33, 1, 1, [0, 0, 0, 0]), // 1×1 (quant_conv, shortcut)
+        params(33, 17, 17, 5, 3, 1, [1, 1, 1, 1]), // 289 output pixels: several im2col tiles
+        params(2, 4, 3, 1, 3, 1, [2, 0, 1, 3]),   // asymmetric padding on every side
         params(1, 1, 1, 1, 1, 1, [0, 0, 0, 0]),
     ]
 }
 
-fn run(p: &Conv2dParams, dtype: DType, wb: &AlignedBytes, x: &[f32], b: Option<&[f32]>) -> Vec<f32> {
+fn run(
+    p: &Conv2dParams,
+    dtype: DType,
+    wb: &AlignedBytes,
+    x: &[f32],
+    b: Option<&[f32]>,
+) -> Vec<f32> {
     let (oh, ow) = p.out_hw();
     let mut out = vec![f32::NAN; p.cout * oh * ow];
     let mut scratch = AlignedBytes::zeroed(conv2d_scratch_bytes(p, dtype));
-    conv2d(p, x, WeightRef { dtype, bytes: wb.bytes() }, b, &mut out, scratch.bytes_mut());
+    conv2d(
+        p,
+        x,
+        WeightRef {
+            dtype,
+            bytes: wb.bytes(),
+        },
+        b,
+        &mut out,
+        scratch.bytes_mut(),
+    );
     out
 }
 
@@ -90,7 +114,9 @@ fn matches_direct_f64_reference() {
             for b in [None, Some(bias.as_slice())] {
                 let got = run(&p, dtype, &wb, &x, b);
                 let (want, mag) = reference(&p, &x, &wv, b);
-                assert_close(&format!("{p:?} {dtype:?}"), &got, &want, |i| 1e-6 * mag[i] + 1e-30);
+                assert_close(&format!("{p:?} {dtype:?}"), &got, &want, |i| {
+                    1e-6 * mag[i] + 1e-30
+                });
             }
         }
     }
@@ -120,5 +146,15 @@ fn short_scratch_panics_with_message() {
     let p = params(2, 4, 4, 2, 3, 1, [1, 1, 1, 1]);
     let wb = f32_bytes(&[0.0; 36]);
     let mut out = vec![0.0; 32];
-    conv2d(&p, &[0.0; 32], WeightRef { dtype: DType::F32, bytes: wb.bytes() }, None, &mut out, &mut []);
+    conv2d(
+        &p,
+        &[0.0; 32],
+        WeightRef {
+            dtype: DType::F32,
+            bytes: wb.bytes(),
+        },
+        None,
+        &mut out,
+        &mut [],
+    );
 }

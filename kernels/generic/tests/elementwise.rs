@@ -12,7 +12,10 @@ fn silu_and_gelu_tanh_match_formulas() {
     x.extend([0.0, -0.0, 100.0, -100.0, 1e-8, -30.0, 30.0]);
     let mut out = vec![0.0; x.len()];
     silu(&x, &mut out);
-    let want: Vec<f64> = x.iter().map(|&v| f64::from(v) / (1.0 + (-f64::from(v)).exp())).collect();
+    let want: Vec<f64> = x
+        .iter()
+        .map(|&v| f64::from(v) / (1.0 + (-f64::from(v)).exp()))
+        .collect();
     assert_close("silu", &out, &want, |i| 2e-6 * want[i].abs() + 1e-30);
 
     gelu_tanh(&x, &mut out);
@@ -25,7 +28,9 @@ fn silu_and_gelu_tanh_match_formulas() {
         })
         .collect();
     // tanh near −1 cancels: bound the error by the magnitude of x times a few ulps.
-    assert_close("gelu_tanh", &out, &want, |i| 4e-7 * f64::from(x[i]).abs() + 1e-30);
+    assert_close("gelu_tanh", &out, &want, |i| {
+        4e-7 * f64::from(x[i]).abs() + 1e-30
+    });
 }
 
 #[test]

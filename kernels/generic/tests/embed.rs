@@ -3,7 +3,9 @@
 mod common;
 
 use common::*;
-use edge_kernels::{embedding, t5_position_bias, t5_relative_position_bucket, timestep_embedding, WeightRef};
+use edge_kernels::{
+    embedding, t5_position_bias, t5_relative_position_bucket, timestep_embedding, WeightRef,
+};
 use edge_schema::DType;
 
 #[test]
@@ -21,8 +23,14 @@ fn timestep_embedding_matches_f64_formula() {
                 let (first, second) = if flip { (c, s) } else { (s, c) };
                 // f32 rounding of the frequency is amplified by t (|t·Δf| ≤ t·f·2⁻²³·few).
                 let tol = 1e-6 + 4.0 * e.abs() * f64::from(f32::EPSILON);
-                assert!((f64::from(out[r * dim + k]) - first).abs() <= tol, "dim {dim} t {tv} k {k}");
-                assert!((f64::from(out[r * dim + half + k]) - second).abs() <= tol, "dim {dim} t {tv} k {k}");
+                assert!(
+                    (f64::from(out[r * dim + k]) - first).abs() <= tol,
+                    "dim {dim} t {tv} k {k}"
+                );
+                assert!(
+                    (f64::from(out[r * dim + half + k]) - second).abs() <= tol,
+                    "dim {dim} t {tv} k {k}"
+                );
             }
             if dim % 2 == 1 {
                 assert_eq!(out[r * dim + dim - 1], 0.0);
@@ -36,7 +44,10 @@ fn t5_buckets_structure() {
     // Exact buckets for small offsets; positive offsets in the upper half when bidirectional.
     for r in 0..8 {
         assert_eq!(t5_relative_position_bucket(-r, true, 32, 128), r as usize);
-        assert_eq!(t5_relative_position_bucket(r, true, 32, 128), if r == 0 { 0 } else { 16 + r as usize });
+        assert_eq!(
+            t5_relative_position_bucket(r, true, 32, 128),
+            if r == 0 { 0 } else { 16 + r as usize }
+        );
     }
     // Saturates at the last bucket of each half.
     assert_eq!(t5_relative_position_bucket(-1000, true, 32, 128), 15);
@@ -84,9 +95,20 @@ fn embedding_lookup_for_plain_types() {
             _ => bf16_bytes(&table),
         };
         let mut out = vec![0.0; ids.len() * d];
-        embedding(WeightRef { dtype, bytes: bytes.bytes() }, &ids, d, &mut out);
+        embedding(
+            WeightRef {
+                dtype,
+                bytes: bytes.bytes(),
+            },
+            &ids,
+            d,
+            &mut out,
+        );
         for (t, &id) in ids.iter().enumerate() {
-            assert_eq!(&out[t * d..(t + 1) * d], &vals[id as usize * d..(id as usize + 1) * d]);
+            assert_eq!(
+                &out[t * d..(t + 1) * d],
+                &vals[id as usize * d..(id as usize + 1) * d]
+            );
         }
     }
 }
@@ -96,5 +118,13 @@ fn embedding_lookup_for_plain_types() {
 fn embedding_rejects_out_of_range_id() {
     let bytes = f32_bytes(&[0.0; 12]);
     let mut out = vec![0.0; 4];
-    embedding(WeightRef { dtype: DType::F32, bytes: bytes.bytes() }, &[3], 4, &mut out);
+    embedding(
+        WeightRef {
+            dtype: DType::F32,
+            bytes: bytes.bytes(),
+        },
+        &[3],
+        4,
+        &mut out,
+    );
 }

@@ -100,7 +100,10 @@ fn upsample_nearest2x_matches_reference() {
         for ch in 0..c {
             for y in 0..2 * h {
                 for xx in 0..2 * w {
-                    assert_eq!(out[(ch * 2 * h + y) * 2 * w + xx], x[(ch * h + y / 2) * w + xx / 2]);
+                    assert_eq!(
+                        out[(ch * 2 * h + y) * 2 * w + xx],
+                        x[(ch * h + y / 2) * w + xx / 2]
+                    );
                 }
             }
         }

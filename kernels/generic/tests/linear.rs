@@ -7,7 +7,14 @@ use edge_kernels::{linear, linear_scratch_bytes, quant, WeightRef};
 use edge_schema::DType;
 
 /// `Σ_c x[i,c]·w[j,c] + b[j]` in f64, and `Σ |x·w| + |b|` for the tolerance.
-fn reference(x: &[f32], w: &[f32], b: Option<&[f32]>, m: usize, k: usize, n: usize) -> (Vec<f64>, Vec<f64>) {
+fn reference(
+    x: &[f32],
+    w: &[f32],
+    b: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> (Vec<f64>, Vec<f64>) {
     let mut out = vec![0.0; m * n];
     let mut mag = vec![0.0; m * n];
     for i in 0..m {
@@ -40,10 +47,30 @@ fn plain_weight(dtype: DType, w: &[f32]) -> (AlignedBytes, Vec<f32>) {
     }
 }
 
-fn run(dtype: DType, wb: &AlignedBytes, x: &[f32], b: Option<&[f32]>, m: usize, k: usize, n: usize) -> Vec<f32> {
+fn run(
+    dtype: DType,
+    wb: &AlignedBytes,
+    x: &[f32],
+    b: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Vec<f32> {
     let mut out = vec![f32::NAN; m * n];
     let mut scratch = AlignedBytes::zeroed(linear_scratch_bytes(dtype, m, k));
-    linear(x, WeightRef { dtype, bytes: wb.bytes() }, b, &mut out, m, k, n, scratch.bytes_mut());
+    linear(
+        x,
+        WeightRef {
+            dtype,
+            bytes: wb.bytes(),
+        },
+        b,
+        &mut out,
+        m,
+        k,
+        n,
+        scratch.bytes_mut(),
+    );
     out
 }
 
@@ -61,7 +88,9 @@ fn plain_types_match_f64_reference_on_ragged_shapes() {
                     let (wb, wv) = plain_weight(dtype, &w);
                     let got = run(dtype, &wb, &x, b, m, k, n);
                     let (want, mag) = reference(&x, &wv, b, m, k, n);
-                    assert_close(&format!("{dtype:?} m={m} k={k} n={n}"), &got, &want, |i| 1e-6 * mag[i] + 1e-30);
+                    assert_close(&format!("{dtype:?} m={m} k={k} n={n}"), &got, &want, |i| {
+                        1e-6 * mag[i] + 1e-30
+                    });
                 }
             }
         }
@@ -93,26 +122,41 @@ fn identical_for_any_thread_count() {
             let w = rng.vec(n * k, 0.5);
             let bias = rng.vec(n, 1.0);
             let (wb, _) = plain_weight(dtype, &w);
-            assert_thread_invariant(&format!("{dtype:?} {m}x{k}x{n}"), || run(dtype, &wb, &x, Some(&bias), m, k, n));
+            assert_thread_invariant(&format!("{dtype:?} {m}x{k}x{n}"), || {
+                run(dtype, &wb, &x, Some(&bias), m, k, n)
+            });
         }
     }
 }
 
 /// Every ggml block type, with its block size.
 fn quantized_types() -> Vec<(DType, usize)> {
-    DType::ALL.into_iter().filter(|d| d.is_quantized()).map(|d| (d, d.block_size())).collect()
+    DType::ALL
+        .into_iter()
+        .filter(|d| d.is_quantized())
+        .map(|d| (d, d.block_size()))
+        .collect()
 }
 
 /// Random `[n, k]` weights quantized row by row with ggml's reference quantizer
 /// (`quant::quantize_row`), and the values they hold (`quant::dequantize_row`).
-fn random_quant_weight(rng: &mut Rng, dtype: DType, n: usize, k: usize) -> (AlignedBytes, Vec<f32>) {
+fn random_quant_weight(
+    rng: &mut Rng,
+    dtype: DType,
+    n: usize,
+    k: usize,
+) -> (AlignedBytes, Vec<f32>) {
     let row = dtype.bytes_for(k as u64).expect("whole blocks") as usize;
     let mut bytes = vec![0u8; n * row];
     let mut deq = vec![0.0f32; n * k];
     for j in 0..n {
         let w = rng.vec(k, 0.5);
         quant::quantize_row(dtype, &w, &mut bytes[j * row..(j + 1) * row]);
-        quant::dequantize_row(dtype, &bytes[j * row..(j + 1) * row], &mut deq[j * k..(j + 1) * k]);
+        quant::dequantize_row(
+            dtype,
+            &bytes[j * row..(j + 1) * row],
+            &mut deq[j * k..(j + 1) * k],
+        );
     }
     (AlignedBytes::from_bytes(&bytes), deq)
 }
@@ -133,8 +177,14 @@ fn quantized_equals_ggml_vec_dot_composition() {
                 let mut act = vec![0u8; arow];
                 quant::quantize_activation_row(dtype, &x[i * k..(i + 1) * k], &mut act);
                 for j in 0..n {
-                    let want = quant::vec_dot(dtype, k, &wb.bytes()[j * wrow..(j + 1) * wrow], &act) + bias[j];
-                    assert_eq!(got[i * n + j].to_bits(), want.to_bits(), "{dtype:?} m={m} k={k} n={n} ({i},{j})");
+                    let want =
+                        quant::vec_dot(dtype, k, &wb.bytes()[j * wrow..(j + 1) * wrow], &act)
+                            + bias[j];
+                    assert_eq!(
+                        got[i * n + j].to_bits(),
+                        want.to_bits(),
+                        "{dtype:?} m={m} k={k} n={n} ({i},{j})"
+                    );
                 }
             }
         }
@@ -154,12 +204,22 @@ fn quantized_close_to_f64_reference_of_dequantized_weights() {
         let got = run(dtype, &wb, &x, None, m, k, n);
         let (want, _) = reference(&x, &deq, None, m, k, n);
         for i in 0..m {
-            let xmax = x[i * k..(i + 1) * k].iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let xmax = x[i * k..(i + 1) * k]
+                .iter()
+                .fold(0.0f32, |a, v| a.max(v.abs()));
             for j in 0..n {
-                let wabs: f64 = deq[j * k..(j + 1) * k].iter().map(|v| f64::from(v.abs())).sum();
+                let wabs: f64 = deq[j * k..(j + 1) * k]
+                    .iter()
+                    .map(|v| f64::from(v.abs()))
+                    .sum();
                 let tol = f64::from(xmax) * (0.5 / 127.0 + 1e-3) * wabs + 1e-5;
                 let e = (f64::from(got[i * n + j]) - want[i * n + j]).abs();
-                assert!(e <= tol, "{dtype:?} ({i},{j}): got {}, want {}, tol {tol}", got[i * n + j], want[i * n + j]);
+                assert!(
+                    e <= tol,
+                    "{dtype:?} ({i},{j}): got {}, want {}, tol {tol}",
+                    got[i * n + j],
+                    want[i * n + j]
+                );
             }
         }
     }
@@ -178,7 +238,10 @@ fn quantized_identical_for_any_thread_count() {
 fn scratch_sizes() {
     assert_eq!(linear_scratch_bytes(DType::F32, 100, 64), 0);
     assert_eq!(linear_scratch_bytes(DType::F16, 100, 64), 64 * 64 * 4);
-    assert_eq!(linear_scratch_bytes(DType::Q8_0, 3, 64), 3 * quant::activation_row_bytes(DType::Q8_0, 64));
+    assert_eq!(
+        linear_scratch_bytes(DType::Q8_0, 3, 64),
+        3 * quant::activation_row_bytes(DType::Q8_0, 64)
+    );
 }
 
 #[test]
@@ -187,7 +250,19 @@ fn wrong_weight_length_panics_with_message() {
     let x = vec![0.0f32; 4];
     let w = f32_bytes(&[0.0; 7]);
     let mut out = vec![0.0f32; 4];
-    linear(&x, WeightRef { dtype: DType::F32, bytes: w.bytes() }, None, &mut out, 2, 2, 2, &mut []);
+    linear(
+        &x,
+        WeightRef {
+            dtype: DType::F32,
+            bytes: w.bytes(),
+        },
+        None,
+        &mut out,
+        2,
+        2,
+        2,
+        &mut [],
+    );
 }
 
 #[test]
@@ -199,5 +274,37 @@ fn misaligned_f32_weight_panics_with_message() {
     let bytes = &w.bytes()[..12];
     let mut shifted = AlignedBytes::zeroed(13);
     shifted.bytes_mut()[1..].copy_from_slice(bytes);
-    linear(&x, WeightRef { dtype: DType::F32, bytes: &shifted.bytes()[1..9] }, None, &mut out, 1, 2, 1, &mut []);
+    linear(
+        &x,
+        WeightRef {
+            dtype: DType::F32,
+            bytes: &shifted.bytes()[1..9],
+        },
+        None,
+        &mut out,
+        1,
+        2,
+        1,
+        &mut [],
+    );
+}
+
+#[test]
+fn misaligned_f16_weights_give_the_same_result() {
+    // F16 rows are read byte-wise when they are not 2-aligned: same values, same order.
+    let mut rng = Rng::new(7);
+    let (m, k, n) = (9, 33, 70);
+    let x = rng.vec(m * k, 1.0);
+    let (wb, _) = f16_bytes(&rng.vec(n * k, 0.5));
+    let aligned = run(DType::F16, &wb, &x, None, m, k, n);
+    let mut shifted = AlignedBytes::zeroed(wb.bytes().len() + 1);
+    shifted.bytes_mut()[1..].copy_from_slice(wb.bytes());
+    let mut out = vec![0.0; m * n];
+    let mut scratch = AlignedBytes::zeroed(linear_scratch_bytes(DType::F16, m, k));
+    let w = WeightRef {
+        dtype: DType::F16,
+        bytes: &shifted.bytes()[1..],
+    };
+    linear(&x, w, None, &mut out, m, k, n, scratch.bytes_mut());
+    assert_eq!(aligned, out);
 }

@@ -14,7 +14,16 @@ fn generic_table_names_every_slot() {
     slots.sort();
     slots.dedup();
     assert_eq!(slots.len(), names.len(), "slot names are unique");
-    for needed in ["linear", "conv2d", "attention", "group_norm", "layer_norm", "rms_norm", "gelu_tanh", "silu"] {
+    for needed in [
+        "linear",
+        "conv2d",
+        "attention",
+        "group_norm",
+        "layer_norm",
+        "rms_norm",
+        "gelu_tanh",
+        "silu",
+    ] {
         assert!(slots.contains(&needed), "slot {needed}");
     }
     assert!(names.iter().all(|(_, k)| k.starts_with("generic_")));
@@ -35,7 +44,19 @@ fn slots_call_the_kernels() {
     let mut out = vec![0.0; 30];
     let need = (t.linear_scratch_bytes.run)(DType::F32, 10, 10);
     let mut scratch = vec![0u8; need];
-    (t.linear.run)(&x, WeightRef { dtype: DType::F32, bytes: wb.bytes() }, None, &mut out, 10, 10, 3, &mut scratch);
+    (t.linear.run)(
+        &x,
+        WeightRef {
+            dtype: DType::F32,
+            bytes: wb.bytes(),
+        },
+        None,
+        &mut out,
+        10,
+        10,
+        3,
+        &mut scratch,
+    );
     let want: f32 = (0..10).map(|c| x[c] * w[c]).sum();
     assert!((out[0] - want).abs() < 1e-5);
 }

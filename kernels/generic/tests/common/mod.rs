@@ -61,8 +61,14 @@ pub fn assert_thread_invariant(what: &str, f: impl Fn() -> Vec<f32> + Send + Syn
     for n in [2, 3] {
         let other = with_threads(n, &f);
         let same = one.len() == other.len()
-            && one.iter().zip(&other).all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "{what}: result with {n} threads differs from 1 thread");
+            && one
+                .iter()
+                .zip(&other)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "{what}: result with {n} threads differs from 1 thread"
+        );
     }
 }
 
@@ -74,7 +80,10 @@ pub struct AlignedBytes {
 
 impl AlignedBytes {
     pub fn zeroed(len: usize) -> Self {
-        AlignedBytes { words: vec![0; len.div_ceil(4) + 16], len }
+        AlignedBytes {
+            words: vec![0; len.div_ceil(4) + 16],
+            len,
+        }
     }
 
     pub fn from_bytes(bytes: &[u8]) -> Self {
@@ -111,11 +120,17 @@ pub fn f32_bytes(v: &[f32]) -> AlignedBytes {
 pub fn f16_bytes(v: &[f32]) -> (AlignedBytes, Vec<f32>) {
     let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
     let bytes: Vec<u8> = h.iter().flat_map(|x| x.to_le_bytes()).collect();
-    (AlignedBytes::from_bytes(&bytes), h.iter().map(|x| x.to_f32()).collect())
+    (
+        AlignedBytes::from_bytes(&bytes),
+        h.iter().map(|x| x.to_f32()).collect(),
+    )
 }
 
 pub fn bf16_bytes(v: &[f32]) -> (AlignedBytes, Vec<f32>) {
     let h: Vec<half::bf16> = v.iter().map(|&x| half::bf16::from_f32(x)).collect();
     let bytes: Vec<u8> = h.iter().flat_map(|x| x.to_le_bytes()).collect();
-    (AlignedBytes::from_bytes(&bytes), h.iter().map(|x| x.to_f32()).collect())
+    (
+        AlignedBytes::from_bytes(&bytes),
+        h.iter().map(|x| x.to_f32()).collect(),
+    )
 }

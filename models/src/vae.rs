@@ -1,0 +1,234 @@
+//! The AutoencoderKL decoder and encoder (diffusers 0.42 `AutoencoderKL`,
+//! `models/autoencoders/vae.py` `Encoder`/`Decoder`, `UNetMidBlock2D`, `ResnetBlock2D`,
+//! `Attention` with group norm, `Upsample2D`, `Downsample2D`).
+//!
+//! GroupNorm eps is 1e-6 everywhere; the activation is SiLU; ResNets add a 1×1
+//! `conv_shortcut` when their channel count changes; the mid-block attention is single-head
+//! over the `h·w` pixels with scale `1/sqrt(C)` and a residual.
+
+use edge_graph::schema::op::Op;
+use edge_graph::schema::DType;
+use edge_graph::{Graph, ValueId};
+
+use crate::config::{ConfigError, VaeConfig};
+use crate::util::{conv2d, group_norm, linear, linear_fused};
+use crate::ModelError;
+
+const MODEL: &str = "AutoencoderKL";
+const GN_EPS: f32 = 1e-6;
+const SAME: [u32; 4] = [1, 1, 1, 1];
+
+type GResult<T> = edge_graph::Result<T>;
+
+/// `ResnetBlock2D` without time embedding: `x [cin, h, w]` → `[cout, h, w]`.
+fn resnet(g: &mut Graph, x: ValueId, p: &str, cout: usize, groups: usize) -> GResult<ValueId> {
+    let cin = g.dims(x)[0];
+    let h = group_norm(g, x, &format!("{p}.norm1"), groups, GN_EPS)?;
+    let h = g.op(&format!("{p}.act1"), Op::Silu, &[h])?;
+    let h = conv2d(g, h, &format!("{p}.conv1"), cout, 3, 1, SAME)?;
+    let h = group_norm(g, h, &format!("{p}.norm2"), groups, GN_EPS)?;
+    let h = g.op(&format!("{p}.act2"), Op::Silu, &[h])?;
+    let h = conv2d(g, h, &format!("{p}.conv2"), cout, 3, 1, SAME)?;
+    let skip = if cin != cout {
+        conv2d(g, x, &format!("{p}.conv_shortcut"), cout, 1, 1, [0; 4])?
+    } else {
+        x
+    };
+    g.op(&format!("{p}.residual"), Op::Add, &[skip, h])
+}
+
+/// Single-head `Attention` with group norm and residual: `x [c, h, w]` → `[c, h, w]`.
+/// q/k/v are fused into one Linear over the pixel tokens `[h·w, c]`.
+fn attention(g: &mut Graph, x: ValueId, p: &str, groups: usize) -> GResult<ValueId> {
+    let dims = g.dims(x);
+    let (c, hw) = (dims[0], dims[1] * dims[2]);
+    let h = group_norm(g, x, &format!("{p}.group_norm"), groups, GN_EPS)?;
+    let h = g.op_shaped(&format!("{p}.flatten"), Op::Reshape, &[h], &[c, hw])?;
+    let t = g.op(
+        &format!("{p}.tokens"),
+        Op::Permute { perm: vec![1, 0] },
+        &[h],
+    )?;
+    let parts = ["to_q", "to_k", "to_v"].map(|s| format!("{p}.{s}"));
+    let qkv = linear_fused(g, t, &format!("{p}.qkv"), &parts, c, c, true)?;
+    let a = g.op(
+        &format!("{p}.attention"),
+        Op::Attention {
+            heads: 1,
+            head_dim: c as u32,
+            scale: (1.0 / (c as f64).sqrt()) as f32,
+            q_offset: 0,
+            k_offset: c as u32,
+            v_offset: 2 * c as u32,
+            has_mask: false,
+            masked_value: 0.0,
+            has_bias: false,
+        },
+        &[qkv, qkv],
+    )?;
+    let o = linear(g, a, &format!("{p}.to_out.0"), c, c, true)?;
+    let o = g.op(
+        &format!("{p}.channels"),
+        Op::Permute { perm: vec![1, 0] },
+        &[o],
+    )?;
+    let o = g.op_shaped(&format!("{p}.unflatten"), Op::Reshape, &[o], &dims)?;
+    g.op(&format!("{p}.residual"), Op::Add, &[o, x])
+}
+
+/// `UNetMidBlock2D`: resnet, (attention, resnet).
+fn mid_block(g: &mut Graph, x: ValueId, p: &str, cfg: &VaeConfig) -> GResult<ValueId> {
+    let c = g.dims(x)[0];
+    let groups = cfg.norm_num_groups;
+    let mut x = resnet(g, x, &format!("{p}.resnets.0"), c, groups)?;
+    if cfg.mid_block_add_attention {
+        x = attention(g, x, &format!("{p}.attentions.0"), groups)?;
+    }
+    resnet(g, x, &format!("{p}.resnets.1"), c, groups)
+}
+
+/// `conv_norm_out` → SiLU → `conv_out` (3×3).
+fn out_head(g: &mut Graph, x: ValueId, p: &str, cout: usize, groups: usize) -> GResult<ValueId> {
+    let h = group_norm(g, x, &format!("{p}.conv_norm_out"), groups, GN_EPS)?;
+    let h = g.op(&format!("{p}.conv_act"), Op::Silu, &[h])?;
+    conv2d(g, h, &format!("{p}.conv_out"), cout, 3, 1, SAME)
+}
+
+/// The channels of the coarsest level; an error for an empty `block_out_channels`.
+fn top_channels(cfg: &VaeConfig) -> Result<usize, ModelError> {
+    cfg.block_out_channels.last().copied().ok_or_else(|| {
+        ConfigError::Inconsistent {
+            model: MODEL,
+            msg: "`block_out_channels` is empty".into(),
+        }
+        .into()
+    })
+}
+
+/// Builds the VAE decoder for a `latent_h × latent_w` latent.
+///
+/// Input: `latent [latent_channels, latent_h, latent_w]`, the sampler's latents; the graph
+/// first applies `Scale { factor: 1/scaling_factor }` (the pipeline decodes
+/// `latents / scaling_factor`). Output: `image [out_channels, f·latent_h, f·latent_w]` with
+/// `f = 2^(len(block_out_channels) − 1)` (8 for the PixArt VAEs), raw values in about [−1, 1],
+/// not clamped.
+///
+/// Cuts: `decoder.mid_block`, `decoder.up_blocks.N`, `decoder.conv_out` (before
+/// `conv_norm_out`).
+///
+/// Errors: [`ModelError::Size`] for a zero latent side.
+pub fn build_vae_decoder(
+    cfg: &VaeConfig,
+    latent_h: usize,
+    latent_w: usize,
+) -> Result<Graph, ModelError> {
+    if latent_h == 0 || latent_w == 0 {
+        return Err(ModelError::Size {
+            model: MODEL,
+            msg: format!("latent {latent_h}×{latent_w} (h×w) must not be empty"),
+        });
+    }
+    let groups = cfg.norm_num_groups;
+    let blocks = &cfg.block_out_channels;
+    let top = top_channels(cfg)?;
+    let lc = cfg.latent_channels;
+    let mut g = Graph::new("vae_decoder");
+    let latent = g.input("latent", &[lc, latent_h, latent_w], DType::F32);
+    let factor = (1.0 / f64::from(cfg.scaling_factor)) as f32;
+    let mut x = g.op("unscale", Op::Scale { factor }, &[latent])?;
+    if cfg.use_post_quant_conv {
+        x = conv2d(&mut g, x, "post_quant_conv", lc, 1, 1, [0; 4])?;
+    }
+    x = conv2d(&mut g, x, "decoder.conv_in", top, 3, 1, SAME)?;
+
+    g.cut("decoder.mid_block");
+    x = mid_block(&mut g, x, "decoder.mid_block", cfg)?;
+
+    for (i, &cout) in blocks.iter().rev().enumerate() {
+        let p = format!("decoder.up_blocks.{i}");
+        g.cut(p.clone());
+        for r in 0..=cfg.layers_per_block {
+            x = resnet(&mut g, x, &format!("{p}.resnets.{r}"), cout, groups)?;
+        }
+        if i + 1 < blocks.len() {
+            x = g.op(&format!("{p}.upsample"), Op::UpsampleNearest2x, &[x])?;
+            x = conv2d(
+                &mut g,
+                x,
+                &format!("{p}.upsamplers.0.conv"),
+                cout,
+                3,
+                1,
+                SAME,
+            )?;
+        }
+    }
+
+    g.cut("decoder.conv_out");
+    let image = out_head(&mut g, x, "decoder", cfg.out_channels, groups)?;
+    g.output(image);
+    Ok(g)
+}
+
+/// Builds the VAE encoder for an `image_h × image_w` image.
+///
+/// Input: `image [in_channels, image_h, image_w]` in [−1, 1]. Output:
+/// `moments [2·latent_channels, image_h/f, image_w/f]` (`f` as in [`build_vae_decoder`]): the
+/// mean in the first `latent_channels` channels and the (unclamped) log-variance in the rest,
+/// after `quant_conv` when the config uses it.
+///
+/// `Downsample2D` pads right and bottom by one and applies a 3×3 stride-2 convolution.
+/// Cuts: `encoder.down_blocks.N`, `encoder.mid_block`, `encoder.conv_out` (before
+/// `conv_norm_out`).
+///
+/// Errors: [`ModelError::Size`] when a side is zero or not a multiple of `f`.
+pub fn build_vae_encoder(
+    cfg: &VaeConfig,
+    image_h: usize,
+    image_w: usize,
+) -> Result<Graph, ModelError> {
+    let f = cfg.downscale_factor();
+    if image_h == 0 || image_w == 0 || !image_h.is_multiple_of(f) || !image_w.is_multiple_of(f) {
+        return Err(ModelError::Size {
+            model: MODEL,
+            msg: format!("image {image_h}×{image_w} (h×w) must be a positive multiple of {f}"),
+        });
+    }
+    let groups = cfg.norm_num_groups;
+    let blocks = &cfg.block_out_channels;
+    top_channels(cfg)?;
+    let mut g = Graph::new("vae_encoder");
+    let image = g.input("image", &[cfg.in_channels, image_h, image_w], DType::F32);
+    let mut x = conv2d(&mut g, image, "encoder.conv_in", blocks[0], 3, 1, SAME)?;
+
+    for (i, &cout) in blocks.iter().enumerate() {
+        let p = format!("encoder.down_blocks.{i}");
+        g.cut(p.clone());
+        for r in 0..cfg.layers_per_block {
+            x = resnet(&mut g, x, &format!("{p}.resnets.{r}"), cout, groups)?;
+        }
+        if i + 1 < blocks.len() {
+            x = conv2d(
+                &mut g,
+                x,
+                &format!("{p}.downsamplers.0.conv"),
+                cout,
+                3,
+                2,
+                [0, 1, 0, 1],
+            )?;
+        }
+    }
+
+    g.cut("encoder.mid_block");
+    x = mid_block(&mut g, x, "encoder.mid_block", cfg)?;
+
+    g.cut("encoder.conv_out");
+    let lc2 = 2 * cfg.latent_channels;
+    let mut moments = out_head(&mut g, x, "encoder", lc2, groups)?;
+    if cfg.use_quant_conv {
+        moments = conv2d(&mut g, moments, "quant_conv", lc2, 1, 1, [0; 4])?;
+    }
+    g.output(moments);
+    Ok(g)
+}
