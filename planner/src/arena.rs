@@ -108,7 +108,7 @@ pub fn live_lower_bound(tensors: &[Lifetime]) -> u64 {
 /// time overlapping. Returns the first offending pair.
 pub fn verify(tensors: &[Lifetime], offsets: &[u64], size: u64) -> Result<(), (usize, usize)> {
     for (i, t) in tensors.iter().enumerate() {
-        if offsets[i] % ARENA_ALIGN != 0 || offsets[i] + t.size > size {
+        if !offsets[i].is_multiple_of(ARENA_ALIGN) || offsets[i] + t.size > size {
             return Err((i, i));
         }
     }

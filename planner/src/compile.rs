@@ -60,56 +60,82 @@ pub struct SourceResolver<'a> {
     pub source: &'a dyn TensorSource,
 }
 
-impl WeightResolver for SourceResolver<'_> {
-    fn resolve(&self, spec: &WeightSpec, shape: &[u64]) -> Result<LoadedWeight> {
-        let mut parts = Vec::with_capacity(spec.parts.len());
-        for name in &spec.parts {
-            let t = self
-                .source
-                .tensor(name)?
-                .ok_or_else(|| PlanError::MissingWeight {
-                    tensor: name.clone(),
-                    source_desc: self.source.describe(),
-                })?;
-            parts.push((name, t));
+impl SourceResolver<'_> {
+    fn stored(&self, name: &str) -> String {
+        match self.source.stored_name(name) {
+            Some(s) => format!(" (stored as `{s}`)"),
+            None => String::new(),
         }
+    }
+}
+
+impl WeightResolver for SourceResolver<'_> {
+    /// Fused specs (several parts) are first asked of [`TensorSource::fused`], so a tensor
+    /// stored fused (original PixArt `attn.qkv`) is served whole, in its stored type; else
+    /// the parts are read one by one and concatenated along axis 0.
+    ///
+    /// Errors: [`PlanError::Invalid`] naming the missing tensor (and its stored name) with
+    /// the expected shape; [`PlanError::WeightShape`] naming the part whose shape disagrees.
+    fn resolve(&self, spec: &WeightSpec, shape: &[u64]) -> Result<LoadedWeight> {
         let found_of = |t: &crate::load::RawTensor<'_>| -> Vec<u64> {
             t.shape.iter().map(|&d| d as u64).collect()
         };
-        let shape_err = |name: &String, found: Vec<u64>, expected: Vec<u64>| PlanError::WeightShape {
-            tensor: name.clone(),
+        let shape_err = |name: String, found: Vec<u64>, expected: Vec<u64>| PlanError::WeightShape {
+            tensor: name,
             source_desc: self.source.describe(),
             found,
             expected,
         };
-        if parts.len() == 1 {
-            let found = found_of(&parts[0].1);
-            if found != shape {
-                return Err(shape_err(parts[0].0, found, shape.to_vec()));
-            }
-        } else {
-            // The parts split the fused tensor along axis 0 into equal pieces (q/k/v, k/v):
-            // each must agree with it on every other axis and hold its share of the rows.
-            let n = parts.len() as u64;
-            let mut expected = shape.to_vec();
-            expected[0] = shape[0] / n;
-            for (name, t) in &parts {
-                let found = found_of(t);
-                if found != expected {
-                    return Err(shape_err(name, found, expected));
+        if spec.parts.len() > 1 {
+            if let Some(t) = self.source.fused(&spec.parts)? {
+                let found = found_of(&t);
+                if found != shape {
+                    let name = format!("{}{}", spec.parts.join(" + "), self.stored(&spec.parts[0]));
+                    return Err(shape_err(name, found, shape.to_vec()));
                 }
+                return Ok(LoadedWeight {
+                    dtype: t.dtype,
+                    shape: shape.to_vec(),
+                    bytes: t.data.to_vec(),
+                });
             }
         }
-        let same_dtype = parts.iter().all(|(_, t)| t.dtype == parts[0].1.dtype);
+        // The parts split the fused tensor along axis 0 into equal pieces (q/k/v, k/v):
+        // each must agree with it on every other axis and hold its share of the rows.
+        let n = spec.parts.len().max(1) as u64;
+        let mut expected = shape.to_vec();
+        if let Some(rows) = expected.first_mut() {
+            *rows /= n;
+        }
+        let mut parts = Vec::with_capacity(spec.parts.len());
+        for name in &spec.parts {
+            let t = self.source.tensor(name)?.ok_or_else(|| {
+                PlanError::Invalid(format!(
+                    "tensor `{name}`{} is missing from {}; expected shape {expected:?}",
+                    self.stored(name),
+                    self.source.describe()
+                ))
+            })?;
+            let found = found_of(&t);
+            if found != expected {
+                return Err(shape_err(
+                    format!("{name}{}", self.stored(name)),
+                    found,
+                    expected.clone(),
+                ));
+            }
+            parts.push(t);
+        }
+        let same_dtype = parts.iter().all(|t| t.dtype == parts[0].dtype);
         let (dtype, bytes) = if same_dtype {
             let mut b = Vec::new();
-            for (_, t) in &parts {
+            for t in &parts {
                 b.extend_from_slice(t.data);
             }
-            (parts[0].1.dtype, b)
+            (parts[0].dtype, b)
         } else {
             let mut b = Vec::new();
-            for (_, t) in &parts {
+            for t in &parts {
                 for x in crate::load::to_f32(t) {
                     b.extend_from_slice(&x.to_le_bytes());
                 }

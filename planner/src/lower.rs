@@ -159,7 +159,7 @@ pub fn lower(
     let mut values: Vec<ValueEntry> = Vec::with_capacity(nv);
     // Storage root of each arena value (reshapes of arena values share their input's slot).
     let mut root: Vec<usize> = (0..nv).collect();
-    for (i, v) in graph.values.iter().enumerate() {
+    for v in graph.values.iter() {
         let storage = match &v.source {
             Source::Weight(spec) => {
                 Storage::Weight(table.weight(spec, &v.shape, resolver, policy)?)

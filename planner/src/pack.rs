@@ -55,7 +55,7 @@ pub fn pattern_matches(pattern: &str, name: &str) -> bool {
 }
 
 fn fits(d: DType, row: u64) -> bool {
-    row % d.block_size() as u64 == 0
+    row.is_multiple_of(d.block_size() as u64)
 }
 
 /// The next type to try when `d` does not fit a row.

@@ -7,6 +7,7 @@
 
 pub mod folder;
 pub mod gguf;
+pub mod original;
 pub mod safetensors;
 pub mod scheduler;
 pub mod tokenizer;
@@ -32,6 +33,20 @@ pub trait TensorSource: Send + Sync {
     fn names(&self) -> Vec<String>;
     /// A human-readable description of where the tensors come from (file paths), for errors.
     fn describe(&self) -> String;
+    /// One stored tensor that holds all of `parts` (diffusers names) concatenated along
+    /// axis 0 in that order, when the source stores them fused (e.g. the original PixArt
+    /// `attn.qkv` for `[to_q, to_k, to_v]`); `Ok(None)` otherwise. Lets quantized fused
+    /// tensors pass through unchanged. Default: `Ok(None)`.
+    fn fused(&self, parts: &[String]) -> Result<Option<RawTensor<'_>>, LoadError> {
+        let _ = parts;
+        Ok(None)
+    }
+    /// The name under which the file stores tensor `name` when it differs from `name`
+    /// (for error messages). Default: `None`.
+    fn stored_name(&self, name: &str) -> Option<String> {
+        let _ = name;
+        None
+    }
 }
 
 /// Errors of reading model files. Each names the file (and tensor) concerned.

@@ -1,0 +1,376 @@
+//! Command-line tests of the real `edgeplan` and `edgerun` binaries: bad input must fail with a
+//! non-zero exit, a one-line `error:` message naming the offending thing and what was expected,
+//! and no output (target or temporary file) left behind; good input must produce a PNG carrying
+//! its prompt, and the same plan, prompt and seed must give byte-identical PNGs whatever the
+//! thread count (issue 6).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+const EDGEPLAN: &str = env!("CARGO_BIN_EXE_edgeplan");
+const EDGERUN: &str = env!("CARGO_BIN_EXE_edgerun");
+const PROMPT: &str = "a large red circle on a blue background";
+
+/// `demo/pixart-shapes-64`.
+fn demo_model() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../demo/pixart-shapes-64")
+}
+
+fn run(bin: &str, args: &[&str]) -> Output {
+    Command::new(bin)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {bin}: {e}"))
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("temporary paths are UTF-8")
+}
+
+/// Names of the entries of `dir`, sorted.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").file_name().to_string_lossy().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Asserts a failed run: non-zero exit, exactly one stderr line starting with `error:` that
+/// contains every `needle`, and nothing written into `out_dir`.
+fn assert_refused(what: &str, out: &Output, needles: &[&str], out_dir: &Path) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "{what}: expected failure, got success; stderr: {err}"
+    );
+    assert_eq!(out.status.code(), Some(1), "{what}: exit status; stderr: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{what}: stderr must be one line, is: {err}");
+    assert!(lines[0].starts_with("error: "), "{what}: {err}");
+    for n in needles {
+        assert!(lines[0].contains(n), "{what}: stderr lacks `{n}`: {err}");
+    }
+    assert!(
+        entries(out_dir).is_empty(),
+        "{what}: left files behind: {:?}",
+        entries(out_dir)
+    );
+}
+
+/// A plan of the demo model for 64×64, compiled once per test binary with the real `edgeplan`.
+fn demo_plan() -> &'static Path {
+    static PLAN: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    let (_, p) = PLAN.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let plan = dir.path().join("demo.plan");
+        let out = run(
+            EDGEPLAN,
+            &["compile", s(&demo_model()), "-W", "64", "-H", "64", "-o", s(&plan)],
+        );
+        assert!(
+            out.status.success(),
+            "compiling the demo: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(entries(dir.path()), ["demo.plan"], "compile left extra files");
+        (dir, plan)
+    });
+    p
+}
+
+/// Copies the demo pipeline folder into `dst` (one level of component folders).
+fn copy_demo(dst: &Path) {
+    let src = demo_model();
+    std::fs::create_dir_all(dst).expect("mkdir");
+    for e in std::fs::read_dir(&src).expect("demo folder") {
+        let e = e.expect("entry");
+        let to = dst.join(e.file_name());
+        if e.file_type().expect("file type").is_dir() {
+            std::fs::create_dir_all(&to).expect("mkdir");
+            for f in std::fs::read_dir(e.path()).expect("component folder") {
+                let f = f.expect("entry");
+                std::fs::copy(f.path(), to.join(f.file_name())).expect("copy");
+            }
+        } else {
+            std::fs::copy(e.path(), &to).expect("copy");
+        }
+    }
+}
+
+fn compile_args<'a>(model: &'a str, out: &'a str, w: &'a str) -> Vec<&'a str> {
+    vec!["compile", model, "-W", w, "-H", "64", "-o", out]
+}
+
+#[test]
+fn compile_missing_model_folder() {
+    let t = tempfile::tempdir().unwrap();
+    let out_dir = t.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let model = t.path().join("no-such-model");
+    let plan = out_dir.join("x.plan");
+    let o = run(EDGEPLAN, &compile_args(s(&model), s(&plan), "64"));
+    assert_refused("missing model folder", &o, &["no-such-model"], &out_dir);
+}
+
+#[test]
+fn compile_missing_transformer_config() {
+    let t = tempfile::tempdir().unwrap();
+    let model = t.path().join("model");
+    copy_demo(&model);
+    std::fs::remove_file(model.join("transformer/config.json")).unwrap();
+    let out_dir = t.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let plan = out_dir.join("x.plan");
+    let o = run(EDGEPLAN, &compile_args(s(&model), s(&plan), "64"));
+    assert_refused("missing transformer config", &o, &["transformer", "config.json"], &out_dir);
+}
+
+#[test]
+fn compile_wrong_tensor_shape() {
+    let t = tempfile::tempdir().unwrap();
+    let model = t.path().join("model");
+    copy_demo(&model);
+    let st_path = model.join("transformer/diffusion_pytorch_model.safetensors");
+    let bytes = std::fs::read(&st_path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let victim = "proj_out.weight";
+    let orig = st.tensor(victim).expect("demo has proj_out.weight");
+    let orig_shape = orig.shape().to_vec();
+    assert_eq!(orig.dtype(), safetensors::Dtype::F32);
+    // One column fewer than the model's config implies.
+    let mut bad_shape = orig_shape.clone();
+    *bad_shape.last_mut().unwrap() -= 1;
+    let bad_data = vec![0u8; bad_shape.iter().product::<usize>() * 4];
+    let mut views: Vec<(String, safetensors::tensor::TensorView<'_>)> = Vec::new();
+    for (name, v) in st.tensors() {
+        if name == victim {
+            let bad = safetensors::tensor::TensorView::new(
+                safetensors::Dtype::F32,
+                bad_shape.clone(),
+                &bad_data,
+            )
+            .unwrap();
+            views.push((name, bad));
+        } else {
+            views.push((name, v));
+        }
+    }
+    let rewritten = safetensors::serialize(views, None).unwrap();
+    std::fs::write(&st_path, rewritten).unwrap();
+    let out_dir = t.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let plan = out_dir.join("x.plan");
+    let o = run(EDGEPLAN, &compile_args(s(&model), s(&plan), "64"));
+    let expected = format!("expected {orig_shape:?}");
+    let found = format!("{bad_shape:?}");
+    assert_refused(
+        "wrong tensor shape",
+        &o,
+        &["`proj_out.weight`", &found, &expected],
+        &out_dir,
+    );
+}
+
+#[test]
+fn compile_bad_width() {
+    let t = tempfile::tempdir().unwrap();
+    let plan = t.path().join("x.plan");
+    let o = run(EDGEPLAN, &compile_args(s(&demo_model()), s(&plan), "60"));
+    assert_refused("-W 60", &o, &["60x64", "-W/-H", "multiples of 16"], t.path());
+}
+
+/// Runs `edgerun generate` on `plan` with 2 steps and `extra` arguments, writing `out`.
+fn generate(plan: &Path, out: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "generate",
+        "--plan",
+        s(plan),
+        "-p",
+        PROMPT,
+        "--steps",
+        "2",
+        "-o",
+        s(out),
+    ];
+    args.extend_from_slice(extra);
+    run(EDGERUN, &args)
+}
+
+#[test]
+fn generate_unknown_sampling_method() {
+    let t = tempfile::tempdir().unwrap();
+    let png = t.path().join("out.png");
+    let o = generate(demo_plan(), &png, &["--sampling-method", "foo"]);
+    assert_refused(
+        "--sampling-method foo",
+        &o,
+        &["--sampling-method", "\"foo\"", "dpm++2m", "euler"],
+        t.path(),
+    );
+}
+
+#[test]
+fn generate_size_not_in_plan() {
+    let t = tempfile::tempdir().unwrap();
+    let png = t.path().join("out.png");
+    let o = generate(demo_plan(), &png, &["-W", "128", "-H", "128"]);
+    assert_refused("-W 128 -H 128", &o, &["128x128", "64x64"], t.path());
+}
+
+/// Writes `bytes` as a plan in a fresh folder and runs generate on it; the folder must end up
+/// holding only the plan.
+fn generate_on_damaged(what: &str, bytes: &[u8], needles: &[&str]) {
+    let t = tempfile::tempdir().unwrap();
+    let plan = t.path().join("bad.plan");
+    std::fs::write(&plan, bytes).unwrap();
+    let out_dir = t.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let o = generate(&plan, &out_dir.join("out.png"), &[]);
+    let mut all = vec!["bad.plan"];
+    all.extend_from_slice(needles);
+    assert_refused(what, &o, &all, &out_dir);
+}
+
+fn le_u64(b: &[u8], at: usize) -> usize {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap()) as usize
+}
+
+#[test]
+fn generate_corrupted_plans() {
+    let good = std::fs::read(demo_plan()).unwrap();
+    // Header fields (schema/src/header.rs): metadata offset/length at 16/24, weights at 32/40.
+    let (meta_off, meta_len) = (le_u64(&good, 16), le_u64(&good, 24));
+    let (w_off, w_len) = (le_u64(&good, 32), le_u64(&good, 40));
+    assert_eq!(meta_off + meta_len, good.len());
+    assert!(w_len > 200);
+
+    let mut b = good.clone();
+    b[60] ^= 0x01; // inside the recorded metadata digest
+    generate_on_damaged("flipped header byte", &b, &["checksum", "header"]);
+
+    let mut b = good.clone();
+    b[w_off + 100] ^= 0x01; // inside the first weight section
+    generate_on_damaged("flipped weight byte", &b, &["checksum", "weight section 0"]);
+
+    let mut b = good.clone();
+    b[meta_off + meta_len / 2] ^= 0x01;
+    generate_on_damaged("flipped metadata byte", &b, &["checksum", "metadata"]);
+
+    let b = &good[..good.len() - 1];
+    generate_on_damaged("truncated plan", b, &["truncated", &format!("{}", good.len() - 1)]);
+
+    let b = &good[..100];
+    generate_on_damaged("truncated header", b, &["truncated", "header"]);
+}
+
+#[test]
+fn generate_init_latents_wrong_shape() {
+    let t = tempfile::tempdir().unwrap();
+    let lat = t.path().join("lat.safetensors");
+    let data = vec![0u8; 4 * 16 * 16 * 4];
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 4, 16, 16], &data)
+            .unwrap();
+    std::fs::write(&lat, safetensors::serialize([("latents", view)], None).unwrap()).unwrap();
+    let out_dir = t.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let o = generate(demo_plan(), &out_dir.join("out.png"), &["--init-latents", s(&lat)]);
+    assert_refused(
+        "--init-latents [1,4,16,16]",
+        &o,
+        &["lat.safetensors", "`latents`", "[1, 4, 16, 16]", "expected F32 [1, 4, 8, 8]"],
+        &out_dir,
+    );
+}
+
+#[test]
+fn generate_missing_plan() {
+    let t = tempfile::tempdir().unwrap();
+    let plan = t.path().join("nothing-here.plan");
+    let out_dir = t.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let o = generate(&plan, &out_dir.join("out.png"), &[]);
+    assert_refused("missing plan", &o, &["nothing-here.plan", "No such file"], &out_dir);
+}
+
+/// The `tEXt` chunks of a PNG as (keyword, text) pairs.
+fn png_text(png: &[u8]) -> Vec<(String, String)> {
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "PNG signature");
+    let mut out = Vec::new();
+    let mut at = 8;
+    while at + 8 <= png.len() {
+        let len = u32::from_be_bytes(png[at..at + 4].try_into().unwrap()) as usize;
+        let kind = &png[at + 4..at + 8];
+        let body = &png[at + 8..at + 8 + len];
+        if kind == b"tEXt" {
+            let nul = body.iter().position(|&c| c == 0).expect("tEXt keyword terminator");
+            out.push((
+                String::from_utf8_lossy(&body[..nul]).to_string(),
+                String::from_utf8_lossy(&body[nul + 1..]).to_string(),
+            ));
+        }
+        at += 12 + len;
+    }
+    out
+}
+
+#[test]
+fn compile_and_generate_png_with_prompt_and_latents() {
+    let t = tempfile::tempdir().unwrap();
+    let plan = t.path().join("x.plan");
+    let o = run(
+        EDGEPLAN,
+        &["compile", s(&demo_model()), "-W", "64", "-H", "64", "-o", s(&plan)],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run(EDGEPLAN, &["inspect", s(&plan)]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("64x64"));
+    let png = t.path().join("out.png");
+    let lat = t.path().join("lat.safetensors");
+    let o = generate(&plan, &png, &["--latents-out", s(&lat), "--quiet"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(entries(t.path()), ["lat.safetensors", "out.png", "x.plan"]);
+    let bytes = std::fs::read(&png).unwrap();
+    let text = png_text(&bytes);
+    let params = text
+        .iter()
+        .find(|(k, _)| k == "parameters")
+        .unwrap_or_else(|| panic!("no `parameters` tEXt chunk in {text:?}"));
+    assert!(params.1.contains(&format!("prompt: {PROMPT}")), "{}", params.1);
+    let lbytes = std::fs::read(&lat).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&lbytes).unwrap();
+    let l = st.tensor("latents").unwrap();
+    assert_eq!(l.dtype(), safetensors::Dtype::F32);
+    assert_eq!(l.shape(), [1, 4, 8, 8]);
+    let vals: Vec<f32> = l
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert!(vals.iter().all(|x| x.is_finite()));
+    assert!(vals.iter().any(|&x| x != 0.0));
+}
+
+/// Issue 6: same plan, prompt and seed → byte-identical PNGs for 1, 2 and 3 threads and
+/// across two runs.
+#[test]
+fn generate_is_deterministic_across_threads_and_runs() {
+    let t = tempfile::tempdir().unwrap();
+    let mut outs = Vec::new();
+    for (i, threads) in ["1", "2", "3", "3"].iter().enumerate() {
+        let png = t.path().join(format!("out{i}.png"));
+        let o = generate(demo_plan(), &png, &["-t", threads, "-s", "7", "--quiet"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        outs.push((threads, std::fs::read(&png).unwrap()));
+    }
+    for (threads, b) in &outs[1..] {
+        assert!(
+            b == &outs[0].1,
+            "-t {threads} gives a different PNG than -t 1"
+        );
+    }
+}
