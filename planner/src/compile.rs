@@ -1,6 +1,6 @@
 //! From a diffusers PixArt pipeline folder to plan metadata and packed weights.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use edge_graph::WeightSpec;
 use edge_models::config::{PixArtConfig, T5Config, VaeConfig};
@@ -14,7 +14,10 @@ use edge_schema::DType;
 
 use crate::error::{PlanError, Result};
 use crate::load::folder::PipelineFolder;
-use crate::load::{scheduler, tokenizer, TensorSource};
+use crate::load::gguf::GgufFile;
+use crate::load::original::OriginalLayout;
+use crate::load::safetensors::open_safetensors_any;
+use crate::load::{scheduler, tokenizer, LoadError, TensorSource};
 use crate::lower::{lower, LoadedWeight, TensorTable, WeightResolver};
 use crate::pack::PackPolicy;
 
@@ -80,12 +83,16 @@ impl WeightResolver for SourceResolver<'_> {
         let found_of = |t: &crate::load::RawTensor<'_>| -> Vec<u64> {
             t.shape.iter().map(|&d| d as u64).collect()
         };
-        let shape_err = |name: String, found: Vec<u64>, expected: Vec<u64>| PlanError::WeightShape {
-            tensor: name,
-            source_desc: self.source.describe(),
-            found,
-            expected,
-        };
+        let shape_err =
+            |name: String, found: Vec<u64>, expected: Vec<u64>| PlanError::WeightShape {
+                tensor: name,
+                source_desc: self.source.describe(),
+                found,
+                expected,
+            };
+        if spec.parts.is_empty() {
+            return Err(PlanError::Internal("weight spec without parts".into()));
+        }
         if spec.parts.len() > 1 {
             if let Some(t) = self.source.fused(&spec.parts)? {
                 let found = found_of(&t);
@@ -162,7 +169,11 @@ fn family_of(folder: &PipelineFolder) -> Result<ModelFamily> {
                 .iter()
                 .any(|n| n.contains("resolution_embedder"));
             if other.starts_with("PixArt") {
-                Ok(if alpha { ModelFamily::PixArtAlpha } else { ModelFamily::PixArtSigma })
+                Ok(if alpha {
+                    ModelFamily::PixArtAlpha
+                } else {
+                    ModelFamily::PixArtSigma
+                })
             } else {
                 Err(PlanError::Invalid(format!(
                     "{}: model_index.json names pipeline `{other}`; expected PixArtSigmaPipeline or PixArtAlphaPipeline",
@@ -179,23 +190,492 @@ pub fn compile_folder(dir: &Path, opts: &CompileOptions) -> Result<Compiled> {
     compile_pipeline(&folder, opts)
 }
 
+/// Model files given one by one (the `edgeplan compile` flags `--diffusion-model`,
+/// `--t5xxl`, `--vae`, `--tokenizer`), each replacing that component of a pipeline folder,
+/// or, without a folder, making up the whole pipeline.
+#[derive(Clone, Debug, Default)]
+pub struct ComponentFiles {
+    /// PixArt transformer weights: safetensors (file, shard index or folder) or GGUF, in the
+    /// diffusers or the original PixArt layout (detected from the names, see
+    /// [`crate::load::original`]).
+    pub diffusion_model: Option<PathBuf>,
+    /// T5 encoder weights (diffusers / transformers names), safetensors.
+    pub t5xxl: Option<PathBuf>,
+    /// VAE weights (diffusers `AutoencoderKL` names), safetensors.
+    pub vae: Option<PathBuf>,
+    /// `spiece.model`, or an HF `tokenizer.json` (by the `.json` extension).
+    pub tokenizer: Option<PathBuf>,
+    /// Attention heads of the transformer when there is no folder config (shapes cannot tell;
+    /// PixArt-XL has 16). A GGUF `pixart.attention.head_count` key is used when absent.
+    pub heads: Option<usize>,
+    /// The transformer's native latent size (`sample_size`) when there is no folder config;
+    /// default: GGUF `pixart.sample_size`, else 128 (PixArt-XL 1024 px).
+    pub sample_size: Option<usize>,
+}
+
+impl ComponentFiles {
+    /// Whether no file is given.
+    pub fn is_empty(&self) -> bool {
+        self.diffusion_model.is_none()
+            && self.t5xxl.is_none()
+            && self.vae.is_none()
+            && self.tokenizer.is_none()
+    }
+}
+
+/// Whether `path` is a GGUF file (extension `.gguf` or the magic `GGUF`).
+fn is_gguf(path: &Path) -> bool {
+    if path
+        .extension()
+        .is_some_and(|e| e.to_string_lossy().eq_ignore_ascii_case("gguf"))
+    {
+        return true;
+    }
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+        .is_ok()
+        && &magic == b"GGUF"
+}
+
+/// What a GGUF file's `pixart.*` metadata says about the transformer config.
+#[derive(Clone, Debug, Default)]
+struct GgufHints {
+    heads: Option<usize>,
+    sample_size: Option<usize>,
+    interpolation_scale: Option<f64>,
+    norm_eps: Option<f64>,
+}
+
+/// Opens one weights file: GGUF ([`GgufFile::open`]) or safetensors
+/// ([`open_safetensors_any`]); original-layout PixArt names are presented under diffusers
+/// names ([`OriginalLayout::wrap_if_original`]).
+fn open_weights(path: &Path) -> Result<(Box<dyn TensorSource>, GgufHints)> {
+    if is_gguf(path) {
+        let f = GgufFile::open(path).map_err(LoadError::from)?;
+        let count = |k: &str| f.get(k).and_then(|v| v.as_u64()).map(|v| v as usize);
+        let hints = GgufHints {
+            heads: count("pixart.attention.head_count"),
+            sample_size: count("pixart.sample_size"),
+            interpolation_scale: f.get("pixart.interpolation_scale").and_then(|v| v.as_f64()),
+            norm_eps: f.get("pixart.norm_eps").and_then(|v| v.as_f64()),
+        };
+        Ok((OriginalLayout::wrap_if_original(Box::new(f)), hints))
+    } else {
+        let src = open_safetensors_any(path)?;
+        Ok((OriginalLayout::wrap_if_original(src), GgufHints::default()))
+    }
+}
+
+fn load_tokenizer_file(path: &Path) -> Result<edge_schema::tokenizer::TokenizerSpec> {
+    let json = path
+        .extension()
+        .is_some_and(|e| e.to_string_lossy().eq_ignore_ascii_case("json"));
+    let spec = if json {
+        tokenizer::load_tokenizer_json(path)
+    } else {
+        tokenizer::load_spiece_model(path)
+    };
+    Ok(spec.map_err(LoadError::from)?)
+}
+
+/// The `scheduler_config.json` of the PixArt-α / Σ pipelines (DPM-Solver++ 2M, linear betas
+/// 1e-4…0.02 over 1000 steps, epsilon prediction), used when there is no folder.
+pub const PIXART_SCHEDULER_CONFIG: &str = r#"{
+  "_class_name": "DPMSolverMultistepScheduler",
+  "algorithm_type": "dpmsolver++",
+  "beta_end": 0.02,
+  "beta_schedule": "linear",
+  "beta_start": 0.0001,
+  "dynamic_thresholding_ratio": 0.995,
+  "euler_at_final": false,
+  "final_sigmas_type": "zero",
+  "lambda_min_clipped": -Infinity,
+  "lower_order_final": true,
+  "num_train_timesteps": 1000,
+  "prediction_type": "epsilon",
+  "rescale_betas_zero_snr": false,
+  "sample_max_value": 1.0,
+  "solver_order": 2,
+  "solver_type": "midpoint",
+  "steps_offset": 0,
+  "thresholding": false,
+  "timestep_spacing": "linspace",
+  "trained_betas": null,
+  "use_karras_sigmas": false,
+  "use_lu_lambdas": false,
+  "variance_type": null
+}"#;
+
+/// VAE `scaling_factor` of the PixArt-α VAE (SD 1.x/2.x `AutoencoderKL`).
+pub const ALPHA_VAE_SCALE: f32 = 0.18215;
+/// VAE `scaling_factor` of the PixArt-Σ VAE (SDXL `AutoencoderKL`).
+pub const SIGMA_VAE_SCALE: f32 = 0.13025;
+
+fn shape_of(src: &dyn TensorSource, name: &str) -> Result<Vec<usize>> {
+    Ok(src
+        .tensor(name)?
+        .ok_or_else(|| {
+            PlanError::Invalid(format!(
+                "tensor `{name}`{} is missing from {} (needed to infer the model config from shapes)",
+                src.stored_name(name).map(|s| format!(" (stored as `{s}`)")).unwrap_or_default(),
+                src.describe()
+            ))
+        })?
+        .shape)
+}
+
+fn dim(
+    src: &dyn TensorSource,
+    name: &str,
+    shape: &[usize],
+    axis: usize,
+    rank: usize,
+) -> Result<usize> {
+    if shape.len() != rank {
+        return Err(PlanError::Invalid(format!(
+            "tensor `{name}` in {} has shape {shape:?}; expected {rank} dimensions",
+            src.describe()
+        )));
+    }
+    Ok(shape[axis])
+}
+
+/// Counts `<prefix>{i}<suffix>` for i = 0, 1, … while present.
+fn count_indexed(names: &[String], prefix: &str, suffix: &str) -> usize {
+    let mut n = 0;
+    while names.iter().any(|x| *x == format!("{prefix}{n}{suffix}")) {
+        n += 1;
+    }
+    n
+}
+
+/// A diffusers `PixArtTransformer2DModel` config inferred from tensor shapes (diffusers
+/// names): hidden `D` and patch `p` from `pos_embed.proj.weight [D, C_in, p, p]`, depth from
+/// the `transformer_blocks.N.scale_shift_table` count, caption channels from
+/// `caption_projection.linear_1.weight [D, C_cap]`, out channels from
+/// `proj_out.weight [p·p·C_out, D]`, α micro-conditions from the presence of
+/// `adaln_single.emb.resolution_embedder`. The head count comes from `files.heads` or the
+/// GGUF key; without either this is an error.
+fn infer_pixart_config(
+    src: &dyn TensorSource,
+    hints: &GgufHints,
+    files: &ComponentFiles,
+) -> Result<serde_json::Value> {
+    let names = src.names();
+    let pe = "pos_embed.proj.weight";
+    let s = shape_of(src, pe)?;
+    let d = dim(src, pe, &s, 0, 4)?;
+    let (cin, p) = (s[1], s[2]);
+    let cap = "caption_projection.linear_1.weight";
+    let caption = dim(src, cap, &shape_of(src, cap)?, 1, 2)?;
+    let po = "proj_out.weight";
+    let rows = dim(src, po, &shape_of(src, po)?, 0, 2)?;
+    if p == 0 || rows % (p * p) != 0 {
+        return Err(PlanError::Invalid(format!(
+            "tensor `{po}` in {} has {rows} rows; expected a multiple of patch² = {}",
+            src.describe(),
+            p * p
+        )));
+    }
+    let depth = count_indexed(&names, "transformer_blocks.", ".scale_shift_table");
+    if depth == 0 {
+        return Err(PlanError::Invalid(format!(
+            "{}: no transformer blocks found (expected `blocks.0.scale_shift_table` or `transformer_blocks.0.scale_shift_table`)",
+            src.describe()
+        )));
+    }
+    let heads = files.heads.or(hints.heads).ok_or_else(|| {
+        PlanError::Invalid(format!(
+            "{}: the attention head count cannot be read from tensor shapes (hidden size {d}); give it with --heads N (PixArt-XL: 16)",
+            src.describe()
+        ))
+    })?;
+    if heads == 0 || d % heads != 0 {
+        return Err(PlanError::Invalid(format!(
+            "--heads {heads}: must divide the hidden size {d}"
+        )));
+    }
+    let alpha = names.iter().any(|n| n.contains("resolution_embedder"));
+    let mut cfg = serde_json::json!({
+        "num_attention_heads": heads,
+        "attention_head_dim": d / heads,
+        "in_channels": cin,
+        "out_channels": rows / (p * p),
+        "num_layers": depth,
+        "cross_attention_dim": d,
+        "attention_bias": true,
+        "sample_size": files.sample_size.or(hints.sample_size).unwrap_or(128),
+        "patch_size": p,
+        "caption_channels": caption,
+        "use_additional_conditions": alpha,
+    });
+    if let Some(obj) = cfg.as_object_mut() {
+        if let Some(x) = hints.interpolation_scale {
+            obj.insert("interpolation_scale".into(), serde_json::json!(x));
+        }
+        if let Some(x) = hints.norm_eps {
+            obj.insert("norm_eps".into(), serde_json::json!(x));
+        }
+    }
+    Ok(cfg)
+}
+
+/// A T5 encoder config inferred from shapes (transformers names): `shared.weight
+/// [vocab, d_model]`, `…SelfAttention.relative_attention_bias.weight [buckets, heads]`,
+/// `…SelfAttention.q.weight [heads·d_kv, d_model]`, `…wi_0.weight [d_ff, d_model]`, the
+/// layer count from `encoder.block.N`; `gated-gelu` (T5 v1.1), max distance 128.
+fn infer_t5_config(src: &dyn TensorSource) -> Result<serde_json::Value> {
+    let names = src.names();
+    let sh = "shared.weight";
+    let s = shape_of(src, sh)?;
+    let (vocab, d) = (dim(src, sh, &s, 0, 2)?, s[1]);
+    let rb = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight";
+    let s = shape_of(src, rb)?;
+    let (buckets, heads) = (dim(src, rb, &s, 0, 2)?, s[1]);
+    let q = "encoder.block.0.layer.0.SelfAttention.q.weight";
+    let inner = dim(src, q, &shape_of(src, q)?, 0, 2)?;
+    let wi = "encoder.block.0.layer.1.DenseReluDense.wi_0.weight";
+    let d_ff = dim(src, wi, &shape_of(src, wi)?, 0, 2)?;
+    let layers = count_indexed(&names, "encoder.block.", ".layer.0.layer_norm.weight");
+    if heads == 0 || inner % heads != 0 {
+        return Err(PlanError::Invalid(format!(
+            "{}: `{q}` has {inner} rows, not a multiple of the {heads} heads of `{rb}`",
+            src.describe()
+        )));
+    }
+    Ok(serde_json::json!({
+        "vocab_size": vocab,
+        "d_model": d,
+        "d_kv": inner / heads,
+        "d_ff": d_ff,
+        "num_layers": layers,
+        "num_heads": heads,
+        "relative_attention_num_buckets": buckets,
+        "relative_attention_max_distance": 128,
+        "feed_forward_proj": "gated-gelu",
+        "layer_norm_epsilon": 1e-6,
+    }))
+}
+
+/// A VAE config inferred from shapes (diffusers `AutoencoderKL` names): up block `i` of the
+/// decoder has `block_out_channels[n-1-i]` channels (`decoder.up_blocks.i.resnets.0.conv2.weight`),
+/// `layers_per_block + 1` resnets; latent channels from `decoder.conv_in.weight`, output
+/// channels from `decoder.conv_out.weight`. GroupNorm groups cannot be read from shapes: 32
+/// (every published SD/SDXL VAE). `scaling_factor` from the model family.
+fn infer_vae_config(src: &dyn TensorSource, scaling_factor: f32) -> Result<serde_json::Value> {
+    let names = src.names();
+    let n = count_indexed(&names, "decoder.up_blocks.", ".resnets.0.conv2.weight");
+    if n == 0 {
+        return Err(PlanError::Invalid(format!(
+            "{}: no `decoder.up_blocks.0.resnets.0.conv2.weight` (expected a diffusers AutoencoderKL)",
+            src.describe()
+        )));
+    }
+    let mut channels = vec![0usize; n];
+    for (i, c) in channels.iter_mut().rev().enumerate() {
+        let name = format!("decoder.up_blocks.{i}.resnets.0.conv2.weight");
+        *c = dim(src, &name, &shape_of(src, &name)?, 0, 4)?;
+    }
+    let resnets = count_indexed(&names, "decoder.up_blocks.0.resnets.", ".conv1.weight");
+    let ci = "decoder.conv_in.weight";
+    let latent = dim(src, ci, &shape_of(src, ci)?, 1, 4)?;
+    let co = "decoder.conv_out.weight";
+    let out = dim(src, co, &shape_of(src, co)?, 0, 4)?;
+    let has = |p: &str| names.iter().any(|x| x.starts_with(p));
+    Ok(serde_json::json!({
+        "act_fn": "silu",
+        "block_out_channels": channels,
+        "down_block_types": vec!["DownEncoderBlock2D"; n],
+        "up_block_types": vec!["UpDecoderBlock2D"; n],
+        "in_channels": out,
+        "out_channels": out,
+        "latent_channels": latent,
+        "layers_per_block": resnets.saturating_sub(1).max(1),
+        "norm_num_groups": 32,
+        "scaling_factor": scaling_factor,
+        "use_quant_conv": has("quant_conv."),
+        "use_post_quant_conv": has("post_quant_conv."),
+        "mid_block_add_attention": has("decoder.mid_block.attentions.0."),
+    }))
+}
+
+/// Everything a plan is compiled from, whatever the files were.
+struct Inputs<'a> {
+    name: String,
+    pipeline_class: String,
+    family: ModelFamily,
+    tok: edge_schema::tokenizer::TokenizerSpec,
+    sched: edge_schema::scheduler::SchedulerConfig,
+    t5_cfg: T5Config,
+    dit_cfg: PixArtConfig,
+    vae_cfg: VaeConfig,
+    t5: &'a dyn TensorSource,
+    dit: &'a dyn TensorSource,
+    vae: &'a dyn TensorSource,
+}
+
+fn cfg_err(dir: &Path, e: edge_models::config::ConfigError) -> PlanError {
+    PlanError::Invalid(format!("{}: {e}", dir.join("config.json").display()))
+}
+
 /// Compiles an opened pipeline folder.
 pub fn compile_pipeline(folder: &PipelineFolder, opts: &CompileOptions) -> Result<Compiled> {
+    let inputs = Inputs {
+        name: folder_name(&folder.root),
+        pipeline_class: folder.pipeline_class.clone(),
+        family: family_of(folder)?,
+        tok: tokenizer::load_tokenizer_dir(&folder.tokenizer_dir).map_err(LoadError::from)?,
+        sched: scheduler::load_scheduler_config(&folder.scheduler_config)
+            .map_err(LoadError::from)?,
+        t5_cfg: T5Config::from_json(&folder.text_encoder.config)
+            .map_err(|e| cfg_err(&folder.text_encoder.dir, e))?,
+        dit_cfg: PixArtConfig::from_json(&folder.transformer.config)
+            .map_err(|e| cfg_err(&folder.transformer.dir, e))?,
+        vae_cfg: VaeConfig::from_json(&folder.vae.config)
+            .map_err(|e| cfg_err(&folder.vae.dir, e))?,
+        t5: folder.text_encoder.tensors.as_ref(),
+        dit: folder.transformer.tensors.as_ref(),
+        vae: folder.vae.tensors.as_ref(),
+    };
+    compile_inputs_impl(inputs, opts)
+}
+
+fn folder_name(root: &Path) -> String {
+    root.file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default()
+}
+
+/// Compiles from a pipeline folder `dir` whose components `files` replace (any subset), or,
+/// with `dir = None`, from `files` alone.
+///
+/// Without a folder every file is needed (diffusion model, T5, VAE, tokenizer); the
+/// scheduler is [`PIXART_SCHEDULER_CONFIG`]; the configs are inferred from tensor shapes
+/// (see [`ComponentFiles::heads`]); PixArt-α is recognised by its micro-condition embedders,
+/// which also set the default VAE scale ([`ALPHA_VAE_SCALE`], else [`SIGMA_VAE_SCALE`]).
+/// With a folder, its configs (transformer, T5, VAE) are kept and only weights/tokenizer are
+/// replaced. [`CompileOptions::vae_scale_factor`] overrides the scale either way.
+///
+/// Errors: those of [`compile_pipeline`], of opening each file, and [`PlanError::Invalid`]
+/// for a missing file or a config that cannot be inferred (naming the tensor or flag).
+pub fn compile_inputs(
+    dir: Option<&Path>,
+    files: &ComponentFiles,
+    opts: &CompileOptions,
+) -> Result<Compiled> {
+    let open_opt = |p: &Option<PathBuf>| -> Result<Option<(Box<dyn TensorSource>, GgufHints)>> {
+        p.as_deref().map(open_weights).transpose()
+    };
+    let dit_file = open_opt(&files.diffusion_model)?;
+    let t5_file = open_opt(&files.t5xxl)?;
+    let vae_file = open_opt(&files.vae)?;
+    if let Some(dir) = dir {
+        let folder = PipelineFolder::open(dir)?;
+        let mut inputs = Inputs {
+            name: folder_name(&folder.root),
+            pipeline_class: folder.pipeline_class.clone(),
+            family: family_of(&folder)?,
+            tok: match &files.tokenizer {
+                Some(p) => load_tokenizer_file(p)?,
+                None => {
+                    tokenizer::load_tokenizer_dir(&folder.tokenizer_dir).map_err(LoadError::from)?
+                }
+            },
+            sched: scheduler::load_scheduler_config(&folder.scheduler_config)
+                .map_err(LoadError::from)?,
+            t5_cfg: T5Config::from_json(&folder.text_encoder.config)
+                .map_err(|e| cfg_err(&folder.text_encoder.dir, e))?,
+            dit_cfg: PixArtConfig::from_json(&folder.transformer.config)
+                .map_err(|e| cfg_err(&folder.transformer.dir, e))?,
+            vae_cfg: VaeConfig::from_json(&folder.vae.config)
+                .map_err(|e| cfg_err(&folder.vae.dir, e))?,
+            t5: folder.text_encoder.tensors.as_ref(),
+            dit: folder.transformer.tensors.as_ref(),
+            vae: folder.vae.tensors.as_ref(),
+        };
+        if let Some((s, _)) = &dit_file {
+            inputs.dit = s.as_ref();
+        }
+        if let Some((s, _)) = &t5_file {
+            inputs.t5 = s.as_ref();
+        }
+        if let Some((s, _)) = &vae_file {
+            inputs.vae = s.as_ref();
+        }
+        return compile_inputs_impl(inputs, opts);
+    }
+    let need = |what: &str, flag: &str| {
+        PlanError::Invalid(format!(
+            "no {what}: without a pipeline folder give {flag} FILE (and --diffusion-model, --t5xxl, --vae, --tokenizer)"
+        ))
+    };
+    let (dit, hints) = dit_file.ok_or_else(|| need("diffusion model", "--diffusion-model"))?;
+    let (t5, _) = t5_file.ok_or_else(|| need("text encoder", "--t5xxl"))?;
+    let (vae, _) = vae_file.ok_or_else(|| need("VAE", "--vae"))?;
+    let tok_path = files
+        .tokenizer
+        .as_deref()
+        .ok_or_else(|| need("tokenizer", "--tokenizer"))?;
+    let dit_json = infer_pixart_config(dit.as_ref(), &hints, files)?;
+    let alpha = dit_json
+        .get("use_additional_conditions")
+        .and_then(serde_json::Value::as_bool)
+        .unwrap_or(false);
+    let (family, pipeline_class, scale) = if alpha {
+        (
+            ModelFamily::PixArtAlpha,
+            "PixArtAlphaPipeline",
+            ALPHA_VAE_SCALE,
+        )
+    } else {
+        (
+            ModelFamily::PixArtSigma,
+            "PixArtSigmaPipeline",
+            SIGMA_VAE_SCALE,
+        )
+    };
+    let file_err = |p: &Option<PathBuf>, e: edge_models::config::ConfigError| {
+        PlanError::Invalid(format!(
+            "{} (config inferred from tensor shapes): {e}",
+            p.as_deref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        ))
+    };
+    let t5_json = infer_t5_config(t5.as_ref())?;
+    let vae_json = infer_vae_config(vae.as_ref(), scale)?;
+    let dit_path = files.diffusion_model.as_deref().unwrap_or(Path::new(""));
+    let inputs = Inputs {
+        name: dit_path
+            .file_stem()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default(),
+        pipeline_class: pipeline_class.to_string(),
+        family,
+        tok: load_tokenizer_file(tok_path)?,
+        sched: scheduler::parse_scheduler_config(
+            PIXART_SCHEDULER_CONFIG,
+            "built-in PixArt scheduler config",
+        )
+        .map_err(LoadError::from)?,
+        t5_cfg: T5Config::from_json(&t5_json).map_err(|e| file_err(&files.t5xxl, e))?,
+        dit_cfg: PixArtConfig::from_json(&dit_json)
+            .map_err(|e| file_err(&files.diffusion_model, e))?,
+        vae_cfg: VaeConfig::from_json(&vae_json).map_err(|e| file_err(&files.vae, e))?,
+        t5: t5.as_ref(),
+        dit: dit.as_ref(),
+        vae: vae.as_ref(),
+    };
+    compile_inputs_impl(inputs, opts)
+}
+
+fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compiled> {
     if opts.sizes.is_empty() {
         return Err(PlanError::Invalid("no image size given (-W/-H)".into()));
     }
-    let family = family_of(folder)?;
-    let tok = tokenizer::load_tokenizer_dir(&folder.tokenizer_dir).map_err(crate::load::LoadError::from)?;
-    let sched = scheduler::load_scheduler_config(&folder.scheduler_config)
-        .map_err(crate::load::LoadError::from)?;
-    let cfg_err = |dir: &Path, e: edge_models::config::ConfigError| {
-        PlanError::Invalid(format!("{}: {e}", dir.join("config.json").display()))
-    };
-    let t5_cfg = T5Config::from_json(&folder.text_encoder.config)
-        .map_err(|e| cfg_err(&folder.text_encoder.dir, e))?;
-    let dit_cfg = PixArtConfig::from_json(&folder.transformer.config)
-        .map_err(|e| cfg_err(&folder.transformer.dir, e))?;
-    let vae_cfg = VaeConfig::from_json(&folder.vae.config).map_err(|e| cfg_err(&folder.vae.dir, e))?;
+    let family = inp.family;
+    let (t5_cfg, dit_cfg, vae_cfg) = (&inp.t5_cfg, &inp.dit_cfg, &inp.vae_cfg);
     let seq_len = opts.max_sequence_length.unwrap_or(match family {
         ModelFamily::PixArtSigma => 300,
         ModelFamily::PixArtAlpha => 120,
@@ -218,13 +698,21 @@ pub fn compile_pipeline(folder: &PipelineFolder, opts: &CompileOptions) -> Resul
     let policy = &opts.policy;
     let mut stages = Vec::new();
 
-    let t5_graph = build_t5_encoder(&t5_cfg, seq_len as usize)?;
-    let t5_src = SourceResolver { source: folder.text_encoder.tensors.as_ref() };
-    stages.push(lower(&t5_graph, StageKind::TextEncoder, 0, 0, &mut table, &t5_src, policy)?);
+    let t5_graph = build_t5_encoder(t5_cfg, seq_len as usize)?;
+    let t5_src = SourceResolver { source: inp.t5 };
+    stages.push(lower(
+        &t5_graph,
+        StageKind::TextEncoder,
+        0,
+        0,
+        &mut table,
+        &t5_src,
+        policy,
+    )?);
     let vocab_rows = t5_cfg.vocab_size as u32;
 
-    let dit_src = SourceResolver { source: folder.transformer.tensors.as_ref() };
-    let vae_src = SourceResolver { source: folder.vae.tensors.as_ref() };
+    let dit_src = SourceResolver { source: inp.dit };
+    let vae_src = SourceResolver { source: inp.vae };
     let mut sizes = Vec::new();
     for &(w, h) in &opts.sizes {
         let unit = downscale * patch;
@@ -233,7 +721,10 @@ pub fn compile_pipeline(folder: &PipelineFolder, opts: &CompileOptions) -> Resul
                 "image size {w}x{h}: width and height (-W/-H) must be positive multiples of {unit} (VAE factor {downscale} × patch {patch}), at most 8192"
             )));
         }
-        if sizes.iter().any(|s: &ImageSize| s.width == w && s.height == h) {
+        if sizes
+            .iter()
+            .any(|s: &ImageSize| s.width == w && s.height == h)
+        {
             continue;
         }
         let (lh, lw) = ((h / downscale) as usize, (w / downscale) as usize);
@@ -244,15 +735,31 @@ pub fn compile_pipeline(folder: &PipelineFolder, opts: &CompileOptions) -> Resul
             }),
             ModelFamily::PixArtSigma => None,
         };
-        let dit = build_pixart_denoiser(&dit_cfg, lh, lw, seq_len as usize, micro)?;
+        let dit = build_pixart_denoiser(dit_cfg, lh, lw, seq_len as usize, micro)?;
         let denoiser_stage = stages.len() as u32;
-        stages.push(lower(&dit, StageKind::Denoiser, w, h, &mut table, &dit_src, policy)?);
-        let mut vae = build_vae_decoder(&vae_cfg, lh, lw)?;
+        stages.push(lower(
+            &dit,
+            StageKind::Denoiser,
+            w,
+            h,
+            &mut table,
+            &dit_src,
+            policy,
+        )?);
+        let mut vae = build_vae_decoder(vae_cfg, lh, lw)?;
         if opts.vae_scale_factor.is_some() {
             override_vae_scale(&mut vae, scaling_factor);
         }
         let decoder_stage = stages.len() as u32;
-        stages.push(lower(&vae, StageKind::VaeDecoder, w, h, &mut table, &vae_src, policy)?);
+        stages.push(lower(
+            &vae,
+            StageKind::VaeDecoder,
+            w,
+            h,
+            &mut table,
+            &vae_src,
+            policy,
+        )?);
         sizes.push(ImageSize {
             width: w,
             height: h,
@@ -260,20 +767,15 @@ pub fn compile_pipeline(folder: &PipelineFolder, opts: &CompileOptions) -> Resul
             decoder_stage,
         });
     }
-    let name = folder
-        .root
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_default();
     let meta = PlanMeta {
         target: opts.target.clone(),
         model: ModelInfo {
             family,
-            name,
-            pipeline_class: folder.pipeline_class.clone(),
+            name: inp.name,
+            pipeline_class: inp.pipeline_class,
         },
-        tokenizer: tok,
-        scheduler: sched,
+        tokenizer: inp.tok,
+        scheduler: inp.sched,
         text: TextInfo {
             max_sequence_length: seq_len,
             hidden: t5_cfg.d_model as u32,
@@ -307,14 +809,35 @@ fn override_vae_scale(g: &mut edge_graph::Graph, scaling_factor: f32) {
     }
 }
 
-/// Compiles `dir` and writes the plan to `out` atomically. Returns the file's bytes length.
+/// Compiles `dir` and writes the plan to `out` atomically.
 pub fn compile_to_file(dir: &Path, opts: &CompileOptions, out: &Path) -> Result<Compiled> {
-    let mut c = compile_folder(dir, opts)?;
+    let c = compile_folder(dir, opts)?;
+    write_compiled(c, out)
+}
+
+/// [`compile_inputs`], then writes the plan to `out` atomically.
+pub fn compile_inputs_to_file(
+    dir: Option<&Path>,
+    files: &ComponentFiles,
+    opts: &CompileOptions,
+    out: &Path,
+) -> Result<Compiled> {
+    let c = compile_inputs(dir, files, opts)?;
+    write_compiled(c, out)
+}
+
+/// Records the fallbacks as plan notes, assembles and writes atomically.
+fn write_compiled(mut c: Compiled, out: &Path) -> Result<Compiled> {
     c.meta.notes = c
         .table
         .fallbacks
         .iter()
-        .map(|f| format!("{}: asked {}, stored {} ({})", f.tensor, f.asked, f.used, f.reason))
+        .map(|f| {
+            format!(
+                "{}: asked {}, stored {} ({})",
+                f.tensor, f.asked, f.used, f.reason
+            )
+        })
         .collect();
     let bytes = crate::write::assemble(&mut c.meta, &c.table)?;
     crate::write::write_atomic(out, &bytes)?;

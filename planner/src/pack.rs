@@ -80,7 +80,6 @@ impl PackPolicy {
         source: DType,
         row: u64,
     ) -> (DType, Option<Fallback>) {
-        let float_of = |d: DType| if d.is_quantized() { DType::F32 } else { d };
         match kind {
             WeightKind::Vector | WeightKind::Table => return (DType::F32, None),
             WeightKind::Embedding | WeightKind::ConvKernel => {
@@ -109,7 +108,6 @@ impl PackPolicy {
         if d == asked {
             (d, None)
         } else {
-            let d = float_of(d);
             (
                 d,
                 Some(Fallback {

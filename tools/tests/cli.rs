@@ -32,7 +32,12 @@ fn s(p: &Path) -> &str {
 fn entries(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.expect("dir entry").file_name().to_string_lossy().to_string())
+        .map(|e| {
+            e.expect("dir entry")
+                .file_name()
+                .to_string_lossy()
+                .to_string()
+        })
         .collect();
     v.sort();
     v
@@ -46,7 +51,11 @@ fn assert_refused(what: &str, out: &Output, needles: &[&str], out_dir: &Path) {
         !out.status.success(),
         "{what}: expected failure, got success; stderr: {err}"
     );
-    assert_eq!(out.status.code(), Some(1), "{what}: exit status; stderr: {err}");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{what}: exit status; stderr: {err}"
+    );
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "{what}: stderr must be one line, is: {err}");
     assert!(lines[0].starts_with("error: "), "{what}: {err}");
@@ -68,14 +77,27 @@ fn demo_plan() -> &'static Path {
         let plan = dir.path().join("demo.plan");
         let out = run(
             EDGEPLAN,
-            &["compile", s(&demo_model()), "-W", "64", "-H", "64", "-o", s(&plan)],
+            &[
+                "compile",
+                s(&demo_model()),
+                "-W",
+                "64",
+                "-H",
+                "64",
+                "-o",
+                s(&plan),
+            ],
         );
         assert!(
             out.status.success(),
             "compiling the demo: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert_eq!(entries(dir.path()), ["demo.plan"], "compile left extra files");
+        assert_eq!(
+            entries(dir.path()),
+            ["demo.plan"],
+            "compile left extra files"
+        );
         (dir, plan)
     });
     p
@@ -125,7 +147,12 @@ fn compile_missing_transformer_config() {
     std::fs::create_dir(&out_dir).unwrap();
     let plan = out_dir.join("x.plan");
     let o = run(EDGEPLAN, &compile_args(s(&model), s(&plan), "64"));
-    assert_refused("missing transformer config", &o, &["transformer", "config.json"], &out_dir);
+    assert_refused(
+        "missing transformer config",
+        &o,
+        &["transformer", "config.json"],
+        &out_dir,
+    );
 }
 
 #[test]
@@ -179,7 +206,12 @@ fn compile_bad_width() {
     let t = tempfile::tempdir().unwrap();
     let plan = t.path().join("x.plan");
     let o = run(EDGEPLAN, &compile_args(s(&demo_model()), s(&plan), "60"));
-    assert_refused("-W 60", &o, &["60x64", "-W/-H", "multiples of 16"], t.path());
+    assert_refused(
+        "-W 60",
+        &o,
+        &["60x64", "-W/-H", "multiples of 16"],
+        t.path(),
+    );
 }
 
 /// Runs `edgerun generate` on `plan` with 2 steps and `extra` arguments, writing `out`.
@@ -260,7 +292,11 @@ fn generate_corrupted_plans() {
     generate_on_damaged("flipped metadata byte", &b, &["checksum", "metadata"]);
 
     let b = &good[..good.len() - 1];
-    generate_on_damaged("truncated plan", b, &["truncated", &format!("{}", good.len() - 1)]);
+    generate_on_damaged(
+        "truncated plan",
+        b,
+        &["truncated", &format!("{}", good.len() - 1)],
+    );
 
     let b = &good[..100];
     generate_on_damaged("truncated header", b, &["truncated", "header"]);
@@ -274,14 +310,27 @@ fn generate_init_latents_wrong_shape() {
     let view =
         safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 4, 16, 16], &data)
             .unwrap();
-    std::fs::write(&lat, safetensors::serialize([("latents", view)], None).unwrap()).unwrap();
+    std::fs::write(
+        &lat,
+        safetensors::serialize([("latents", view)], None).unwrap(),
+    )
+    .unwrap();
     let out_dir = t.path().join("out");
     std::fs::create_dir(&out_dir).unwrap();
-    let o = generate(demo_plan(), &out_dir.join("out.png"), &["--init-latents", s(&lat)]);
+    let o = generate(
+        demo_plan(),
+        &out_dir.join("out.png"),
+        &["--init-latents", s(&lat)],
+    );
     assert_refused(
         "--init-latents [1,4,16,16]",
         &o,
-        &["lat.safetensors", "`latents`", "[1, 4, 16, 16]", "expected F32 [1, 4, 8, 8]"],
+        &[
+            "lat.safetensors",
+            "`latents`",
+            "[1, 4, 16, 16]",
+            "expected F32 [1, 4, 8, 8]",
+        ],
         &out_dir,
     );
 }
@@ -293,7 +342,12 @@ fn generate_missing_plan() {
     let out_dir = t.path().join("out");
     std::fs::create_dir(&out_dir).unwrap();
     let o = generate(&plan, &out_dir.join("out.png"), &[]);
-    assert_refused("missing plan", &o, &["nothing-here.plan", "No such file"], &out_dir);
+    assert_refused(
+        "missing plan",
+        &o,
+        &["nothing-here.plan", "No such file"],
+        &out_dir,
+    );
 }
 
 /// The `tEXt` chunks of a PNG as (keyword, text) pairs.
@@ -306,7 +360,10 @@ fn png_text(png: &[u8]) -> Vec<(String, String)> {
         let kind = &png[at + 4..at + 8];
         let body = &png[at + 8..at + 8 + len];
         if kind == b"tEXt" {
-            let nul = body.iter().position(|&c| c == 0).expect("tEXt keyword terminator");
+            let nul = body
+                .iter()
+                .position(|&c| c == 0)
+                .expect("tEXt keyword terminator");
             out.push((
                 String::from_utf8_lossy(&body[..nul]).to_string(),
                 String::from_utf8_lossy(&body[nul + 1..]).to_string(),
@@ -323,7 +380,16 @@ fn compile_and_generate_png_with_prompt_and_latents() {
     let plan = t.path().join("x.plan");
     let o = run(
         EDGEPLAN,
-        &["compile", s(&demo_model()), "-W", "64", "-H", "64", "-o", s(&plan)],
+        &[
+            "compile",
+            s(&demo_model()),
+            "-W",
+            "64",
+            "-H",
+            "64",
+            "-o",
+            s(&plan),
+        ],
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let o = run(EDGEPLAN, &["inspect", s(&plan)]);
@@ -340,7 +406,11 @@ fn compile_and_generate_png_with_prompt_and_latents() {
         .iter()
         .find(|(k, _)| k == "parameters")
         .unwrap_or_else(|| panic!("no `parameters` tEXt chunk in {text:?}"));
-    assert!(params.1.contains(&format!("prompt: {PROMPT}")), "{}", params.1);
+    assert!(
+        params.1.contains(&format!("prompt: {PROMPT}")),
+        "{}",
+        params.1
+    );
     let lbytes = std::fs::read(&lat).unwrap();
     let st = safetensors::SafeTensors::deserialize(&lbytes).unwrap();
     let l = st.tensor("latents").unwrap();

@@ -63,9 +63,17 @@ pub enum LoadError {
     #[error("{path}: {reason}")]
     Json { path: String, reason: String },
     #[error("{path}: tensor `{tensor}` has dtype {dtype}, which is not supported (expected F32, F16 or BF16)")]
-    UnsupportedDType { path: String, tensor: String, dtype: String },
+    UnsupportedDType {
+        path: String,
+        tensor: String,
+        dtype: String,
+    },
     #[error("{path}: tensor `{tensor}` is listed in the shard index but missing from {shard}")]
-    MissingInShard { path: String, tensor: String, shard: String },
+    MissingInShard {
+        path: String,
+        tensor: String,
+        shard: String,
+    },
     #[error("{path}: {reason}")]
     Folder { path: String, reason: String },
     #[error(transparent)]

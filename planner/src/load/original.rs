@@ -47,15 +47,33 @@ struct Origin {
 /// carry over unchanged.
 const GLOBAL_STEMS: [(&str, &str); 12] = [
     ("pos_embed.proj", "x_embedder.proj"),
-    ("adaln_single.emb.timestep_embedder.linear_1", "t_embedder.mlp.0"),
-    ("adaln_single.emb.timestep_embedder.linear_2", "t_embedder.mlp.2"),
+    (
+        "adaln_single.emb.timestep_embedder.linear_1",
+        "t_embedder.mlp.0",
+    ),
+    (
+        "adaln_single.emb.timestep_embedder.linear_2",
+        "t_embedder.mlp.2",
+    ),
     ("adaln_single.linear", "t_block.1"),
     ("caption_projection.linear_1", "y_embedder.y_proj.fc1"),
     ("caption_projection.linear_2", "y_embedder.y_proj.fc2"),
-    ("adaln_single.emb.resolution_embedder.linear_1", "csize_embedder.mlp.0"),
-    ("adaln_single.emb.resolution_embedder.linear_2", "csize_embedder.mlp.2"),
-    ("adaln_single.emb.aspect_ratio_embedder.linear_1", "ar_embedder.mlp.0"),
-    ("adaln_single.emb.aspect_ratio_embedder.linear_2", "ar_embedder.mlp.2"),
+    (
+        "adaln_single.emb.resolution_embedder.linear_1",
+        "csize_embedder.mlp.0",
+    ),
+    (
+        "adaln_single.emb.resolution_embedder.linear_2",
+        "csize_embedder.mlp.2",
+    ),
+    (
+        "adaln_single.emb.aspect_ratio_embedder.linear_1",
+        "ar_embedder.mlp.0",
+    ),
+    (
+        "adaln_single.emb.aspect_ratio_embedder.linear_2",
+        "ar_embedder.mlp.2",
+    ),
     ("proj_out", "final_layer.linear"),
     ("scale_shift_table", "final_layer.scale_shift_table"),
 ];
@@ -229,9 +247,8 @@ impl TensorSource for OriginalLayout {
             return Ok(None);
         };
         let whole = origins.iter().enumerate().all(|(i, o)| {
-            o.as_ref().is_some_and(|o| {
-                o.name == first.name && o.part == Some((i, parts.len()))
-            })
+            o.as_ref()
+                .is_some_and(|o| o.name == first.name && o.part == Some((i, parts.len())))
         });
         if !whole {
             return Ok(None);
@@ -277,7 +294,10 @@ mod tests {
             "adaln_single.emb.aspect_ratio_embedder.linear_2.weight",
         ] {
             let o = origin_of(d).unwrap();
-            assert!(diffusers_names_of(&o.name).contains(&d.to_string()), "{d} → {o:?}");
+            assert!(
+                diffusers_names_of(&o.name).contains(&d.to_string()),
+                "{d} → {o:?}"
+            );
         }
         assert_eq!(
             origin_of("transformer_blocks.3.attn1.to_v.weight"),
@@ -297,7 +317,10 @@ mod tests {
             detect_prefix(&n(&["model.diffusion_model.x_embedder.proj.weight"])),
             Some("model.diffusion_model.".into())
         );
-        assert_eq!(detect_prefix(&n(&["x_embedder.proj.weight"])), Some(String::new()));
+        assert_eq!(
+            detect_prefix(&n(&["x_embedder.proj.weight"])),
+            Some(String::new())
+        );
         assert_eq!(detect_prefix(&n(&["pos_embed.proj.weight"])), None);
     }
 }
