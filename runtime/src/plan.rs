@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use edge_schema::header::Header;
+use edge_schema::header::{Header, HEADER_LEN};
 use edge_schema::plan::PlanMeta;
 use edge_schema::verify;
 use zerocopy::IntoBytes;
@@ -58,6 +58,39 @@ fn map_file(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
     unsafe { memmap2::Mmap::map(file) }
 }
 
+/// Checks that every byte no digest covers (outside the header, the metadata and the weight
+/// sections: alignment padding) is zero, so that a flipped byte anywhere in the file is refused.
+/// Ranges were checked against the file length by [`Header::read`] and [`verify::verify_meta`].
+fn check_padding(file: &[u8], h: &Header, meta: &PlanMeta) -> Result<()> {
+    let w0 = h.weights_offset.get() as usize;
+    let meta0 = h.meta_offset.get() as usize;
+    let mut covered: Vec<(usize, usize)> = vec![
+        (0, HEADER_LEN.min(file.len())),
+        (meta0, meta0 + h.meta_len.get() as usize),
+    ];
+    covered.extend(
+        meta.sections
+            .iter()
+            .map(|s| (w0 + s.offset as usize, w0 + (s.offset + s.len) as usize)),
+    );
+    covered.sort_unstable();
+    let mut pos = 0;
+    for (start, end) in covered.into_iter().chain([(file.len(), file.len())]) {
+        if start > pos {
+            if let Some(k) = file[pos..start].iter().position(|&b| b != 0) {
+                return Err(edge_schema::Error::Invalid(format!(
+                    "padding byte {} is {:#04x}, expected zero (the file is corrupted)",
+                    pos + k,
+                    file[pos + k]
+                ))
+                .into());
+            }
+        }
+        pos = pos.max(end);
+    }
+    Ok(())
+}
+
 impl Plan {
     /// Opens and fully verifies the plan at `path` (see the module docs for the mapping
     /// contract). Errors name the file and what is wrong with it.
@@ -101,6 +134,7 @@ impl Plan {
             let sec = &weights[s.offset as usize..(s.offset + s.len) as usize];
             verify::verify_section_digest(&meta, i, sec)?;
         }
+        check_padding(file, &h, &meta)?;
         Ok(Plan {
             weights_offset,
             weights_len: weights_len as usize,

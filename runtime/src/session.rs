@@ -117,8 +117,38 @@ fn as_f32_mut(b: &mut [u8]) -> Result<&mut [f32]> {
         .map_err(|_| Error::Plan(edge_schema::Error::Invalid("misaligned f32 tensor".into())))
 }
 
-fn dims(s: &[u64]) -> Vec<usize> {
-    s.iter().map(|&d| d as usize).collect()
+/// Refuses a step whose planned scratch slot is smaller than its kernel needs (the schema
+/// verifier does not know kernel scratch sizes; a short scratch would make the kernel panic).
+fn check_scratch(op: &Op, have: usize, need: usize) -> Result<()> {
+    if have < need {
+        return Err(Error::Plan(edge_schema::Error::Invalid(format!(
+            "{} step has {have} bytes of scratch, its kernel needs {need}",
+            op.name()
+        ))));
+    }
+    Ok(())
+}
+
+/// A shape (rank ≤ 6, verified) as `usize`s on the stack: no allocation in the step loop.
+struct Dims {
+    d: [usize; edge_schema::op::MAX_RANK],
+    n: usize,
+}
+
+impl std::ops::Deref for Dims {
+    type Target = [usize];
+    fn deref(&self) -> &[usize] {
+        &self.d[..self.n]
+    }
+}
+
+fn dims(s: &[u64]) -> Dims {
+    let mut d = [0usize; edge_schema::op::MAX_RANK];
+    let n = s.len().min(d.len());
+    for (o, &x) in d.iter_mut().zip(s) {
+        *o = x as usize;
+    }
+    Dims { d, n }
 }
 
 impl<'p> Session<'p> {
@@ -279,7 +309,11 @@ impl<'p> Session<'p> {
                 let kdim = last(shape(ins[0]));
                 let n = shape(ins[1])[0] as usize;
                 let bias = if *has_bias { Some(f(ins[2])?) } else { None };
-                (k.linear.run)(x, w(ins[1])?, bias, out, x.len() / kdim, kdim, n, scratch);
+                let wd = stage.values[ins[1] as usize].dtype;
+                let m = x.len() / kdim;
+                let need = edge_kernels::linear_scratch_bytes(wd, m, kdim);
+                check_scratch(&step.op, scratch.len(), need)?;
+                (k.linear.run)(x, w(ins[1])?, bias, out, m, kdim, n, scratch);
             }
             Op::RmsNorm { eps } => {
                 let x = f(ins[0])?;
@@ -372,6 +406,9 @@ impl<'p> Session<'p> {
                     pad_right: pad[3] as usize,
                 };
                 let bias = if *has_bias { Some(f(ins[2])?) } else { None };
+                let wd = stage.values[ins[1] as usize].dtype;
+                let need = edge_kernels::conv2d_scratch_bytes(&p, wd);
+                check_scratch(&step.op, scratch.len(), need)?;
                 (k.conv2d.run)(&p, f(ins[0])?, w(ins[1])?, bias, out, scratch);
             }
             Op::UpsampleNearest2x => {
@@ -379,8 +416,11 @@ impl<'p> Session<'p> {
                 edge_kernels::upsample_nearest2x(f(ins[0])?, s[0] as usize, s[1] as usize, s[2] as usize, out);
             }
             Op::Permute { perm } => {
-                let p: Vec<usize> = perm.iter().map(|&x| usize::from(x)).collect();
-                edge_kernels::permute(f(ins[0])?, &dims(shape(ins[0])), &p, out);
+                let mut p = [0usize; edge_schema::op::MAX_RANK];
+                for (o, &x) in p.iter_mut().zip(perm) {
+                    *o = usize::from(x);
+                }
+                edge_kernels::permute(f(ins[0])?, &dims(shape(ins[0])), &p[..perm.len()], out);
             }
             Op::Reshape => out.copy_from_slice(f(ins[0])?),
             Op::Slice { axis, start, len } => {
@@ -395,8 +435,8 @@ impl<'p> Session<'p> {
             }
             Op::Concat { axis } => {
                 let parts: Vec<&[f32]> = ins.iter().map(|&i| f(i)).collect::<Result<_>>()?;
-                let shapes: Vec<Vec<usize>> = ins.iter().map(|&i| dims(shape(i))).collect();
-                let shape_refs: Vec<&[usize]> = shapes.iter().map(|s| s.as_slice()).collect();
+                let shapes: Vec<Dims> = ins.iter().map(|&i| dims(shape(i))).collect();
+                let shape_refs: Vec<&[usize]> = shapes.iter().map(|s| &s[..]).collect();
                 edge_kernels::concat_axis(&parts, &shape_refs, usize::from(*axis), out);
             }
             Op::TimestepEmbedding {

@@ -65,6 +65,10 @@ struct GenArgs {
     /// Also write the final latents (before VAE decoding) as safetensors `latents` [1, 4, H/8, W/8].
     #[arg(long = "latents-out")]
     latents_out: Option<PathBuf>,
+    /// Memory budget (e.g. `1.5G`, `800M`, bytes without a suffix): refuse, before allocating,
+    /// a plan whose arena plus weights exceed it.
+    #[arg(long = "max-ram")]
+    max_ram: Option<String>,
     /// No progress display.
     #[arg(long)]
     quiet: bool,
@@ -102,6 +106,32 @@ fn write_latents(path: &Path, data: &[f32], shape: &[usize]) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     edge_runtime::image::write_atomic(path, &out)?;
     Ok(())
+}
+
+/// Parses `1.5G`, `800M`, `64K`, `1024` (bytes; binary units) into bytes.
+fn parse_size(s: &str, flag: &str) -> Result<u64> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => bail!("{flag}: `{s}` has an unknown unit (expected K, M, G or T)"),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| anyhow::anyhow!("{flag}: `{s}` is not a size like 1.5G or 800M"))?;
+    if !(v.is_finite() && v > 0.0) {
+        bail!("{flag}: `{s}` must be a positive size");
+    }
+    Ok((v * mult as f64) as u64)
 }
 
 fn peak_rss_kib() -> Option<u64> {
@@ -158,7 +188,22 @@ fn generate(a: GenArgs) -> Result<()> {
         .as_deref()
         .map(|p| read_latents(p, &lshape))
         .transpose()?;
-    let mut session = Session::new(&plan, edge_kernels::generic(), None)?;
+    let weights: u64 = meta.tensors.iter().map(|t| t.len).sum();
+    let arena = edge_runtime::session::arena_bytes(&plan);
+    let arena_limit = match a.max_ram.as_deref() {
+        Some(s) => {
+            let budget = parse_size(s, "--max-ram")?;
+            if weights.saturating_add(arena) > budget {
+                bail!(
+                    "--max-ram {s}: the plan needs {} bytes ({weights} of weights + {arena} of arena), more than the budget of {budget} bytes",
+                    weights + arena
+                );
+            }
+            Some(budget - weights)
+        }
+        None => None,
+    };
+    let mut session = Session::new(&plan, edge_kernels::generic(), arena_limit)?;
     let params = GenerateParams {
         prompt: a.prompt.clone(),
         negative_prompt: a.negative_prompt.clone(),
