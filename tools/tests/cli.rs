@@ -62,6 +62,14 @@ fn assert_refused(what: &str, out: &Output, needles: &[&str], out_dir: &Path) {
     for n in needles {
         assert!(lines[0].contains(n), "{what}: stderr lacks `{n}`: {err}");
     }
+    // No cause printed twice (`a: b: b`).
+    let parts: Vec<&str> = lines[0].split(": ").filter(|p| p.len() > 8).collect();
+    for (i, p) in parts.iter().enumerate() {
+        assert!(
+            !parts[i + 1..].contains(p),
+            "{what}: `{p}` appears twice: {err}"
+        );
+    }
     assert!(
         entries(out_dir).is_empty(),
         "{what}: left files behind: {:?}",

@@ -1,0 +1,589 @@
+//! Hostile plans: a valid plan of the demo model whose metadata is mutated and re-encoded with
+//! correct digests, so that only the verifier (schema/src/verify.rs) stands between it and the
+//! kernels. Every mutation must be refused by [`Plan::from_bytes`] with a message naming the
+//! problem, and damaged files (flipped bytes, truncation) must be refused without panicking.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use edge_e2e::{compiled_plan, demo};
+use edge_runtime::Plan;
+use edge_schema::header::{Header, FORMAT_VERSION, HEADER_LEN};
+use edge_schema::op::Op;
+use edge_schema::plan::{PlanMeta, Stage, StageKind, Storage};
+
+/// A minimal BLAKE3 (hash mode, 32-byte output), written from the BLAKE3 specification
+/// (github.com/BLAKE3-team/BLAKE3-specs, sections 2.1-2.6), so that the test can give mutated
+/// metadata a correct digest. Checked against the digests the planner wrote (see
+/// `blake3_matches_planner`).
+mod blake3 {
+    const IV: [u32; 8] = [
+        0x6A09E667, 0xBB67AE85, 0x3C6EF372, 0xA54FF53A, 0x510E527F, 0x9B05688C, 0x1F83D9AB,
+        0x5BE0CD19,
+    ];
+    const PERM: [usize; 16] = [2, 6, 3, 10, 7, 0, 4, 13, 1, 11, 12, 5, 9, 14, 15, 8];
+    const CHUNK_START: u32 = 1;
+    const CHUNK_END: u32 = 2;
+    const PARENT: u32 = 4;
+    const ROOT: u32 = 8;
+    const CHUNK: usize = 1024;
+
+    fn g(s: &mut [u32; 16], a: usize, b: usize, c: usize, d: usize, x: u32, y: u32) {
+        s[a] = s[a].wrapping_add(s[b]).wrapping_add(x);
+        s[d] = (s[d] ^ s[a]).rotate_right(16);
+        s[c] = s[c].wrapping_add(s[d]);
+        s[b] = (s[b] ^ s[c]).rotate_right(12);
+        s[a] = s[a].wrapping_add(s[b]).wrapping_add(y);
+        s[d] = (s[d] ^ s[a]).rotate_right(8);
+        s[c] = s[c].wrapping_add(s[d]);
+        s[b] = (s[b] ^ s[c]).rotate_right(7);
+    }
+
+    fn compress(cv: &[u32; 8], block: &[u8], counter: u64, flags: u32) -> [u32; 8] {
+        let mut padded = [0u8; 64];
+        padded[..block.len()].copy_from_slice(block);
+        let mut m = [0u32; 16];
+        for (i, w) in m.iter_mut().enumerate() {
+            *w = u32::from_le_bytes(padded[4 * i..4 * i + 4].try_into().unwrap());
+        }
+        let mut s = [
+            cv[0],
+            cv[1],
+            cv[2],
+            cv[3],
+            cv[4],
+            cv[5],
+            cv[6],
+            cv[7],
+            IV[0],
+            IV[1],
+            IV[2],
+            IV[3],
+            counter as u32,
+            (counter >> 32) as u32,
+            block.len() as u32,
+            flags,
+        ];
+        for r in 0..7 {
+            g(&mut s, 0, 4, 8, 12, m[0], m[1]);
+            g(&mut s, 1, 5, 9, 13, m[2], m[3]);
+            g(&mut s, 2, 6, 10, 14, m[4], m[5]);
+            g(&mut s, 3, 7, 11, 15, m[6], m[7]);
+            g(&mut s, 0, 5, 10, 15, m[8], m[9]);
+            g(&mut s, 1, 6, 11, 12, m[10], m[11]);
+            g(&mut s, 2, 7, 8, 13, m[12], m[13]);
+            g(&mut s, 3, 4, 9, 14, m[14], m[15]);
+            if r < 6 {
+                m = PERM.map(|p| m[p]);
+            }
+        }
+        let mut out = [0u32; 8];
+        for i in 0..8 {
+            out[i] = s[i] ^ s[i + 8];
+        }
+        out
+    }
+
+    fn chunk_cv(data: &[u8], counter: u64, root: u32) -> [u32; 8] {
+        let blocks: Vec<&[u8]> = if data.is_empty() {
+            vec![&[][..]]
+        } else {
+            data.chunks(64).collect()
+        };
+        let mut cv = IV;
+        for (i, b) in blocks.iter().enumerate() {
+            let mut flags = 0;
+            if i == 0 {
+                flags |= CHUNK_START;
+            }
+            if i + 1 == blocks.len() {
+                flags |= CHUNK_END | root;
+            }
+            cv = compress(&cv, b, counter, flags);
+        }
+        cv
+    }
+
+    fn node(data: &[u8], first_chunk: u64, root: u32) -> [u32; 8] {
+        let chunks = data.len().div_ceil(CHUNK).max(1);
+        if chunks == 1 {
+            return chunk_cv(data, first_chunk, root);
+        }
+        // The left subtree holds the largest power of two of chunks that leaves one for the right.
+        let left = 1usize << (usize::BITS - 1 - (chunks - 1).leading_zeros());
+        let (l, r) = data.split_at(left * CHUNK);
+        let lcv = node(l, first_chunk, 0);
+        let rcv = node(r, first_chunk + left as u64, 0);
+        let mut block = [0u8; 64];
+        for i in 0..8 {
+            block[4 * i..4 * i + 4].copy_from_slice(&lcv[i].to_le_bytes());
+            block[32 + 4 * i..32 + 4 * i + 4].copy_from_slice(&rcv[i].to_le_bytes());
+        }
+        compress(&IV, &block, 0, PARENT | root)
+    }
+
+    /// The 32-byte BLAKE3 hash of `data`.
+    pub fn hash(data: &[u8]) -> [u8; 32] {
+        let cv = node(data, 0, ROOT);
+        let mut out = [0u8; 32];
+        for i in 0..8 {
+            out[4 * i..4 * i + 4].copy_from_slice(&cv[i].to_le_bytes());
+        }
+        out
+    }
+}
+
+fn good_plan() -> Vec<u8> {
+    compiled_plan(&demo("pixart-shapes-64"), &[(64, 64)], None)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+/// Header fields at the offsets schema/src/header.rs documents.
+struct Layout {
+    meta_offset: usize,
+    meta_len: usize,
+    weights_offset: usize,
+    weights_len: usize,
+}
+
+fn layout(file: &[u8]) -> Layout {
+    Layout {
+        meta_offset: u64_at(file, 16) as usize,
+        meta_len: u64_at(file, 24) as usize,
+        weights_offset: u64_at(file, 32) as usize,
+        weights_len: u64_at(file, 40) as usize,
+    }
+}
+
+/// Writes the header of `file` (which must hold at least the header) with the given version,
+/// metadata range, file length and metadata digest, and a correct self-digest.
+fn write_header(
+    file: &mut [u8],
+    version: u32,
+    meta_offset: u64,
+    meta_len: u64,
+    meta_digest: [u8; 32],
+) {
+    let file_len = file.len() as u64;
+    file[8..12].copy_from_slice(&version.to_le_bytes());
+    file[12..16].copy_from_slice(&(HEADER_LEN as u32).to_le_bytes());
+    file[16..24].copy_from_slice(&meta_offset.to_le_bytes());
+    file[24..32].copy_from_slice(&meta_len.to_le_bytes());
+    file[48..56].copy_from_slice(&file_len.to_le_bytes());
+    file[56..88].copy_from_slice(&meta_digest);
+    let digest = blake3::hash(&file[..HEADER_LEN - 32]);
+    file[HEADER_LEN - 32..HEADER_LEN].copy_from_slice(&digest);
+}
+
+/// The plan file of `good` with its metadata replaced by `meta` (re-encoded), the same weight
+/// region, and a header whose digests are all correct: the layout of planner/src/write.rs
+/// `assemble` (header, padding, weights, metadata).
+fn reassemble(good: &[u8], meta: &PlanMeta, version: u32) -> Vec<u8> {
+    let l = layout(good);
+    let meta_bytes = meta.encode().expect("encode");
+    let meta_offset = l.weights_offset + l.weights_len;
+    let mut out = good[..meta_offset].to_vec();
+    out.extend_from_slice(&meta_bytes);
+    let digest = blake3::hash(&meta_bytes);
+    write_header(
+        &mut out,
+        version,
+        meta_offset as u64,
+        meta_bytes.len() as u64,
+        digest,
+    );
+    out
+}
+
+/// `Plan::from_bytes` on `bytes`, turning a panic into a test failure that says so.
+fn open(what: &str, bytes: &[u8]) -> Result<Plan, String> {
+    match catch_unwind(AssertUnwindSafe(|| Plan::from_bytes(bytes))) {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => panic!("{what}: Plan::from_bytes panicked"),
+    }
+}
+
+/// Mutates a decoded copy of the good plan's metadata and asserts that the re-assembled plan
+/// is refused with a message containing every `needle`.
+fn refused(what: &str, needles: &[&str], mutate: impl FnOnce(&mut PlanMeta)) {
+    let good = good_plan();
+    let mut meta = edge_planner::inspect::read_meta(&good).expect("good plan decodes");
+    mutate(&mut meta);
+    let bytes = reassemble(&good, &meta, FORMAT_VERSION);
+    match open(what, &bytes) {
+        Ok(_) => panic!("{what}: hostile plan was accepted"),
+        Err(msg) => {
+            for n in needles {
+                assert!(msg.contains(n), "{what}: message lacks `{n}`: {msg}");
+            }
+        }
+    }
+}
+
+fn stage_of(meta: &mut PlanMeta, kind: StageKind) -> &mut Stage {
+    meta.stages
+        .iter_mut()
+        .find(|s| s.kind == kind)
+        .expect("stage of kind")
+}
+
+fn arena_slot(s: &Stage, id: u32) -> edge_schema::plan::ArenaSlice {
+    match s.values[id as usize].storage {
+        Storage::Arena(a) => a,
+        Storage::Weight(_) => panic!("value {id} is a weight"),
+    }
+}
+
+#[test]
+fn blake3_matches_planner() {
+    let good = good_plan();
+    let l = layout(&good);
+    // Header self-digest (one chunk), metadata digest, and every section digest (many chunks).
+    let h = Header::read(&good).expect("good header");
+    assert_eq!(blake3::hash(&good[..HEADER_LEN - 32]), h.compute_digest());
+    assert_eq!(
+        blake3::hash(&good[l.meta_offset..l.meta_offset + l.meta_len]),
+        h.meta_digest
+    );
+    let meta = edge_planner::inspect::read_meta(&good).unwrap();
+    assert!(meta.sections.iter().any(|s| s.len > 4096));
+    for s in &meta.sections {
+        let start = l.weights_offset + s.offset as usize;
+        assert_eq!(blake3::hash(&good[start..start + s.len as usize]), s.digest);
+    }
+    // And the unchanged metadata re-assembled is accepted.
+    let same = reassemble(&good, &meta, FORMAT_VERSION);
+    assert_eq!(same, good);
+    open("unchanged", &same).expect("re-assembled good plan verifies");
+}
+
+#[test]
+fn section_range_overflow() {
+    refused(
+        "section offset + len overflows",
+        &["weight section 0"],
+        |m| {
+            m.sections[0].offset = !4095;
+            m.sections[0].len = 8192;
+        },
+    );
+}
+
+#[test]
+fn tensor_range_overflow() {
+    refused(
+        "tensor offset + len overflows",
+        &["tensor 0", "in section"],
+        |m| {
+            m.tensors[0].offset = !63;
+        },
+    );
+}
+
+#[test]
+fn tensor_shape_overflow() {
+    refused(
+        "tensor element count overflows",
+        &["tensor 0", "invalid shape"],
+        |m| {
+            m.tensors[0].shape = vec![u64::MAX / 2, 3];
+        },
+    );
+}
+
+#[test]
+fn value_shape_overflow() {
+    refused("value element count overflows", &["invalid shape"], |m| {
+        let s = stage_of(m, StageKind::Denoiser);
+        let id = s.outputs[0] as usize;
+        s.values[id].shape = vec![1 << 40, 1 << 40];
+    });
+}
+
+#[test]
+fn tensor_longer_than_its_section() {
+    refused(
+        "tensor past its section end",
+        &["tensor", "in section"],
+        |m| {
+            let sec_len = m.sections[m.tensors[0].section as usize].len;
+            m.tensors[0].offset = sec_len / 64 * 64;
+        },
+    );
+}
+
+#[test]
+fn op_input_aliases_output() {
+    refused(
+        "elementwise op writes over its input",
+        &["overlaps the output"],
+        |m| {
+            let s = stage_of(m, StageKind::Denoiser);
+            let k = s
+                .steps
+                .iter()
+                .position(|st| {
+                    matches!(st.op, Op::Silu | Op::GeluTanh | Op::Scale { .. })
+                        && matches!(s.values[st.inputs[0] as usize].storage, Storage::Arena(_))
+                })
+                .expect("an elementwise step");
+            let (i, o) = (s.steps[k].inputs[0], s.steps[k].outputs[0]);
+            s.values[o as usize].storage = s.values[i as usize].storage.clone();
+        },
+    );
+}
+
+#[test]
+fn live_values_overlap() {
+    refused(
+        "two live stage inputs share bytes",
+        &["overlap while both are live"],
+        |m| {
+            let s = stage_of(m, StageKind::Denoiser);
+            // Inputs are live from the stage start; put the timestep [1] on the first bytes of
+            // the context.
+            let ctx = arena_slot(s, s.inputs[2]);
+            let t = s.inputs[1] as usize;
+            let Storage::Arena(slot) = &mut s.values[t].storage else {
+                panic!("timestep is not an arena value")
+            };
+            slot.offset = ctx.offset;
+        },
+    );
+}
+
+#[test]
+fn segment_past_step_list() {
+    refused("segment runs past the steps", &["segment", "steps"], |m| {
+        let s = stage_of(m, StageKind::Denoiser);
+        let n = s.steps.len() as u32;
+        let last = s.segments.last_mut().expect("a segment");
+        last.end_step = n + 5;
+    });
+    refused("segment range reversed", &["segment"], |m| {
+        let s = stage_of(m, StageKind::VaeDecoder);
+        s.segments[0].end_step = u32::MAX;
+    });
+}
+
+#[test]
+fn wrong_format_version() {
+    let good = good_plan();
+    let meta = edge_planner::inspect::read_meta(&good).unwrap();
+    let bytes = reassemble(&good, &meta, FORMAT_VERSION + 1);
+    let msg = open("version", &bytes).expect_err("future version accepted");
+    assert!(
+        msg.contains(&format!("version {}", FORMAT_VERSION + 1)) && msg.contains("not supported"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn embedding_shape_mismatch() {
+    refused("token ids of the wrong rank", &["embedding", "ids"], |m| {
+        let s = stage_of(m, StageKind::TextEncoder);
+        let ids = s.inputs[0] as usize;
+        let l = s.values[ids].shape[0];
+        assert_eq!(l % 2, 0);
+        s.values[ids].shape = vec![l / 2, 2];
+    });
+    refused(
+        "sequence length disagrees with the ids input",
+        &["max sequence length"],
+        |m| {
+            m.text.max_sequence_length += 1;
+        },
+    );
+    refused(
+        "embedding table smaller than the vocabulary",
+        &["embedding table"],
+        |m| {
+            m.text.vocab_rows += 1;
+        },
+    );
+}
+
+#[test]
+fn read_before_write() {
+    refused(
+        "a step reads a later step's output",
+        &["read before it is written"],
+        |m| {
+            let s = stage_of(m, StageKind::Denoiser);
+            let k = s
+                .steps
+                .iter()
+                .position(|st| matches!(st.op, Op::Silu | Op::GeluTanh | Op::Add))
+                .expect("an elementwise step");
+            let later = s.steps.last().expect("steps").outputs[0];
+            s.steps[k].inputs[0] = later;
+        },
+    );
+}
+
+#[test]
+fn arena_slice_past_arena() {
+    refused(
+        "value slot past the arena end",
+        &["outside the arena"],
+        |m| {
+            let s = stage_of(m, StageKind::VaeDecoder);
+            let size = s.arena_size;
+            let id = s.outputs[0] as usize;
+            let Storage::Arena(slot) = &mut s.values[id].storage else {
+                panic!("output is not an arena value")
+            };
+            slot.offset = size - slot.len + 4;
+        },
+    );
+    refused("value slot offset overflows", &["outside the arena"], |m| {
+        let s = stage_of(m, StageKind::Denoiser);
+        let id = s.inputs[0] as usize;
+        let Storage::Arena(slot) = &mut s.values[id].storage else {
+            panic!("input is not an arena value")
+        };
+        slot.offset = u64::MAX - 3;
+    });
+}
+
+/// Positions 0..len sampled by a fixed linear congruential sequence.
+fn sample_positions(len: usize, n: usize, seed: u64) -> Vec<usize> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 33) as usize) % len
+        })
+        .collect()
+}
+
+#[test]
+fn flipped_bytes_are_refused() {
+    let good = good_plan();
+    let l = layout(&good);
+    let mut positions: Vec<usize> = Vec::new();
+    // The header, the weight region, the metadata, and the padding between header and weights.
+    positions.extend(sample_positions(HEADER_LEN, 60, 1));
+    positions.extend(
+        sample_positions(l.weights_len, 80, 2)
+            .iter()
+            .map(|p| l.weights_offset + p),
+    );
+    positions.extend(
+        sample_positions(l.meta_len, 60, 3)
+            .iter()
+            .map(|p| l.meta_offset + p),
+    );
+    positions.extend(
+        sample_positions(l.weights_offset - HEADER_LEN, 10, 4)
+            .iter()
+            .map(|p| HEADER_LEN + p),
+    );
+    // First and last byte of each part.
+    positions.extend([
+        0,
+        HEADER_LEN - 1,
+        l.weights_offset,
+        l.meta_offset - 1,
+        l.meta_offset,
+        good.len() - 1,
+    ]);
+    for p in positions {
+        for bit in [0x01u8, 0x80] {
+            let mut b = good.clone();
+            b[p] ^= bit;
+            if open(&format!("flip at {p}"), &b).is_ok() {
+                panic!("plan with byte {p} xor {bit:#x} was accepted (weights at {}..{}, metadata at {}..)", l.weights_offset, l.weights_offset + l.weights_len, l.meta_offset);
+            }
+        }
+    }
+}
+
+#[test]
+fn truncated_files_are_refused() {
+    let good = good_plan();
+    let l = layout(&good);
+    let mut lens = vec![0, 1, 7, 8, 100, HEADER_LEN - 1, HEADER_LEN, HEADER_LEN + 1];
+    lens.extend([
+        l.weights_offset,
+        l.weights_offset + 1,
+        l.meta_offset,
+        l.meta_offset + 1,
+    ]);
+    lens.extend([good.len() - 1, good.len() - 8]);
+    lens.extend(sample_positions(good.len(), 40, 5));
+    for n in lens {
+        let msg =
+            open(&format!("truncated to {n}"), &good[..n]).expect_err("truncated plan accepted");
+        assert!(msg.contains("truncated"), "truncated to {n}: {msg}");
+    }
+    // Appended bytes are refused too (the header records the file length).
+    let mut longer = good.clone();
+    longer.push(0);
+    assert!(open("one byte longer", &longer).is_err());
+}
+
+/// A plan whose conv2d steps lost their planned scratch passes the metadata verifier (the
+/// schema does not know kernel scratch sizes), so the session must refuse the step instead of
+/// letting the kernel panic.
+#[test]
+fn missing_conv_scratch_is_refused_at_run_time() {
+    let good = good_plan();
+    let mut meta = edge_planner::inspect::read_meta(&good).unwrap();
+    let dec = meta
+        .stages
+        .iter()
+        .position(|s| s.kind == StageKind::VaeDecoder)
+        .expect("decoder stage");
+    let mut removed = 0;
+    for st in &mut meta.stages[dec].steps {
+        if matches!(st.op, Op::Conv2d { .. }) && st.scratch.take().is_some() {
+            removed += 1;
+        }
+    }
+    assert!(
+        removed > 0,
+        "the demo decoder has conv2d steps with scratch"
+    );
+    let bytes = reassemble(&good, &meta, FORMAT_VERSION);
+    let plan = match open("no conv scratch", &bytes) {
+        Ok(p) => p,
+        // Refusing it at open time is as good.
+        Err(msg) => {
+            assert!(msg.contains("scratch"), "{msg}");
+            return;
+        }
+    };
+    let stage = &plan.meta().stages[dec];
+    let input = vec![
+        0f32;
+        stage.values[stage.inputs[0] as usize]
+            .shape
+            .iter()
+            .product::<u64>() as usize
+    ];
+    let mut out = vec![
+        0f32;
+        stage.values[stage.outputs[0] as usize]
+            .shape
+            .iter()
+            .product::<u64>() as usize
+    ];
+    let mut session = edge_runtime::Session::new(&plan, edge_kernels::generic(), None).unwrap();
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        session.run_stage(
+            dec as u32,
+            &[edge_runtime::StageInput::F32(&input)],
+            &mut [&mut out],
+        )
+    }));
+    match r {
+        Ok(Ok(())) => panic!("decoder ran without its conv2d scratch"),
+        Ok(Err(e)) => assert!(e.to_string().contains("scratch"), "{e}"),
+        Err(_) => panic!("the session panicked on a conv2d step without scratch"),
+    }
+}
