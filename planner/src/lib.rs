@@ -14,6 +14,8 @@ pub mod inspect;
 pub mod load;
 pub mod lower;
 pub mod pack;
+pub mod synth;
+pub mod tiling;
 pub mod write;
 
 pub use compile::{compile_folder, compile_to_file, CompileOptions, Compiled};

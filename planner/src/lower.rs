@@ -155,10 +155,7 @@ pub fn lower(
     resolver: &dyn WeightResolver,
     policy: &PackPolicy,
 ) -> Result<Stage> {
-    let nv = graph.values.len();
-    let mut values: Vec<ValueEntry> = Vec::with_capacity(nv);
-    // Storage root of each arena value (reshapes of arena values share their input's slot).
-    let mut root: Vec<usize> = (0..nv).collect();
+    let mut values: Vec<ValueEntry> = Vec::with_capacity(graph.values.len());
     for v in graph.values.iter() {
         let storage = match &v.source {
             Source::Weight(spec) => {
@@ -183,6 +180,59 @@ pub fn lower(
             storage,
         });
     }
+    let (steps, arena_size, live_lower_bound) = plan_memory(graph, &mut values)?;
+    let n = steps.len();
+    // Segments from cut markers; each segment's new weights form one section.
+    let mut bounds: Vec<(usize, String)> = vec![(0, format!("{}.start", graph.name))];
+    for c in &graph.cuts {
+        if c.at_node == 0 {
+            bounds[0].1 = c.label.clone();
+        } else if c.at_node < n && bounds.last().is_some_and(|b| b.0 < c.at_node) {
+            bounds.push((c.at_node, c.label.clone()));
+        }
+    }
+    let mut segments = Vec::with_capacity(bounds.len());
+    for (j, (start, label)) in bounds.iter().enumerate() {
+        let end = bounds.get(j + 1).map_or(n, |b| b.0);
+        let mut used: Vec<u32> = Vec::new();
+        for step in &steps[*start..end] {
+            for &i in &step.inputs {
+                if let Storage::Weight(t) = values[i as usize].storage {
+                    if !used.contains(&t) {
+                        used.push(t);
+                    }
+                }
+            }
+        }
+        segments.push(Segment {
+            first_step: *start as u32,
+            end_step: end as u32,
+            label: label.clone(),
+            section: table.assign_section(&used),
+        });
+    }
+    Ok(Stage {
+        name: graph.name.clone(),
+        kind,
+        width,
+        height,
+        values,
+        steps,
+        segments,
+        inputs: graph.inputs.iter().map(|v| v.0).collect(),
+        outputs: graph.outputs.iter().map(|v| v.0).collect(),
+        arena_size,
+        live_lower_bound,
+    })
+}
+
+
+/// Lifetimes, the verified greedy arena layout and per-step scratch for `graph` whose values
+/// have the storage kinds in `values` (arena offsets are filled in). Returns the steps, the
+/// arena size and the liveness lower bound.
+fn plan_memory(graph: &Graph, values: &mut [ValueEntry]) -> Result<(Vec<Step>, u64, u64)> {
+    let nv = values.len();
+    let mut root: Vec<usize> = (0..nv).collect();
     for node in &graph.nodes {
         if let Op::Reshape = node.op {
             let src = node.inputs[0].idx();
@@ -274,48 +324,33 @@ pub fn lower(
             a.offset = offset_of_root[root[i]].unwrap_or(0);
         }
     }
-    // Segments from cut markers; each segment's new weights form one section.
-    let mut bounds: Vec<(usize, String)> = vec![(0, format!("{}.start", graph.name))];
-    for c in &graph.cuts {
-        if c.at_node == 0 {
-            bounds[0].1 = c.label.clone();
-        } else if c.at_node < n && bounds.last().is_some_and(|b| b.0 < c.at_node) {
-            bounds.push((c.at_node, c.label.clone()));
-        }
-    }
-    let mut segments = Vec::with_capacity(bounds.len());
-    for (j, (start, label)) in bounds.iter().enumerate() {
-        let end = bounds.get(j + 1).map_or(n, |b| b.0);
-        let mut used: Vec<u32> = Vec::new();
-        for step in &steps[*start..end] {
-            for &i in &step.inputs {
-                if let Storage::Weight(t) = values[i as usize].storage {
-                    if !used.contains(&t) {
-                        used.push(t);
-                    }
-                }
+    Ok((steps, arena_size, live_lower_bound))
+}
+
+/// The arena a graph needs, assuming `weight_dtype` for every weight (for planning
+/// decisions such as the VAE tile size, before any weight is loaded).
+pub fn arena_estimate(graph: &Graph, weight_dtype: DType) -> Result<u64> {
+    let mut values: Vec<ValueEntry> = graph
+        .values
+        .iter()
+        .map(|v| {
+            let weight = matches!(v.source, Source::Weight(_) | Source::Const(_));
+            ValueEntry {
+                dtype: if weight { weight_dtype } else { v.dtype },
+                shape: v.shape.clone(),
+                storage: if weight {
+                    Storage::Weight(0)
+                } else {
+                    Storage::Arena(ArenaSlice {
+                        arena: 0,
+                        offset: 0,
+                        len: f32_bytes(&v.shape, v.dtype),
+                    })
+                },
             }
-        }
-        segments.push(Segment {
-            first_step: *start as u32,
-            end_step: end as u32,
-            label: label.clone(),
-            section: table.assign_section(&used),
-        });
-    }
-    Ok(Stage {
-        name: graph.name.clone(),
-        kind,
-        width,
-        height,
-        values,
-        steps,
-        segments,
-        inputs: graph.inputs.iter().map(|v| v.0).collect(),
-        outputs: graph.outputs.iter().map(|v| v.0).collect(),
-        arena_size,
-        live_lower_bound,
-    })
+        })
+        .collect();
+    Ok(plan_memory(graph, &mut values)?.1)
 }
 
 /// The kinds of weight whose values are matrices (for `inspect`).

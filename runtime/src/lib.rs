@@ -14,9 +14,12 @@ pub mod plan;
 pub mod rng;
 pub mod sampler;
 pub mod session;
+pub mod sign;
+pub mod tiling;
 pub mod tokenizer;
 
 pub use error::{Error, Result};
 pub use pipeline::{generate, GenerateParams, Generated, Progress};
 pub use plan::Plan;
 pub use session::{Session, StageInput};
+pub use sign::{SignatureError, TrustedKey};

@@ -88,6 +88,41 @@ pub fn available_sizes(meta: &PlanMeta) -> String {
         .join(", ")
 }
 
+/// Decodes final latents `[c, h, w]` into an image `[3, H, W]` with the size's VAE decoder,
+/// tile by tile when the plan says so.
+pub fn decode_latents(
+    session: &mut Session<'_>,
+    size: &edge_schema::plan::ImageSize,
+    latents: &[f32],
+) -> Result<Vec<f32>> {
+    let meta = session.plan().meta();
+    let dec = &meta.stages[size.decoder_stage as usize];
+    let mut image = vec![0f32; numel(dec, dec.outputs[0])];
+    match &size.decoder_tiling {
+        None => {
+            session.run_stage(size.decoder_stage, &[StageInput::F32(latents)], &mut [&mut image])?;
+        }
+        Some(t) => {
+            let lshape = &dec.values[dec.inputs[0] as usize].shape;
+            let grid = crate::tiling::TileGrid {
+                channels: lshape[0] as usize,
+                latent_h: lshape[1] as usize,
+                latent_w: lshape[2] as usize,
+                tile_h: t.tile_latent_h as usize,
+                tile_w: t.tile_latent_w as usize,
+                overlap_h: t.overlap_latent_h as usize,
+                overlap_w: t.overlap_latent_w as usize,
+                scale: meta.vae.downscale as usize,
+            };
+            let stage = t.stage;
+            crate::tiling::decode_tiled(&grid, latents, &mut image, |tile, out| {
+                session.run_stage(stage, &[StageInput::F32(tile)], &mut [out])
+            })?;
+        }
+    }
+    Ok(image)
+}
+
 /// Runs the whole pipeline. `progress` is called after each phase and step.
 pub fn generate(
     session: &mut Session<'_>,
@@ -192,9 +227,7 @@ pub fn generate(
             total: timesteps.len(),
         });
     }
-    let dec = &meta.stages[size.decoder_stage as usize];
-    let mut image = vec![0f32; numel(dec, dec.outputs[0])];
-    session.run_stage(size.decoder_stage, &[StageInput::F32(&latents)], &mut [&mut image])?;
+    let image = decode_latents(session, &size, &latents)?;
     progress(Progress::Decoded);
     let rgb = crate::image::to_rgb8(&image, params.width as usize, params.height as usize);
     Ok(Generated {

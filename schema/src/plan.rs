@@ -95,6 +95,28 @@ pub struct ImageSize {
     pub denoiser_stage: u32,
     /// Index into [`PlanMeta::stages`] of the VAE decoder for this size.
     pub decoder_stage: u32,
+    /// When set, the image is decoded tile by tile with this plan instead of by
+    /// `decoder_stage` at once.
+    pub decoder_tiling: Option<VaeTiling>,
+}
+
+/// A planned tiled VAE decode: the latent image is covered by tiles of
+/// `tile_latent_w × tile_latent_h` latent pixels overlapping by `overlap_latent_*` latent
+/// pixels; each tile is decoded by `stage` (a VAE decoder compiled for the tile size) and the
+/// decoded tiles are blended linearly over their overlap (as stable-diffusion.cpp's
+/// `sd_tiling` and diffusers' `AutoencoderKL.tiled_decode` do).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VaeTiling {
+    /// Index into [`PlanMeta::stages`] of the tile decoder.
+    pub stage: u32,
+    /// Tile width in latent pixels.
+    pub tile_latent_w: u32,
+    /// Tile height in latent pixels.
+    pub tile_latent_h: u32,
+    /// Overlap between neighbouring tiles along x, in latent pixels (< tile width).
+    pub overlap_latent_w: u32,
+    /// Overlap between neighbouring tiles along y, in latent pixels (< tile height).
+    pub overlap_latent_h: u32,
 }
 
 /// What a stage computes; fixes the meaning of its inputs and outputs.

@@ -88,6 +88,28 @@ pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
                 .get(idx as usize)
                 .is_some_and(|s| s.kind == kind && s.width == sz.width && s.height == sz.height)
         };
+        if let Some(t) = &sz.decoder_tiling {
+            let ds = meta.vae.downscale;
+            let (lw, lh) = (sz.width / ds.max(1), sz.height / ds.max(1));
+            let tile_ok = meta.stages.get(t.stage as usize).is_some_and(|s| {
+                s.kind == StageKind::VaeDecoder
+                    && u64::from(s.width) == u64::from(t.tile_latent_w) * u64::from(ds)
+                    && u64::from(s.height) == u64::from(t.tile_latent_h) * u64::from(ds)
+            });
+            if !tile_ok
+                || t.tile_latent_w == 0
+                || t.tile_latent_h == 0
+                || t.tile_latent_w > lw
+                || t.tile_latent_h > lh
+                || t.overlap_latent_w >= t.tile_latent_w
+                || t.overlap_latent_h >= t.tile_latent_h
+            {
+                return Err(invalid(format!(
+                    "size {}x{}: VAE tiling {t:?} does not fit the image or names a wrong stage",
+                    sz.width, sz.height
+                )));
+            }
+        }
         if !ok(sz.denoiser_stage, StageKind::Denoiser) || !ok(sz.decoder_stage, StageKind::VaeDecoder)
         {
             return Err(invalid(format!(
