@@ -8,12 +8,14 @@
 #![deny(unsafe_code)]
 
 pub mod arena;
+pub mod budget;
 pub mod compile;
 pub mod error;
 pub mod inspect;
 pub mod load;
 pub mod lower;
 pub mod pack;
+pub mod sign;
 pub mod synth;
 pub mod tiling;
 pub mod write;

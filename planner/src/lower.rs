@@ -223,6 +223,7 @@ pub fn lower(
         outputs: graph.outputs.iter().map(|v| v.0).collect(),
         arena_size,
         live_lower_bound,
+        segmented: false,
     })
 }
 

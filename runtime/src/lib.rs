@@ -14,6 +14,7 @@ pub mod plan;
 pub mod rng;
 pub mod sampler;
 pub mod session;
+pub mod stream;
 pub mod sign;
 pub mod tiling;
 pub mod tokenizer;

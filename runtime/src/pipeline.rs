@@ -43,6 +43,8 @@ pub struct Generated {
     pub rgb: Vec<u8>,
     /// Whether the prompt (or the negative prompt) was cut to the maximum sequence length.
     pub truncated: bool,
+    /// Weight bytes made resident (first loads and re-reads) during each sampler step.
+    pub streamed_per_step: Vec<u64>,
 }
 
 /// Progress events reported while generating.
@@ -192,7 +194,9 @@ pub fn generate(
     let mut model_in = vec![0f32; latent_len];
     let mut eps_c = vec![0f32; latent_len];
     let mut eps_u = vec![0f32; latent_len];
+    let mut streamed_per_step = Vec::with_capacity(timesteps.len());
     for (i, &t) in timesteps.iter().enumerate() {
+        let streamed_before = session.streamer().streamed_bytes();
         sampler.scale_model_input(i, &latents, &mut model_in)?;
         let tt = [t];
         session.run_stage(
@@ -222,6 +226,7 @@ pub fn generate(
             }
         }
         sampler.step(i, &eps_c, &mut latents)?;
+        streamed_per_step.push(session.streamer().streamed_bytes() - streamed_before);
         progress(Progress::Step {
             done: i + 1,
             total: timesteps.len(),
@@ -234,5 +239,6 @@ pub fn generate(
         latents,
         rgb,
         truncated,
+        streamed_per_step,
     })
 }

@@ -226,6 +226,9 @@ pub struct Stage {
     /// The maximum over steps of the bytes of values live at that step (a lower bound for any
     /// arena layout).
     pub live_lower_bound: u64,
+    /// Whether the planner chose segment-by-segment execution (weights streamed per segment)
+    /// because the stage does not fit the budget monolithic.
+    pub segmented: bool,
 }
 
 /// Weight layout inside a tensor's bytes.
@@ -280,6 +283,8 @@ pub struct PlanMeta {
     /// What the planner decided that differs from what was asked (type fallbacks), for
     /// `edgeplan inspect`.
     pub notes: Vec<String>,
+    /// The memory budget (weights resident + arena, bytes) the plan was compiled for.
+    pub budget: Option<u64>,
 }
 
 impl PlanMeta {

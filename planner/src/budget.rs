@@ -1,0 +1,158 @@
+//! Planning under a memory budget: monolithic or segmented execution per stage, and the
+//! predicted peak.
+//!
+//! A stage's monolithic peak is the bytes of all the weights it reads plus the session arena
+//! (the largest stage arena, allocated once). If it fits the budget minus [`HEADROOM`], the
+//! stage runs monolithic; otherwise it runs segment by segment, and every segment together with
+//! the next one (which the runtime prefetches) plus the arena must fit, or compiling fails and
+//! names the segment and what it needs.
+
+use edge_schema::plan::{PlanMeta, Stage, Storage, TensorEntry};
+
+use crate::error::{PlanError, Result};
+
+/// Planning headroom kept free under the budget for the process itself (code, stacks, host
+/// buffers, allocator slack), in bytes.
+pub const HEADROOM: u64 = 128 << 20;
+
+/// `--segments`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SegmentMode {
+    /// Monolithic when the stage fits the budget with headroom, segmented otherwise.
+    #[default]
+    Auto,
+    /// Always monolithic (compiling fails if a stage does not fit).
+    Monolithic,
+    /// One segment per cut marker whatever the budget.
+    EveryCut,
+}
+
+impl std::str::FromStr for SegmentMode {
+    type Err = PlanError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(SegmentMode::Auto),
+            "monolithic" => Ok(SegmentMode::Monolithic),
+            "every-cut" => Ok(SegmentMode::EveryCut),
+            other => Err(PlanError::Invalid(format!(
+                "--segments `{other}`: expected auto, monolithic or every-cut"
+            ))),
+        }
+    }
+}
+
+/// Parses sizes like `1.5G`, `800M`, `64K` or plain bytes (binary units).
+pub fn parse_size(s: &str, flag: &str) -> Result<u64> {
+    let t = s.trim();
+    let err = |why: &str| PlanError::Invalid(format!("{flag} `{s}`: {why} (expected a size like 1.5G or 800M)"));
+    let (num, mult) = match t.chars().last() {
+        Some(c) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(err("unknown unit")),
+            };
+            (&t[..t.len() - 1], m)
+        }
+        _ => (t, 1),
+    };
+    let v: f64 = num.trim().parse().map_err(|_| err("not a number"))?;
+    if !(v.is_finite() && v > 0.0) {
+        return Err(err("must be positive"));
+    }
+    Ok((v * mult as f64) as u64)
+}
+
+fn tensors_of(stage: &Stage, first: usize, end: usize) -> Vec<u32> {
+    let mut ts = Vec::new();
+    for step in stage.steps.get(first..end).unwrap_or(&[]) {
+        for &i in &step.inputs {
+            if let Some(Storage::Weight(t)) = stage.values.get(i as usize).map(|v| &v.storage) {
+                if !ts.contains(t) {
+                    ts.push(*t);
+                }
+            }
+        }
+    }
+    ts
+}
+
+fn bytes(ts: &[u32], tensors: &[TensorEntry]) -> u64 {
+    ts.iter().map(|&t| tensors[t as usize].len).sum()
+}
+
+/// Memory figures of one stage, in bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StageMemory {
+    pub weights: u64,
+    /// Weights + session arena.
+    pub monolithic_peak: u64,
+    /// The largest (segment + next segment) weights + arena.
+    pub segmented_peak: u64,
+    pub segmented: bool,
+}
+
+/// Decides monolithic or segmented execution for every stage of `meta` (whose tensor table is
+/// filled) and records it in each stage. Returns the figures per stage.
+pub fn apply(
+    meta: &mut PlanMeta,
+    tensors: &[TensorEntry],
+    budget: Option<u64>,
+    mode: SegmentMode,
+) -> Result<Vec<StageMemory>> {
+    let arena = meta.stages.iter().map(|s| s.arena_size).max().unwrap_or(0);
+    let limit = budget.map(|b| b.saturating_sub(HEADROOM));
+    let mut out = Vec::with_capacity(meta.stages.len());
+    for st in meta.stages.iter_mut() {
+        let weights = bytes(&tensors_of(st, 0, st.steps.len()), tensors);
+        let seg_w: Vec<u64> = st
+            .segments
+            .iter()
+            .map(|g| bytes(&tensors_of(st, g.first_step as usize, g.end_step as usize), tensors))
+            .collect();
+        let mut worst = (0u64, 0usize);
+        for j in 0..seg_w.len() {
+            let pair = seg_w[j] + seg_w.get(j + 1).copied().unwrap_or(0);
+            if pair > worst.0 {
+                worst = (pair, j);
+            }
+        }
+        let monolithic_peak = weights + arena;
+        let segmented_peak = worst.0 + arena;
+        let segmented = match mode {
+            SegmentMode::EveryCut => true,
+            SegmentMode::Monolithic => false,
+            SegmentMode::Auto => limit.is_some_and(|l| monolithic_peak > l),
+        };
+        if let Some(l) = limit {
+            let need = if segmented { segmented_peak } else { monolithic_peak };
+            if need > l {
+                let what = if segmented {
+                    let seg = &st.segments[worst.1];
+                    format!(
+                        "segment {} ({}) with the next one prefetched needs {} bytes of weights + {arena} of arena",
+                        worst.1, seg.label, worst.0
+                    )
+                } else {
+                    format!("running it monolithic needs {weights} bytes of weights + {arena} of arena")
+                };
+                return Err(PlanError::Invalid(format!(
+                    "--max-ram: stage {} does not fit: {what} = {need} bytes, but the budget leaves {l} bytes ({} minus {HEADROOM} of headroom)",
+                    st.name,
+                    budget.unwrap_or(0)
+                )));
+            }
+        }
+        st.segmented = segmented;
+        out.push(StageMemory {
+            weights,
+            monolithic_peak,
+            segmented_peak,
+            segmented,
+        });
+    }
+    meta.budget = budget;
+    Ok(out)
+}
