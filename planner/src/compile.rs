@@ -66,7 +66,7 @@ pub struct SourceResolver<'a> {
 impl SourceResolver<'_> {
     fn stored(&self, name: &str) -> String {
         match self.source.stored_name(name) {
-            Some(s) => format!(" (stored as `{s}`)"),
+            Some(s) => format!(" (stored as {s})"),
             None => String::new(),
         }
     }
@@ -77,8 +77,8 @@ impl WeightResolver for SourceResolver<'_> {
     /// stored fused (original PixArt `attn.qkv`) is served whole, in its stored type; else
     /// the parts are read one by one and concatenated along axis 0.
     ///
-    /// Errors: [`PlanError::Invalid`] naming the missing tensor (and its stored name) with
-    /// the expected shape; [`PlanError::WeightShape`] naming the part whose shape disagrees.
+    /// Errors: [`PlanError::MissingWeight`] naming the missing tensor, the file, its stored
+    /// name when it differs, and the expected shape; [`PlanError::WeightShape`] naming the part whose shape disagrees.
     fn resolve(&self, spec: &WeightSpec, shape: &[u64]) -> Result<LoadedWeight> {
         let found_of = |t: &crate::load::RawTensor<'_>| -> Vec<u64> {
             t.shape.iter().map(|&d| d as u64).collect()
@@ -97,7 +97,13 @@ impl WeightResolver for SourceResolver<'_> {
             if let Some(t) = self.source.fused(&spec.parts)? {
                 let found = found_of(&t);
                 if found != shape {
-                    let name = format!("{}{}", spec.parts.join(" + "), self.stored(&spec.parts[0]));
+                    // The fused tensor is stored whole: drop the part's row range.
+                    let stored = self.stored(&spec.parts[0]);
+                    let stored = match stored.split_once(" (rows part") {
+                        Some((whole, _)) => format!("{whole})"),
+                        None => stored,
+                    };
+                    let name = format!("{}{stored}", spec.parts.join(" + "));
                     return Err(shape_err(name, found, shape.to_vec()));
                 }
                 return Ok(LoadedWeight {
@@ -116,13 +122,17 @@ impl WeightResolver for SourceResolver<'_> {
         }
         let mut parts = Vec::with_capacity(spec.parts.len());
         for name in &spec.parts {
-            let t = self.source.tensor(name)?.ok_or_else(|| {
-                PlanError::Invalid(format!(
-                    "tensor `{name}`{} is missing from {}; expected shape {expected:?}",
-                    self.stored(name),
-                    self.source.describe()
-                ))
-            })?;
+            let t = self
+                .source
+                .tensor(name)?
+                .ok_or_else(|| PlanError::MissingWeight {
+                    tensor: name.clone(),
+                    source_desc: format!(
+                        "{}{}; expected shape {expected:?}",
+                        self.source.describe(),
+                        self.stored(name)
+                    ),
+                })?;
             let found = found_of(&t);
             if found != expected {
                 return Err(shape_err(
@@ -211,6 +221,9 @@ pub struct ComponentFiles {
     /// The transformer's native latent size (`sample_size`) when there is no folder config;
     /// default: GGUF `pixart.sample_size`, else 128 (PixArt-XL 1024 px).
     pub sample_size: Option<usize>,
+    /// GroupNorm groups of the VAE when there is no folder config (shapes cannot tell);
+    /// default 32, as in every published SD / SDXL VAE.
+    pub vae_norm_groups: Option<usize>,
 }
 
 impl ComponentFiles {
@@ -461,9 +474,13 @@ fn infer_t5_config(src: &dyn TensorSource) -> Result<serde_json::Value> {
 /// A VAE config inferred from shapes (diffusers `AutoencoderKL` names): up block `i` of the
 /// decoder has `block_out_channels[n-1-i]` channels (`decoder.up_blocks.i.resnets.0.conv2.weight`),
 /// `layers_per_block + 1` resnets; latent channels from `decoder.conv_in.weight`, output
-/// channels from `decoder.conv_out.weight`. GroupNorm groups cannot be read from shapes: 32
-/// (every published SD/SDXL VAE). `scaling_factor` from the model family.
-fn infer_vae_config(src: &dyn TensorSource, scaling_factor: f32) -> Result<serde_json::Value> {
+/// channels from `decoder.conv_out.weight`. GroupNorm groups cannot be read from shapes:
+/// `groups`, default 32 (every published SD/SDXL VAE). `scaling_factor` from the model family.
+fn infer_vae_config(
+    src: &dyn TensorSource,
+    scaling_factor: f32,
+    groups: Option<usize>,
+) -> Result<serde_json::Value> {
     let names = src.names();
     let n = count_indexed(&names, "decoder.up_blocks.", ".resnets.0.conv2.weight");
     if n == 0 {
@@ -492,7 +509,7 @@ fn infer_vae_config(src: &dyn TensorSource, scaling_factor: f32) -> Result<serde
         "out_channels": out,
         "latent_channels": latent,
         "layers_per_block": resnets.saturating_sub(1).max(1),
-        "norm_num_groups": 32,
+        "norm_num_groups": groups.unwrap_or(32),
         "scaling_factor": scaling_factor,
         "use_quant_conv": has("quant_conv."),
         "use_post_quant_conv": has("post_quant_conv."),
@@ -521,11 +538,24 @@ fn cfg_err(dir: &Path, e: edge_models::config::ConfigError) -> PlanError {
 
 /// Compiles an opened pipeline folder.
 pub fn compile_pipeline(folder: &PipelineFolder, opts: &CompileOptions) -> Result<Compiled> {
-    let inputs = Inputs {
+    compile_inputs_impl(folder_inputs(folder, None)?, opts)
+}
+
+/// The inputs of a pipeline folder; `tokenizer_file` replaces its tokenizer folder.
+fn folder_inputs<'a>(
+    folder: &'a PipelineFolder,
+    tokenizer_file: Option<&Path>,
+) -> Result<Inputs<'a>> {
+    Ok(Inputs {
         name: folder_name(&folder.root),
         pipeline_class: folder.pipeline_class.clone(),
         family: family_of(folder)?,
-        tok: tokenizer::load_tokenizer_dir(&folder.tokenizer_dir).map_err(LoadError::from)?,
+        tok: match tokenizer_file {
+            Some(p) => load_tokenizer_file(p)?,
+            None => {
+                tokenizer::load_tokenizer_dir(&folder.tokenizer_dir).map_err(LoadError::from)?
+            }
+        },
         sched: scheduler::load_scheduler_config(&folder.scheduler_config)
             .map_err(LoadError::from)?,
         t5_cfg: T5Config::from_json(&folder.text_encoder.config)
@@ -537,8 +567,7 @@ pub fn compile_pipeline(folder: &PipelineFolder, opts: &CompileOptions) -> Resul
         t5: folder.text_encoder.tensors.as_ref(),
         dit: folder.transformer.tensors.as_ref(),
         vae: folder.vae.tensors.as_ref(),
-    };
-    compile_inputs_impl(inputs, opts)
+    })
 }
 
 fn folder_name(root: &Path) -> String {
@@ -572,28 +601,7 @@ pub fn compile_inputs(
     let vae_file = open_opt(&files.vae)?;
     if let Some(dir) = dir {
         let folder = PipelineFolder::open(dir)?;
-        let mut inputs = Inputs {
-            name: folder_name(&folder.root),
-            pipeline_class: folder.pipeline_class.clone(),
-            family: family_of(&folder)?,
-            tok: match &files.tokenizer {
-                Some(p) => load_tokenizer_file(p)?,
-                None => {
-                    tokenizer::load_tokenizer_dir(&folder.tokenizer_dir).map_err(LoadError::from)?
-                }
-            },
-            sched: scheduler::load_scheduler_config(&folder.scheduler_config)
-                .map_err(LoadError::from)?,
-            t5_cfg: T5Config::from_json(&folder.text_encoder.config)
-                .map_err(|e| cfg_err(&folder.text_encoder.dir, e))?,
-            dit_cfg: PixArtConfig::from_json(&folder.transformer.config)
-                .map_err(|e| cfg_err(&folder.transformer.dir, e))?,
-            vae_cfg: VaeConfig::from_json(&folder.vae.config)
-                .map_err(|e| cfg_err(&folder.vae.dir, e))?,
-            t5: folder.text_encoder.tensors.as_ref(),
-            dit: folder.transformer.tensors.as_ref(),
-            vae: folder.vae.tensors.as_ref(),
-        };
+        let mut inputs = folder_inputs(&folder, files.tokenizer.as_deref())?;
         if let Some((s, _)) = &dit_file {
             inputs.dit = s.as_ref();
         }
@@ -644,7 +652,7 @@ pub fn compile_inputs(
         ))
     };
     let t5_json = infer_t5_config(t5.as_ref())?;
-    let vae_json = infer_vae_config(vae.as_ref(), scale)?;
+    let vae_json = infer_vae_config(vae.as_ref(), scale, files.vae_norm_groups)?;
     let dit_path = files.diffusion_model.as_deref().unwrap_or(Path::new(""));
     let inputs = Inputs {
         name: dit_path
@@ -765,6 +773,7 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
             height: h,
             denoiser_stage,
             decoder_stage,
+            decoder_tiling: None,
         });
     }
     let meta = PlanMeta {
@@ -792,6 +801,7 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         tensors: vec![],
         sections: vec![],
         notes: vec![],
+        budget: None,
     };
     Ok(Compiled { meta, table })
 }

@@ -98,24 +98,30 @@ pub fn decode_latents(
     latents: &[f32],
 ) -> Result<Vec<f32>> {
     let meta = session.plan().meta();
-    let dec = &meta.stages[size.decoder_stage as usize];
-    let mut image = vec![0f32; numel(dec, dec.outputs[0])];
+    let ds = meta.vae.downscale as usize;
+    let (w, h) = (size.width as usize, size.height as usize);
+    let mut image = vec![0f32; 3 * w * h];
     match &size.decoder_tiling {
         None => {
             session.run_stage(size.decoder_stage, &[StageInput::F32(latents)], &mut [&mut image])?;
         }
         Some(t) => {
-            let lshape = &dec.values[dec.inputs[0] as usize].shape;
             let grid = crate::tiling::TileGrid {
-                channels: lshape[0] as usize,
-                latent_h: lshape[1] as usize,
-                latent_w: lshape[2] as usize,
+                channels: meta.vae.latent_channels as usize,
+                latent_h: h / ds,
+                latent_w: w / ds,
                 tile_h: t.tile_latent_h as usize,
                 tile_w: t.tile_latent_w as usize,
                 overlap_h: t.overlap_latent_h as usize,
                 overlap_w: t.overlap_latent_w as usize,
-                scale: meta.vae.downscale as usize,
+                scale: ds,
             };
+            if latents.len() != grid.channels * grid.latent_h * grid.latent_w {
+                return Err(Error::Argument {
+                    flag: "latents",
+                    reason: format!("{} values for a {w}x{h} image", latents.len()),
+                });
+            }
             let stage = t.stage;
             crate::tiling::decode_tiled(&grid, latents, &mut image, |tile, out| {
                 session.run_stage(stage, &[StageInput::F32(tile)], &mut [out])

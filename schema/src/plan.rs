@@ -93,10 +93,11 @@ pub struct ImageSize {
     pub height: u32,
     /// Index into [`PlanMeta::stages`] of the denoiser for this size.
     pub denoiser_stage: u32,
-    /// Index into [`PlanMeta::stages`] of the VAE decoder for this size.
+    /// Index into [`PlanMeta::stages`] of the VAE decoder for this size (the tile decoder
+    /// when `decoder_tiling` is set).
     pub decoder_stage: u32,
-    /// When set, the image is decoded tile by tile with this plan instead of by
-    /// `decoder_stage` at once.
+    /// When set, the image is decoded tile by tile by the tile decoder `stage` (which then
+    /// equals `decoder_stage`) instead of at once.
     pub decoder_tiling: Option<VaeTiling>,
 }
 

@@ -110,8 +110,11 @@ pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
                 )));
             }
         }
-        if !ok(sz.denoiser_stage, StageKind::Denoiser) || !ok(sz.decoder_stage, StageKind::VaeDecoder)
-        {
+        let decoder_ok = match &sz.decoder_tiling {
+            None => ok(sz.decoder_stage, StageKind::VaeDecoder),
+            Some(t) => sz.decoder_stage == t.stage,
+        };
+        if !ok(sz.denoiser_stage, StageKind::Denoiser) || !decoder_ok {
             return Err(invalid(format!(
                 "size {}x{} points at stages of the wrong kind or size",
                 sz.width, sz.height

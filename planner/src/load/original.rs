@@ -40,7 +40,7 @@ struct Origin {
     /// The original name, without the prefix.
     name: String,
     /// `(index, count)` when the tensor is rows `index/count` of a fused tensor.
-    part: Option<(usize, usize)>,
+    part: Part,
 }
 
 /// `(diffusers stem, original stem)` for the non-block tensors; suffixes `.weight`/`.bias`
@@ -78,8 +78,11 @@ const GLOBAL_STEMS: [(&str, &str); 12] = [
     ("scale_shift_table", "final_layer.scale_shift_table"),
 ];
 
+/// `(index, count)`: rows `index/count` of a fused tensor.
+type Part = Option<(usize, usize)>;
+
 /// `(diffusers stem inside a block, original stem inside a block, part)`.
-const BLOCK_STEMS: [(&str, &str, Option<(usize, usize)>); 11] = [
+const BLOCK_STEMS: [(&str, &str, Part); 11] = [
     ("scale_shift_table", "scale_shift_table", None),
     ("attn1.to_q", "attn.qkv", Some((0, 3))),
     ("attn1.to_k", "attn.qkv", Some((1, 3))),
@@ -214,7 +217,7 @@ fn rows_part<'a>(t: RawTensor<'a>, index: usize, count: usize) -> RawTensor<'a> 
     let Some(&rows) = t.shape.first() else {
         return t;
     };
-    if count == 0 || rows % count != 0 || t.data.len() % count != 0 {
+    if count == 0 || !rows.is_multiple_of(count) || !t.data.len().is_multiple_of(count) {
         return t;
     }
     let per = t.data.len() / count;

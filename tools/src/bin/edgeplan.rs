@@ -11,7 +11,11 @@ use edge_schema::plan::{Isa, Target};
 use edge_schema::DType;
 
 #[derive(Parser)]
-#[command(name = "edgeplan", version, about = "Compile diffusion models into ahead-of-time plans")]
+#[command(
+    name = "edgeplan",
+    version,
+    about = "Compile diffusion models into ahead-of-time plans"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -19,19 +23,91 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Compile a diffusers PixArt pipeline folder into a plan.
-    Compile(CompileArgs),
+    /// Compile a diffusers PixArt pipeline folder, or single model files (--diffusion-model, --t5xxl, --vae, --tokenizer), into a plan.
+    Compile(Box<CompileArgs>),
     /// Print a plan's stages, arena sizes, liveness bounds and weight bytes.
     Inspect {
         /// The plan file.
         plan: PathBuf,
     },
+    /// Write a real-shape, random-weight PixArt pipeline folder (nothing downloaded).
+    Synth(SynthArgs),
+    /// Generate an Ed25519 signing key: KEY (secret 32-byte seed, hex) and KEY.pub (public
+    /// key, hex).
+    Keygen {
+        /// The secret key file to create (KEY.pub is written beside it); never overwritten.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Sign a plan in place (or into --output) with an Ed25519 key from `keygen`.
+    Sign {
+        /// The plan file; it must verify in full before it is signed.
+        plan: PathBuf,
+        /// The secret key file (64 hex digits or 32 raw bytes).
+        #[arg(long)]
+        key: PathBuf,
+        /// Write the signed plan here instead of replacing PLAN.
+        #[arg(short = 'o', long = "output")]
+        output: Option<PathBuf>,
+    },
+    /// Verify every digest of a plan (and, with --trusted-key, its signature).
+    Verify {
+        /// The plan file.
+        plan: PathBuf,
+        /// Require a valid signature by this public key (KEY.pub).
+        #[arg(long)]
+        trusted_key: Option<PathBuf>,
+    },
+}
+
+#[derive(clap::Args)]
+struct SynthArgs {
+    /// Preset: pixart-sigma-xl2-1024 (PixArt-Σ XL-2 + T5-XXL + SDXL VAE) or pixart-sigma-small.
+    #[arg(long)]
+    preset: String,
+    /// Output pipeline folder (created; must be absent or empty unless --force).
+    #[arg(short = 'o', long = "output")]
+    output: PathBuf,
+    /// Seed of the weights (same seed, same bytes).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Storage type of the weights: f16, f32 or bf16.
+    #[arg(long, default_value = "f16")]
+    dtype: String,
+    /// Pipeline folder whose tokenizer/ and scheduler/ are copied.
+    #[arg(long, default_value = "demo/pixart-shapes-64")]
+    tokenizer_from: PathBuf,
+    /// Replace a non-empty output folder.
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(clap::Args)]
 struct CompileArgs {
     /// The diffusers pipeline folder (model_index.json, transformer/, text_encoder/, vae/, tokenizer/, scheduler/).
-    model: PathBuf,
+    /// Optional when --diffusion-model, --t5xxl, --vae and --tokenizer are all given.
+    model: Option<PathBuf>,
+    /// Transformer weights (safetensors or GGUF; diffusers or original PixArt names), replacing the folder's.
+    #[arg(long)]
+    diffusion_model: Option<PathBuf>,
+    /// T5 encoder weights (safetensors), replacing the folder's.
+    #[arg(long)]
+    t5xxl: Option<PathBuf>,
+    /// VAE weights (diffusers AutoencoderKL safetensors), replacing the folder's.
+    #[arg(long)]
+    vae: Option<PathBuf>,
+    /// Tokenizer file (spiece.model or tokenizer.json), replacing the folder's.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Attention heads of the transformer when there is no folder config (PixArt-XL: 16).
+    #[arg(long)]
+    heads: Option<usize>,
+    /// Native latent size of the transformer when there is no folder config (default 128).
+    #[arg(long)]
+    sample_size: Option<usize>,
+    /// GroupNorm groups of the VAE when there is no folder config (default 32).
+    #[arg(long)]
+    vae_norm_groups: Option<usize>,
     /// Image width in pixels; repeat (or give a comma list) for several sizes, paired with -H.
     #[arg(short = 'W', long = "width", value_delimiter = ',', required = true)]
     width: Vec<u32>,
@@ -73,14 +149,20 @@ fn parse_target(s: &str) -> Result<Target> {
         "generic" => (Isa::Generic, vec![]),
         "x86_64" | "x86-64" => (Isa::X86_64, vec![]),
         "aarch64" | "aarch64-neon" => (Isa::Aarch64, vec!["neon".to_string()]),
-        other => bail!("--target: unknown target `{other}` (expected generic, x86_64, aarch64-neon)"),
+        other => {
+            bail!("--target: unknown target `{other}` (expected generic, x86_64, aarch64-neon)")
+        }
     };
     Ok(Target { isa, features })
 }
 
 fn compile(a: CompileArgs) -> Result<()> {
     let sizes: Vec<(u32, u32)> = if a.height.len() == a.width.len() {
-        a.width.iter().copied().zip(a.height.iter().copied()).collect()
+        a.width
+            .iter()
+            .copied()
+            .zip(a.height.iter().copied())
+            .collect()
     } else if a.height.len() == 1 {
         a.width.iter().map(|&w| (w, a.height[0])).collect()
     } else if a.width.len() == 1 {
@@ -93,14 +175,20 @@ fn compile(a: CompileArgs) -> Result<()> {
         );
     };
     let mut policy = PackPolicy {
-        default: a.quant.as_deref().map(|q| parse_type(q, "--quant")).transpose()?,
+        default: a
+            .quant
+            .as_deref()
+            .map(|q| parse_type(q, "--quant"))
+            .transpose()?,
         rules: vec![],
     };
     for r in &a.quant_rule {
         let (p, t) = r
             .split_once('=')
             .with_context(|| format!("--quant-rule `{r}`: expected PATTERN=TYPE"))?;
-        policy.rules.push((p.to_string(), parse_type(t, "--quant-rule")?));
+        policy
+            .rules
+            .push((p.to_string(), parse_type(t, "--quant-rule")?));
     }
     let opts = CompileOptions {
         sizes,
@@ -110,8 +198,25 @@ fn compile(a: CompileArgs) -> Result<()> {
         vae_scale_factor: a.vae_scale_factor,
     };
     let started = std::time::Instant::now();
-    let c = edge_planner::compile_to_file(&a.model, &opts, &a.output)
-        .with_context(|| format!("compiling {}", a.model.display()))?;
+    let files = edge_planner::compile::ComponentFiles {
+        diffusion_model: a.diffusion_model.clone(),
+        t5xxl: a.t5xxl.clone(),
+        vae: a.vae.clone(),
+        tokenizer: a.tokenizer.clone(),
+        heads: a.heads,
+        sample_size: a.sample_size,
+        vae_norm_groups: a.vae_norm_groups,
+    };
+    let what = match (&a.model, &files.diffusion_model) {
+        (Some(m), _) => m.display().to_string(),
+        (None, Some(d)) => d.display().to_string(),
+        (None, None) => {
+            bail!("give a pipeline folder, or --diffusion-model, --t5xxl, --vae and --tokenizer")
+        }
+    };
+    let c =
+        edge_planner::compile::compile_inputs_to_file(a.model.as_deref(), &files, &opts, &a.output)
+            .with_context(|| format!("compiling {what}"))?;
     let len = std::fs::metadata(&a.output).map(|m| m.len()).unwrap_or(0);
     eprintln!(
         "wrote {} ({} bytes, {} stages, {} tensors) in {:.2}s",
@@ -128,18 +233,122 @@ fn inspect(plan: PathBuf) -> Result<()> {
     let bytes = std::fs::read(&plan).with_context(|| format!("reading plan {}", plan.display()))?;
     let meta = edge_planner::inspect::read_meta(&bytes)
         .with_context(|| format!("plan {}", plan.display()))?;
-    print!("{}", edge_planner::inspect::summary(&meta, bytes.len() as u64));
+    print!(
+        "{}",
+        edge_planner::inspect::summary(&meta, bytes.len() as u64)
+    );
+    Ok(())
+}
+
+fn synth(a: SynthArgs) -> Result<()> {
+    use edge_planner::synth;
+    let preset = synth::preset(&a.preset)?;
+    let opts = synth::SynthOptions {
+        seed: a.seed,
+        dtype: synth::WeightDType::from_name(&a.dtype).context("--dtype")?,
+        tokenizer_from: a.tokenizer_from,
+        force: a.force,
+    };
+    let started = std::time::Instant::now();
+    let r = synth::synthesize(&preset, &a.output, &opts)
+        .with_context(|| format!("writing preset {} to {}", a.preset, a.output.display()))?;
+    let params: Vec<String> = r
+        .parameters
+        .iter()
+        .map(|(c, n)| format!("{c} {n}"))
+        .collect();
+    eprintln!(
+        "wrote {} ({} bytes in {} weight files; parameters: {}) in {:.2}s",
+        a.output.display(),
+        r.bytes,
+        r.weight_files,
+        params.join(", "),
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
 fn main() {
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Compile(a) => compile(a),
+        Cmd::Compile(a) => compile(*a),
         Cmd::Inspect { plan } => inspect(plan),
+        Cmd::Synth(a) => synth(a),
+        Cmd::Keygen { out } => keygen(out),
+        Cmd::Sign { plan, key, output } => sign(plan, key, output),
+        Cmd::Verify { plan, trusted_key } => verify(plan, trusted_key),
     };
     if let Err(e) = r {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", one_line(&e));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes on one line, `outer: inner`, skipping a cause whose text the line
+/// already holds (errors that print their source would otherwise appear twice).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string().replace('\n', " ");
+        if line.contains(&s) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&s);
+    }
+    line
+}
+
+fn keygen(out: PathBuf) -> Result<()> {
+    let key = edge_planner::sign::SecretKey::generate()?;
+    let pub_path = key.write_pair(&out)?;
+    eprintln!(
+        "wrote secret key {} and public key {} ({})",
+        out.display(),
+        pub_path.display(),
+        edge_schema::header::encode_hex(&key.public_key())
+    );
+    Ok(())
+}
+
+fn sign(plan: PathBuf, key: PathBuf, output: Option<PathBuf>) -> Result<()> {
+    let secret = edge_planner::sign::SecretKey::from_file(&key)?;
+    let out = output.unwrap_or_else(|| plan.clone());
+    edge_planner::sign::sign_file(&plan, &out, &secret)
+        .with_context(|| format!("signing plan {}", plan.display()))?;
+    eprintln!(
+        "signed {} with key {}",
+        out.display(),
+        edge_schema::header::encode_hex(&secret.public_key())
+    );
+    Ok(())
+}
+
+fn verify(plan: PathBuf, trusted_key: Option<PathBuf>) -> Result<()> {
+    let p = match &trusted_key {
+        Some(k) => {
+            let key = edge_runtime::TrustedKey::from_file(k)?;
+            edge_runtime::Plan::open_signed(&plan, &key)
+        }
+        None => edge_runtime::Plan::open(&plan),
+    }?;
+    p.verify_all_sections().map_err(|e| e.in_file(&plan))?;
+    let signer = p
+        .signer()
+        .map(|k| edge_schema::header::encode_hex(&k))
+        .unwrap_or_else(|| "unsigned".into());
+    let how = if trusted_key.is_some() {
+        "signature verified"
+    } else {
+        "signature not checked"
+    };
+    println!(
+        "{}: ok ({} bytes, {} sections; signer {signer}, {how})",
+        plan.display(),
+        p.file_len(),
+        p.meta().sections.len()
+    );
+    Ok(())
 }
