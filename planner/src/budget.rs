@@ -101,9 +101,10 @@ pub fn apply(
     tensors: &[TensorEntry],
     budget: Option<u64>,
     mode: SegmentMode,
+    headroom: u64,
 ) -> Result<Vec<StageMemory>> {
     let arena = meta.stages.iter().map(|s| s.arena_size).max().unwrap_or(0);
-    let limit = budget.map(|b| b.saturating_sub(HEADROOM));
+    let limit = budget.map(|b| b.saturating_sub(headroom));
     let mut out = Vec::with_capacity(meta.stages.len());
     for st in meta.stages.iter_mut() {
         let weights = bytes(&tensors_of(st, 0, st.steps.len()), tensors);
@@ -139,7 +140,7 @@ pub fn apply(
                     format!("running it monolithic needs {weights} bytes of weights + {arena} of arena")
                 };
                 return Err(PlanError::Invalid(format!(
-                    "--max-ram: stage {} does not fit: {what} = {need} bytes, but the budget leaves {l} bytes ({} minus {HEADROOM} of headroom)",
+                    "--max-ram: stage {} does not fit: {what} = {need} bytes, but the budget leaves {l} bytes ({} minus {headroom} of headroom)",
                     st.name,
                     budget.unwrap_or(0)
                 )));

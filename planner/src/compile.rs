@@ -12,7 +12,9 @@ use edge_schema::plan::{
 };
 use edge_schema::DType;
 
+use crate::budget::SegmentMode;
 use crate::error::{PlanError, Result};
+use crate::tiling::TileRequest;
 use crate::load::folder::PipelineFolder;
 use crate::load::gguf::GgufFile;
 use crate::load::original::OriginalLayout;
@@ -34,6 +36,14 @@ pub struct CompileOptions {
     pub target: Target,
     /// Overrides the VAE config's `scaling_factor`.
     pub vae_scale_factor: Option<f32>,
+    /// Memory budget (weights resident + arena, bytes); `None` = unlimited.
+    pub max_ram: Option<u64>,
+    /// Bytes of the budget kept free for the process itself.
+    pub headroom: u64,
+    /// Monolithic or segmented execution (`--segments`).
+    pub segments: SegmentMode,
+    /// Explicit VAE tiling (`--vae-tile-size`, `--vae-relative-tile-size`, `--vae-tile-overlap`).
+    pub tiling: TileRequest,
 }
 
 impl Default for CompileOptions {
@@ -47,6 +57,10 @@ impl Default for CompileOptions {
                 features: vec![],
             },
             vae_scale_factor: None,
+            max_ram: None,
+            headroom: crate::budget::HEADROOM,
+            segments: SegmentMode::Auto,
+            tiling: TileRequest::default(),
         }
     }
 }
@@ -754,7 +768,12 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
             &dit_src,
             policy,
         )?);
-        let mut vae = build_vae_decoder(vae_cfg, lh, lw)?;
+        let tiling = plan_tiling(vae_cfg, w, h, downscale, opts)?;
+        let (glh, glw) = match &tiling {
+            Some(t) => (t.tile_latent_h as usize, t.tile_latent_w as usize),
+            None => (lh, lw),
+        };
+        let mut vae = build_vae_decoder(vae_cfg, glh, glw)?;
         if opts.vae_scale_factor.is_some() {
             override_vae_scale(&mut vae, scaling_factor);
         }
@@ -762,8 +781,8 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         stages.push(lower(
             &vae,
             StageKind::VaeDecoder,
-            w,
-            h,
+            (glw as u32) * downscale,
+            (glh as u32) * downscale,
             &mut table,
             &vae_src,
             policy,
@@ -773,7 +792,10 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
             height: h,
             denoiser_stage,
             decoder_stage,
-            decoder_tiling: None,
+            decoder_tiling: tiling.map(|t| edge_schema::plan::VaeTiling {
+                stage: decoder_stage,
+                ..t
+            }),
         });
     }
     let meta = PlanMeta {
@@ -803,7 +825,51 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         notes: vec![],
         budget: None,
     };
+    let mut meta = meta;
+    crate::budget::apply(&mut meta, &table.entries, opts.max_ram, opts.segments, opts.headroom)?;
     Ok(Compiled { meta, table })
+}
+
+/// The VAE tiling for a `w × h` image: the explicit request, else (under a budget) the largest
+/// tile whose decoder fits when the whole-image decoder does not, else none.
+fn plan_tiling(
+    vae_cfg: &VaeConfig,
+    w: u32,
+    h: u32,
+    ds: u32,
+    opts: &CompileOptions,
+) -> Result<Option<edge_schema::plan::VaeTiling>> {
+    if let Some(t) = crate::tiling::explicit_tiling(w, h, ds, &opts.tiling)? {
+        return Ok(Some(t));
+    }
+    let Some(budget) = opts.max_ram else {
+        return Ok(None);
+    };
+    let limit = budget.saturating_sub(opts.headroom);
+    let overlap = crate::tiling::validate_overlap(opts.tiling.overlap.unwrap_or(crate::tiling::DEFAULT_OVERLAP))?;
+    // Conservative: weights counted as f32.
+    let need = |tw: u32, th: u32| -> Result<u64> {
+        let g = build_vae_decoder(vae_cfg, th as usize, tw as usize)?;
+        let weights: u64 = g
+            .values
+            .iter()
+            .filter(|v| matches!(v.source, edge_graph::Source::Weight(_)))
+            .map(|v| v.shape.iter().product::<u64>() * 4)
+            .sum();
+        Ok(weights + crate::lower::arena_estimate(&g, edge_schema::DType::F32)?)
+    };
+    let (lw, lh) = (w / ds, h / ds);
+    if need(lw, lh)? <= limit {
+        return Ok(None);
+    }
+    match crate::tiling::largest_fitting(lw, lh, overlap, |tw, th| Ok(need(tw, th)? <= limit))? {
+        Some(t) => Ok(Some(t)),
+        None => Err(PlanError::Invalid(format!(
+            "--max-ram: even the smallest VAE tile ({m}x{m} latent pixels) needs {} bytes, more than the {limit} bytes the budget leaves",
+            need(crate::tiling::MIN_TILE_LATENT.min(lw), crate::tiling::MIN_TILE_LATENT.min(lh))?,
+            m = crate::tiling::MIN_TILE_LATENT
+        ))),
+    }
 }
 
 /// Replaces the decoder's leading `Scale { 1 / scaling_factor }` with the overridden factor.

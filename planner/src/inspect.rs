@@ -43,6 +43,28 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
         .map(|z| format!("{}x{}", z.width, z.height))
         .collect();
     let _ = writeln!(s, "image sizes (WxH): {}", sizes.join(", "));
+    for z in &meta.sizes {
+        if let Some(t) = &z.decoder_tiling {
+            let _ = writeln!(
+                s,
+                "  {}x{}: VAE decoded in tiles of {}x{} latent pixels ({}x{} image pixels), overlap {}x{} latent pixels",
+                z.width,
+                z.height,
+                t.tile_latent_w,
+                t.tile_latent_h,
+                t.tile_latent_w * meta.vae.downscale,
+                t.tile_latent_h * meta.vae.downscale,
+                t.overlap_latent_w,
+                t.overlap_latent_h
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "budget: {}",
+        meta.budget
+            .map_or("none (monolithic)".to_string(), |b| format!("{b} bytes ({})", mib(b)))
+    );
     let _ = writeln!(
         s,
         "text: max sequence length {}, hidden {}, tokenizer {} ids",
@@ -69,11 +91,12 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
         };
         let _ = writeln!(
             s,
-            "stage {i} {} ({:?}{size}): {} steps, {} segments, arena {} bytes, liveness lower bound {} bytes, ratio {ratio:.3}",
+            "stage {i} {} ({:?}{size}): {} steps, {} segments{}, arena {} bytes, liveness lower bound {} bytes, ratio {ratio:.3}",
             st.name,
             st.kind,
             st.steps.len(),
             st.segments.len(),
+            if st.segmented { " (segmented: weights streamed per segment)" } else { "" },
             st.arena_size,
             st.live_lower_bound
         );

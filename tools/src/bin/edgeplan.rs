@@ -129,6 +129,27 @@ struct CompileArgs {
     /// Override the VAE config's scaling factor.
     #[arg(long)]
     vae_scale_factor: Option<f32>,
+    /// Memory budget for weights resident + arena on the device (e.g. `1.5G`, `800M`).
+    #[arg(long = "max-ram")]
+    max_ram: Option<String>,
+    /// Same as --max-ram, for GPU targets (device memory).
+    #[arg(long = "max-vram")]
+    max_vram: Option<String>,
+    /// Execution per stage: auto (segmented only when over budget), monolithic, every-cut.
+    #[arg(long, default_value = "auto")]
+    segments: String,
+    /// Budget bytes kept free for the process itself (default 128M).
+    #[arg(long = "planning-headroom")]
+    planning_headroom: Option<String>,
+    /// VAE tile size in image pixels, WxH or one number (tiles the decode).
+    #[arg(long = "vae-tile-size")]
+    vae_tile_size: Option<String>,
+    /// VAE tile overlap as a fraction of the tile (0…0.5, default 0.5).
+    #[arg(long = "vae-tile-overlap", allow_hyphen_values = true)]
+    vae_tile_overlap: Option<f32>,
+    /// VAE tile size relative to the image: ≤ 1 a fraction of each axis, > 1 a tile count (X or XxY).
+    #[arg(long = "vae-relative-tile-size", allow_hyphen_values = true)]
+    vae_relative_tile_size: Option<String>,
     /// Target the plan is packed for: generic, x86_64, aarch64-neon.
     #[arg(long, default_value = "generic")]
     target: String,
@@ -196,6 +217,33 @@ fn compile(a: CompileArgs) -> Result<()> {
         policy,
         target: parse_target(&a.target)?,
         vae_scale_factor: a.vae_scale_factor,
+        max_ram: match (a.max_ram.as_deref(), a.max_vram.as_deref()) {
+            (Some(r), _) => Some(edge_planner::budget::parse_size(r, "--max-ram")?),
+            (None, Some(v)) => Some(edge_planner::budget::parse_size(v, "--max-vram")?),
+            (None, None) => None,
+        },
+        headroom: match a.planning_headroom.as_deref() {
+            Some("0") => 0,
+            Some(h) => edge_planner::budget::parse_size(h, "--planning-headroom")?,
+            None => edge_planner::budget::HEADROOM,
+        },
+        segments: a.segments.parse()?,
+        tiling: edge_planner::tiling::TileRequest {
+            size: a
+                .vae_tile_size
+                .as_deref()
+                .map(edge_planner::tiling::parse_tile_size)
+                .transpose()?,
+            relative: a
+                .vae_relative_tile_size
+                .as_deref()
+                .map(edge_planner::tiling::parse_relative)
+                .transpose()?,
+            overlap: a
+                .vae_tile_overlap
+                .map(edge_planner::tiling::validate_overlap)
+                .transpose()?,
+        },
     };
     let started = std::time::Instant::now();
     let files = edge_planner::compile::ComponentFiles {

@@ -29,6 +29,10 @@ struct GenArgs {
     /// The plan file (from `edgeplan compile`).
     #[arg(long)]
     plan: PathBuf,
+    /// Refuse the plan unless it is signed (`edgeplan sign`) by this Ed25519 public key
+    /// (a KEY.pub file from `edgeplan keygen`: 64 hex digits or 32 raw bytes).
+    #[arg(long = "trusted-key")]
+    trusted_key: Option<PathBuf>,
     /// The prompt.
     #[arg(short = 'p', long = "prompt", default_value = "")]
     prompt: String,
@@ -134,6 +138,27 @@ fn parse_size(s: &str, flag: &str) -> Result<u64> {
     Ok((v * mult as f64) as u64)
 }
 
+/// Bytes of the weights the largest segment of any stage reads.
+fn largest_segment_weights(meta: &edge_schema::plan::PlanMeta) -> u64 {
+    let mut best = 0u64;
+    for st in &meta.stages {
+        for seg in &st.segments {
+            let mut seen: Vec<u32> = Vec::new();
+            for step in &st.steps[seg.first_step as usize..seg.end_step as usize] {
+                for &i in &step.inputs {
+                    if let edge_schema::plan::Storage::Weight(t) = st.values[i as usize].storage {
+                        if !seen.contains(&t) {
+                            seen.push(t);
+                        }
+                    }
+                }
+            }
+            best = best.max(seen.iter().map(|&t| meta.tensors[t as usize].len).sum());
+        }
+    }
+    best
+}
+
 fn peak_rss_kib() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
     s.lines()
@@ -154,7 +179,13 @@ fn generate(a: GenArgs) -> Result<()> {
         bail!("--steps: must be at least 1");
     }
     edge_kernels::init_threads(a.threads);
-    let plan = Plan::open(&a.plan)?;
+    let plan = match &a.trusted_key {
+        Some(k) => {
+            let key = edge_runtime::TrustedKey::from_file(k)?;
+            Plan::open_signed(&a.plan, &key)?
+        }
+        None => Plan::open(&a.plan)?,
+    };
     let meta = plan.meta();
     let (width, height) = match (a.width, a.height, meta.sizes.as_slice()) {
         (Some(w), Some(h), _) => (w, h),
@@ -190,20 +221,26 @@ fn generate(a: GenArgs) -> Result<()> {
         .transpose()?;
     let weights: u64 = meta.tensors.iter().map(|t| t.len).sum();
     let arena = edge_runtime::session::arena_bytes(&plan);
-    let arena_limit = match a.max_ram.as_deref() {
+    // The least a run can keep resident: the arena and the largest segment's weights.
+    let floor = arena + largest_segment_weights(meta);
+    let budget = match a.max_ram.as_deref() {
         Some(s) => {
             let budget = parse_size(s, "--max-ram")?;
-            if weights.saturating_add(arena) > budget {
+            if floor > budget {
                 bail!(
-                    "--max-ram {s}: the plan needs {} bytes ({weights} of weights + {arena} of arena), more than the budget of {budget} bytes",
-                    weights + arena
+                    "--max-ram {s}: the plan needs at least {floor} bytes ({arena} of arena + {} for its largest segment's weights), more than the budget of {budget} bytes",
+                    floor - arena
                 );
             }
-            Some(budget - weights)
+            Some(meta.budget.map_or(budget, |p| p.min(budget)))
         }
-        None => None,
+        None => meta.budget,
     };
-    let mut session = Session::new(&plan, edge_kernels::generic(), arena_limit)?;
+    let mut session = Session::new(&plan, edge_kernels_neon::best(), budget.map(|b| b.saturating_sub(floor - arena)))?;
+    if let Some(b) = budget {
+        session.limit_budget(b);
+    }
+    let rss_before = peak_rss_kib().unwrap_or(0);
     let params = GenerateParams {
         prompt: a.prompt.clone(),
         negative_prompt: a.negative_prompt.clone(),
@@ -277,13 +314,27 @@ fn generate(a: GenArgs) -> Result<()> {
         eprintln!("wrote {} ({width}x{height}) in {:.2}s", a.output.display(), t0.elapsed().as_secs_f64());
     }
     if a.verbose {
+        let predicted = arena + budget.map_or(weights, |b| weights.min(b.saturating_sub(arena)));
+        let per_step: Vec<String> = out.streamed_per_step.iter().map(|b| b.to_string()).collect();
         eprintln!(
-            "timings: encode {:.3}s, sampling {:.3}s, decode {:.3}s; arena {} bytes; peak RSS (VmHWM) {} KiB",
+            "timings: encode {:.3}s, sampling {:.3}s, decode {:.3}s",
             timings.get("encode").unwrap_or(&0.0),
             timings.get("sample").unwrap_or(&0.0),
             timings.get("decode").unwrap_or(&0.0),
-            edge_runtime::session::arena_bytes(&plan),
-            peak_rss_kib().unwrap_or(0)
+        );
+        eprintln!(
+            "memory: budget {}, arena {arena} bytes, weights {weights} bytes; streamed per step [{}] bytes; released {} bytes",
+            budget.map_or("none".to_string(), |b| format!("{b} bytes")),
+            per_step.join(", "),
+            session.streamer().released_bytes()
+        );
+        eprintln!(
+            "peak RSS (VmHWM) {} KiB; predicted peak {} KiB = {} KiB at start (process) + {} KiB arena + {} KiB resident weights",
+            peak_rss_kib().unwrap_or(0),
+            rss_before + predicted / 1024,
+            rss_before,
+            arena / 1024,
+            (predicted - arena) / 1024
         );
     }
     Ok(())
