@@ -301,6 +301,38 @@ fn write_all(path: &Path, tensors: &BTreeMap<String, Owned>) {
     safetensors::serialize_to_file(views, None, path).unwrap();
 }
 
+/// Writes `tensors` (all F32) as a minimal GGUF v3 file: no metadata, default alignment 32,
+/// `ne` the reversed PyTorch shape (the layout of the `gguf` Python package's writer).
+fn write_gguf_f32(path: &Path, tensors: &BTreeMap<String, Owned>) {
+    fn align(x: usize) -> usize {
+        x.div_ceil(32) * 32
+    }
+    let mut head: Vec<u8> = Vec::new();
+    head.extend_from_slice(b"GGUF");
+    head.extend_from_slice(&3u32.to_le_bytes());
+    head.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    head.extend_from_slice(&0u64.to_le_bytes());
+    let mut offset = 0usize;
+    for (name, t) in tensors {
+        assert_eq!(t.dtype, safetensors::Dtype::F32, "{name}");
+        head.extend_from_slice(&(name.len() as u64).to_le_bytes());
+        head.extend_from_slice(name.as_bytes());
+        head.extend_from_slice(&(t.shape.len() as u32).to_le_bytes());
+        for &d in t.shape.iter().rev() {
+            head.extend_from_slice(&(d as u64).to_le_bytes());
+        }
+        head.extend_from_slice(&0u32.to_le_bytes());
+        head.extend_from_slice(&(offset as u64).to_le_bytes());
+        offset = align(offset + t.data.len());
+    }
+    head.resize(align(head.len()), 0);
+    for t in tensors.values() {
+        head.extend_from_slice(&t.data);
+        head.resize(align(head.len()), 0);
+    }
+    std::fs::write(path, head).unwrap();
+}
+
 /// Concatenates tensors along axis 0.
 fn cat0(parts: &[&Owned]) -> Owned {
     let mut shape = parts[0].shape.clone();
@@ -417,6 +449,17 @@ fn original_layout_safetensors_gives_identical_plan() {
         let b = transformer_sq_t999(&base_plan, SIGMA);
         assert!(a == b, "transformer outputs differ (prefix {prefix:?})");
     }
+    // The same original-layout tensors as a GGUF F32 file (sd.cpp names): identical again.
+    let path = dir.path().join("orig-F32.gguf");
+    write_gguf_f32(&path, &to_original(&d, GGUF_PREFIX));
+    let (c, plan) = build(Some(&folder), &with_model(&path), None);
+    for (i, e) in base.table.entries.iter().enumerate() {
+        assert_eq!(c.table.entries[i].dtype, e.dtype, "{}", e.name);
+        assert!(c.table.data[i] == base.table.data[i], "{} bytes differ (gguf)", e.name);
+    }
+    let (la, _) = dpm4_latents(&plan, SIGMA, "pipeline_dpm_4_cat_64x64");
+    let (lb, _) = dpm4_latents(&base_plan, SIGMA, "pipeline_dpm_4_cat_64x64");
+    assert!(la == lb, "GGUF F32 latents differ");
     // The folder's own weights given explicitly as a diffusers-layout file: also identical.
     let path = fixture(&format!(
         "{SIGMA}/transformer/diffusion_pytorch_model.safetensors"
