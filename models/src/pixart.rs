@@ -119,6 +119,94 @@ pub fn build_pixart_denoiser(
     seq_len: usize,
     micro: Option<MicroConditions>,
 ) -> Result<Graph, ModelError> {
+    build(cfg, latent_h, latent_w, seq_len, micro, false)
+}
+
+/// Width of the cross-attention key/value cache of [`build_pixart_cross_kv`]:
+/// `num_layers · 2 · inner_dim` (block `n`'s keys at columns `2·n·D`, values at `(2n+1)·D`).
+pub fn cross_kv_width(cfg: &PixArtConfig) -> usize {
+    cfg.num_layers * 2 * cfg.inner_dim()
+}
+
+/// The step-independent part of the denoiser: the caption projection and every block's
+/// cross-attention keys and values, computed once per prompt instead of at every sampler step.
+///
+/// Input `context [seq_len, caption_channels]` (T5 states); output
+/// `kv [seq_len, num_layers · 2 · inner_dim]` (see [`cross_kv_width`]). The matching denoiser is
+/// [`build_pixart_denoiser_cached`]; together they compute exactly what
+/// [`build_pixart_denoiser`] computes. Cut `transformer_blocks.N.attn2.kv` before each block's
+/// projection.
+pub fn build_pixart_cross_kv(cfg: &PixArtConfig, seq_len: usize) -> Result<Graph, ModelError> {
+    if seq_len == 0 {
+        return Err(ModelError::Size {
+            model: MODEL,
+            msg: "caption length must be at least 1".into(),
+        });
+    }
+    let d = cfg.inner_dim();
+    let ctx_width = cfg.caption_channels.unwrap_or(cfg.cross_attention_dim);
+    let mut g = Graph::new("pixart_cross_kv");
+    let context = g.input("context", &[seq_len, ctx_width], DType::F32);
+    let caption = caption_projection(&mut g, cfg, context)?;
+    let mut parts = Vec::with_capacity(cfg.num_layers);
+    for n in 0..cfg.num_layers {
+        let b = format!("transformer_blocks.{n}");
+        g.cut(format!("{b}.attn2.kv"));
+        let kv_parts = ["to_k", "to_v"].map(|s| format!("{b}.attn2.{s}"));
+        parts.push(linear_fused(
+            &mut g,
+            caption,
+            &format!("{b}.attn2.kv"),
+            &kv_parts,
+            d,
+            cfg.cross_attention_dim,
+            cfg.attention_bias,
+        )?);
+    }
+    let kv = if parts.len() == 1 {
+        parts[0]
+    } else {
+        g.op("cross_kv", Op::Concat { axis: 1 }, &parts)?
+    };
+    g.output(kv);
+    Ok(g)
+}
+
+/// [`build_pixart_denoiser`] reading the cross-attention keys and values from the cache that
+/// [`build_pixart_cross_kv`] computes: the third input is `kv [seq_len, cross_kv_width]`
+/// instead of `context`.
+pub fn build_pixart_denoiser_cached(
+    cfg: &PixArtConfig,
+    latent_h: usize,
+    latent_w: usize,
+    seq_len: usize,
+    micro: Option<MicroConditions>,
+) -> Result<Graph, ModelError> {
+    build(cfg, latent_h, latent_w, seq_len, micro, true)
+}
+
+/// `caption_projection`: linear_1 → GELU(tanh) → linear_2 (or the context itself when the
+/// config has no caption channels).
+fn caption_projection(g: &mut Graph, cfg: &PixArtConfig, context: ValueId) -> Result<ValueId, ModelError> {
+    let d = cfg.inner_dim();
+    Ok(match cfg.caption_channels {
+        Some(cc) => {
+            let h = linear(g, context, "caption_projection.linear_1", d, cc, true)?;
+            let h = g.op("caption_projection.act", Op::GeluTanh, &[h])?;
+            linear(g, h, "caption_projection.linear_2", d, d, true)?
+        }
+        None => context,
+    })
+}
+
+fn build(
+    cfg: &PixArtConfig,
+    latent_h: usize,
+    latent_w: usize,
+    seq_len: usize,
+    micro: Option<MicroConditions>,
+    cached: bool,
+) -> Result<Graph, ModelError> {
     let p = cfg.patch_size;
     if latent_h == 0 || latent_w == 0 || !latent_h.is_multiple_of(p) || !latent_w.is_multiple_of(p)
     {
@@ -149,7 +237,11 @@ pub fn build_pixart_denoiser(
     let mut g = Graph::new("pixart_denoiser");
     let latent = g.input("latent", &[cin, latent_h, latent_w], DType::F32);
     let timestep = g.input("timestep", &[1], DType::F32);
-    let context = g.input("context", &[seq_len, ctx_width], DType::F32);
+    let context = if cached {
+        g.input("kv", &[seq_len, cross_kv_width(cfg)], DType::F32)
+    } else {
+        g.input("context", &[seq_len, ctx_width], DType::F32)
+    };
     let mask = g.input("mask", &[seq_len], DType::F32);
 
     // Patch embedding: conv (stride p) → [D, gh, gw] → tokens [gh·gw, D] + position table.
@@ -210,13 +302,10 @@ pub fn build_pixart_denoiser(
     let t6 = g.op_shaped("adaln_single.rows", Op::Reshape, &[t6], &[6, d])?;
 
     // Caption projection: linear_1 → GELU(tanh) → linear_2.
-    let caption = match cfg.caption_channels {
-        Some(cc) => {
-            let h = linear(&mut g, context, "caption_projection.linear_1", d, cc, true)?;
-            let h = g.op("caption_projection.act", Op::GeluTanh, &[h])?;
-            linear(&mut g, h, "caption_projection.linear_2", d, d, true)?
-        }
-        None => context,
+    let caption = if cached {
+        context
+    } else {
+        caption_projection(&mut g, cfg, context)?
     };
 
     let heads = cfg.num_attention_heads as u32;
@@ -273,16 +362,21 @@ pub fn build_pixart_denoiser(
 
         // Cross-attention: x += attn2(x, caption), no norm, no gate; padded tokens −10000.
         let q = linear(&mut g, x, &format!("{b}.attn2.to_q"), d, d, bias)?;
-        let kv_parts = ["to_k", "to_v"].map(|s| format!("{b}.attn2.{s}"));
-        let kv = linear_fused(
-            &mut g,
-            caption,
-            &format!("{b}.attn2.kv"),
-            &kv_parts,
-            d,
-            cfg.cross_attention_dim,
-            bias,
-        )?;
+        let (kv, k_offset) = if cached {
+            (caption, (2 * n * d) as u32)
+        } else {
+            let kv_parts = ["to_k", "to_v"].map(|s| format!("{b}.attn2.{s}"));
+            let kv = linear_fused(
+                &mut g,
+                caption,
+                &format!("{b}.attn2.kv"),
+                &kv_parts,
+                d,
+                cfg.cross_attention_dim,
+                bias,
+            )?;
+            (kv, 0)
+        };
         let a = g.op(
             &format!("{b}.attn2.attention"),
             Op::Attention {
@@ -290,8 +384,8 @@ pub fn build_pixart_denoiser(
                 head_dim,
                 scale,
                 q_offset: 0,
-                k_offset: 0,
-                v_offset: d as u32,
+                k_offset,
+                v_offset: k_offset + d as u32,
                 has_mask: true,
                 masked_value: -10000.0,
                 has_bias: false,

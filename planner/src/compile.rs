@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use edge_graph::WeightSpec;
 use edge_models::config::{PixArtConfig, T5Config, VaeConfig};
-use edge_models::pixart::{build_pixart_denoiser, MicroConditions};
+use edge_models::pixart::MicroConditions;
 use edge_models::t5::build_t5_encoder;
 use edge_models::vae::build_vae_decoder;
 use edge_schema::plan::{
@@ -734,6 +734,16 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
     let vocab_rows = t5_cfg.vocab_size as u32;
 
     let dit_src = SourceResolver { source: inp.dit };
+    let cross_kv_stage = Some(stages.len() as u32);
+    stages.push(lower(
+        &edge_models::build_pixart_cross_kv(dit_cfg, seq_len as usize)?,
+        StageKind::CrossKv,
+        0,
+        0,
+        &mut table,
+        &dit_src,
+        policy,
+    )?);
     let vae_src = SourceResolver { source: inp.vae };
     let mut sizes = Vec::new();
     for &(w, h) in &opts.sizes {
@@ -757,7 +767,7 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
             }),
             ModelFamily::PixArtSigma => None,
         };
-        let dit = build_pixart_denoiser(dit_cfg, lh, lw, seq_len as usize, micro)?;
+        let dit = edge_models::build_pixart_denoiser_cached(dit_cfg, lh, lw, seq_len as usize, micro)?;
         let denoiser_stage = stages.len() as u32;
         stages.push(lower(
             &dit,
@@ -819,6 +829,7 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         },
         sizes,
         text_stage: 0,
+        cross_kv_stage,
         stages,
         tensors: vec![],
         sections: vec![],

@@ -81,6 +81,49 @@ pub fn encode_text(
     Ok((hidden, enc.mask, enc.truncated))
 }
 
+/// A prompt prepared for the denoiser: its cross-attention input (the K/V cache when the plan
+/// has a cross-KV stage, computed once here instead of at every step; else the T5 states) and
+/// its mask `[l]`.
+#[derive(Clone, Debug)]
+pub struct Condition {
+    pub context: Vec<f32>,
+    pub mask: Vec<f32>,
+}
+
+/// Turns T5 states `[l, d]` and their mask into a [`Condition`].
+pub fn condition(session: &mut Session<'_>, hidden: Vec<f32>, mask: Vec<f32>) -> Result<Condition> {
+    let meta = session.plan().meta();
+    let Some(k) = meta.cross_kv_stage else {
+        return Ok(Condition { context: hidden, mask });
+    };
+    let stage = &meta.stages[k as usize];
+    let mut kv = vec![0f32; numel(stage, stage.outputs[0])];
+    session.run_stage(k, &[StageInput::F32(&hidden)], &mut [&mut kv])?;
+    Ok(Condition { context: kv, mask })
+}
+
+/// One denoiser forward for `size`: `latent [c, h, w]` at timestep `t` → `eps` (same shape).
+pub fn denoise(
+    session: &mut Session<'_>,
+    size: &edge_schema::plan::ImageSize,
+    latent: &[f32],
+    t: f32,
+    cond: &Condition,
+    eps: &mut [f32],
+) -> Result<()> {
+    let tt = [t];
+    session.run_stage(
+        size.denoiser_stage,
+        &[
+            StageInput::F32(latent),
+            StageInput::F32(&tt),
+            StageInput::F32(&cond.context),
+            StageInput::F32(&cond.mask),
+        ],
+        &mut [eps],
+    )
+}
+
 /// Lists the plan's sizes as `WxH, WxH`.
 pub fn available_sizes(meta: &PlanMeta) -> String {
     meta.sizes
@@ -161,12 +204,15 @@ pub fn generate(
     let tokenizer = Tokenizer::new(&meta.tokenizer).map_err(|e| Error::Tokenizer(e.to_string()))?;
     let guided = params.cfg_scale > 1.0;
     let (ctx_c, mask_c, trunc_c) = encode_text(session, &tokenizer, &params.prompt)?;
+    let cond = condition(session, ctx_c, mask_c)?;
+    let mut truncated = trunc_c;
     let uncond = if guided {
-        Some(encode_text(session, &tokenizer, &params.negative_prompt)?)
+        let (ctx_u, mask_u, trunc_u) = encode_text(session, &tokenizer, &params.negative_prompt)?;
+        truncated |= trunc_u;
+        Some(condition(session, ctx_u, mask_u)?)
     } else {
         None
     };
-    let truncated = trunc_c || uncond.as_ref().is_some_and(|u| u.2);
     progress(Progress::Encoded);
 
     let den = &meta.stages[size.denoiser_stage as usize];
@@ -204,28 +250,9 @@ pub fn generate(
     for (i, &t) in timesteps.iter().enumerate() {
         let streamed_before = session.streamer().streamed_bytes();
         sampler.scale_model_input(i, &latents, &mut model_in)?;
-        let tt = [t];
-        session.run_stage(
-            size.denoiser_stage,
-            &[
-                StageInput::F32(&model_in),
-                StageInput::F32(&tt),
-                StageInput::F32(&ctx_c),
-                StageInput::F32(&mask_c),
-            ],
-            &mut [&mut eps_c],
-        )?;
-        if let Some((ctx_u, mask_u, _)) = &uncond {
-            session.run_stage(
-                size.denoiser_stage,
-                &[
-                    StageInput::F32(&model_in),
-                    StageInput::F32(&tt),
-                    StageInput::F32(ctx_u),
-                    StageInput::F32(mask_u),
-                ],
-                &mut [&mut eps_u],
-            )?;
+        denoise(session, &size, &model_in, t, &cond, &mut eps_c)?;
+        if let Some(u) = &uncond {
+            denoise(session, &size, &model_in, t, u, &mut eps_u)?;
             let g = params.cfg_scale;
             for (c, &u) in eps_c.iter_mut().zip(&eps_u) {
                 *c = u + g * (*c - u);

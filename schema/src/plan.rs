@@ -125,12 +125,14 @@ pub struct VaeTiling {
 /// | kind | inputs | outputs |
 /// | --- | --- | --- |
 /// | `TextEncoder` | `ids [l]` I32, `mask [l]` F32 (1 keep, 0 pad) | `hidden [l, d]` |
-/// | `Denoiser` | `latent [c, h, w]`, `timestep [1]`, `context [l, d_text]`, `mask [l]` | `eps [c, h, w]` |
+/// | `CrossKv` | `context [l, d_text]` | `kv [l, layers · 2 · d]` (every block's cross-attention keys and values) |
+/// | `Denoiser` | `latent [c, h, w]`, `timestep [1]`, `context [l, d_text]` (or `kv` when the plan has a `CrossKv` stage), `mask [l]` | `eps [c, h, w]` |
 /// | `VaeDecoder` | `latent [c, h, w]` (scaled latents, as the sampler produces them) | `image [3, H, W]` in about −1…1 |
 /// | `VaeEncoder` | `image [3, H, W]` in −1…1 | `moments [2c, h, w]` |
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StageKind {
     TextEncoder,
+    CrossKv,
     Denoiser,
     VaeDecoder,
     VaeEncoder,
@@ -278,6 +280,9 @@ pub struct PlanMeta {
     pub sizes: Vec<ImageSize>,
     /// Index into `stages` of the text encoder.
     pub text_stage: u32,
+    /// Index into `stages` of the step-independent cross-attention K/V stage, run once per
+    /// prompt; when set, denoisers take its output instead of the T5 states.
+    pub cross_kv_stage: Option<u32>,
     pub stages: Vec<Stage>,
     pub tensors: Vec<TensorEntry>,
     pub sections: Vec<SectionEntry>,

@@ -79,6 +79,11 @@ pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
             other => other,
         })?;
     }
+    if let Some(k) = meta.cross_kv_stage {
+        if meta.stages.get(k as usize).map(|s| s.kind) != Some(StageKind::CrossKv) {
+            return Err(invalid(format!("cross-attention K/V stage {k} is not a CrossKv stage")));
+        }
+    }
     if meta.sizes.is_empty() {
         return Err(invalid("the plan holds no image size".into()));
     }
@@ -156,6 +161,7 @@ pub fn verify_section_digest(meta: &PlanMeta, section: usize, bytes: &[u8]) -> R
 fn expected_io(kind: StageKind) -> (usize, usize) {
     match kind {
         StageKind::TextEncoder => (2, 1),
+        StageKind::CrossKv => (1, 1),
         StageKind::Denoiser => (4, 1),
         StageKind::VaeDecoder => (1, 1),
         StageKind::VaeEncoder => (1, 1),

@@ -14,7 +14,7 @@ use edge_planner::load::gguf::GgufFile;
 use edge_planner::pack::PackPolicy;
 use edge_planner::CompileOptions;
 use edge_runtime::sampler::SamplingMethod;
-use edge_runtime::{GenerateParams, Plan, Session, StageInput};
+use edge_runtime::{GenerateParams, Plan, Session};
 use edge_schema::plan::ModelFamily;
 use edge_schema::DType;
 
@@ -71,17 +71,13 @@ fn transformer_sq_t999(plan: &Plan, name: &str) -> Vec<f32> {
     let mut s = Session::new(plan, edge_kernels::generic(), None).unwrap();
     let size = plan.meta().size(64, 64).expect("64x64").clone();
     let mut out = vec![0f32; x.data.len()];
-    s.run_stage(
-        size.denoiser_stage,
-        &[
-            StageInput::F32(&x.data),
-            StageInput::F32(&[r["timestep"].data[0]]),
-            StageInput::F32(&r["encoder_hidden_states"].data),
-            StageInput::F32(&r["encoder_attention_mask"].data),
-        ],
-        &mut [&mut out],
+    let cond = edge_runtime::pipeline::condition(
+        &mut s,
+        r["encoder_hidden_states"].data.clone(),
+        r["encoder_attention_mask"].data.clone(),
     )
     .unwrap();
+    edge_runtime::pipeline::denoise(&mut s, &size, &x.data, r["timestep"].data[0], &cond, &mut out).unwrap();
     out
 }
 

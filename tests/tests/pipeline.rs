@@ -66,19 +66,15 @@ fn transformer_matches(name: &str) {
         let out_ref = &r["output_noise"];
         for bi in 0..b {
             let lat = &x.data[bi * c * h * w..(bi + 1) * c * h * w];
-            let t = [r["timestep"].data[bi]];
-            let mut out = vec![0f32; c * h * w];
-            s.run_stage(
-                size.denoiser_stage,
-                &[
-                    StageInput::F32(lat),
-                    StageInput::F32(&t),
-                    StageInput::F32(&ctx.data[bi * l * dc..(bi + 1) * l * dc]),
-                    StageInput::F32(&mask.data[bi * l..(bi + 1) * l]),
-                ],
-                &mut [&mut out],
+            let cond = edge_runtime::pipeline::condition(
+                &mut s,
+                ctx.data[bi * l * dc..(bi + 1) * l * dc].to_vec(),
+                mask.data[bi * l..(bi + 1) * l].to_vec(),
             )
             .unwrap();
+            let mut out = vec![0f32; c * h * w];
+            edge_runtime::pipeline::denoise(&mut s, &size, lat, r["timestep"].data[bi], &cond, &mut out)
+                .unwrap();
             assert_close(
                 &format!("{name} transformer {case} batch {bi}"),
                 &out,
