@@ -17,6 +17,14 @@ pub enum Error {
         #[source]
         source: edge_schema::Error,
     },
+    #[error("plan signature: {0}")]
+    Signature(#[from] crate::sign::SignatureError),
+    #[error("plan {path}: signature: {source}")]
+    SignatureFile {
+        path: String,
+        #[source]
+        source: crate::sign::SignatureError,
+    },
     #[error("the plan has no image size {width}x{height} (WxH); it holds: {available}")]
     SizeNotInPlan {
         width: u32,
@@ -50,6 +58,10 @@ impl Error {
     pub fn in_file(self, path: &std::path::Path) -> Error {
         match self {
             Error::Plan(source) => Error::PlanFile {
+                path: path.display().to_string(),
+                source,
+            },
+            Error::Signature(source) => Error::SignatureFile {
                 path: path.display().to_string(),
                 source,
             },

@@ -1,14 +1,32 @@
-//! Opening a plan: map (or take) the bytes, verify header, metadata and sections, and hand out
-//! zero-copy views of packed weights.
+//! Opening a plan: map (or take) the bytes, verify header, signature, metadata and padding, and
+//! hand out zero-copy views of packed weights whose section digest has been checked.
+//!
+//! # When digests are checked
+//!
+//! [`Plan::open`] (a memory map, possibly of a multi-GB file) checks the header, the metadata
+//! digest, the metadata tables ([`verify::verify_meta`]) and the zero padding, and leaves each
+//! weight section's BLAKE3 digest to be checked on first use: [`Plan::section_checked`] hashes
+//! a section once (the result is remembered), [`Plan::tensor_bytes`] calls it before handing
+//! out any tensor bytes, and [`crate::Session::run_stage`] calls it before each segment. So a
+//! flipped weight byte is refused before the weight is read, and opening does not read the
+//! weights. [`Plan::from_bytes`] copies the whole file anyway, so it checks every section at
+//! once; [`Plan::verify_all_sections`] does the same for an opened plan.
+//!
+//! # Signed plans
+//!
+//! [`Plan::open_signed`] and [`Plan::from_bytes_signed`] additionally require a valid Ed25519
+//! signature by a trusted key ([`crate::sign`]), checked right after the header and before the
+//! metadata is decoded.
 //!
 //! # Safety of the mapping
 //!
 //! [`Plan::open`] memory-maps the file read-only. As with any `mmap`, the file must not be
 //! modified or truncated by another process while the plan is open: the verification done at
-//! open time cannot protect against bytes changing underneath it. [`Plan::from_bytes`] is the
-//! safe alternative (tests, embedded use): it owns an aligned copy.
+//! open (and first use) cannot protect against bytes changing underneath it.
+//! [`Plan::from_bytes`] is the safe alternative (tests, embedded use): it owns an aligned copy.
 
 use std::path::Path;
+use std::sync::OnceLock;
 
 use edge_schema::header::{Header, HEADER_LEN};
 use edge_schema::plan::PlanMeta;
@@ -16,11 +34,15 @@ use edge_schema::verify;
 use zerocopy::IntoBytes;
 
 use crate::error::{Error, Result};
+use crate::sign::{self, TrustedKey};
 
 enum Bytes {
     Mapped(memmap2::Mmap),
     /// Owned bytes in a `u64` buffer so that the base is 8-aligned (weights need 4).
-    Owned { words: Vec<u64>, len: usize },
+    Owned {
+        words: Vec<u64>,
+        len: usize,
+    },
 }
 
 impl Bytes {
@@ -38,6 +60,18 @@ pub struct Plan {
     meta: PlanMeta,
     weights_offset: usize,
     weights_len: usize,
+    /// Per section: unset until first use, then whether its digest matched.
+    checked: Vec<OnceLock<bool>>,
+    signer: Option<[u8; 32]>,
+}
+
+/// When [`Plan::verify`] hashes the weight sections.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sections {
+    /// All of them, before returning.
+    Now,
+    /// Each on first use ([`Plan::section_checked`]).
+    OnFirstUse,
 }
 
 impl std::fmt::Debug for Plan {
@@ -92,31 +126,58 @@ fn check_padding(file: &[u8], h: &Header, meta: &PlanMeta) -> Result<()> {
 }
 
 impl Plan {
-    /// Opens and fully verifies the plan at `path` (see the module docs for the mapping
-    /// contract). Errors name the file and what is wrong with it.
+    /// Opens the plan at `path`: verifies the header, metadata and padding now and each weight
+    /// section on first use (see the module docs, also for the mapping contract). A signature,
+    /// if present, is not checked (use [`Plan::open_signed`]). Errors name the file and what is
+    /// wrong with it.
     pub fn open(path: &Path) -> Result<Plan> {
+        Plan::open_inner(path, None)
+    }
+
+    /// Like [`Plan::open`], and refuses the plan unless it carries a valid signature by
+    /// `trusted` (unsigned, signed by another key, or modified after signing).
+    pub fn open_signed(path: &Path, trusted: &TrustedKey) -> Result<Plan> {
+        Plan::open_inner(path, Some(trusted))
+    }
+
+    fn open_inner(path: &Path, trusted: Option<&TrustedKey>) -> Result<Plan> {
         let io = |source| Error::Io {
             path: path.display().to_string(),
             source,
         };
         let file = std::fs::File::open(path).map_err(io)?;
         let map = map_file(&file).map_err(io)?;
-        Plan::verify(Bytes::Mapped(map)).map_err(|e| e.in_file(path))
+        Plan::verify(Bytes::Mapped(map), trusted, Sections::OnFirstUse).map_err(|e| e.in_file(path))
     }
 
-    /// Verifies and takes ownership of plan bytes (copied into an aligned buffer).
+    /// Verifies and takes ownership of plan bytes (copied into an aligned buffer). Every
+    /// section digest is checked before returning.
     pub fn from_bytes(bytes: &[u8]) -> Result<Plan> {
+        Plan::from_bytes_inner(bytes, None)
+    }
+
+    /// Like [`Plan::from_bytes`], and requires a valid signature by `trusted`.
+    pub fn from_bytes_signed(bytes: &[u8], trusted: &TrustedKey) -> Result<Plan> {
+        Plan::from_bytes_inner(bytes, Some(trusted))
+    }
+
+    fn from_bytes_inner(bytes: &[u8], trusted: Option<&TrustedKey>) -> Result<Plan> {
         let mut words = vec![0u64; bytes.len().div_ceil(8)];
         words.as_mut_bytes()[..bytes.len()].copy_from_slice(bytes);
-        Plan::verify(Bytes::Owned {
+        let owned = Bytes::Owned {
             words,
             len: bytes.len(),
-        })
+        };
+        Plan::verify(owned, trusted, Sections::Now)
     }
 
-    fn verify(bytes: Bytes) -> Result<Plan> {
+    fn verify(bytes: Bytes, trusted: Option<&TrustedKey>, sections: Sections) -> Result<Plan> {
         let file = bytes.as_slice();
         let h = Header::read(file)?;
+        if let Some(key) = trusted {
+            sign::verify_header(&h, key)?;
+        }
+        let signer = h.signature_block()?.map(|b| b.public_key);
         let meta_start = h.meta_offset.get() as usize;
         let meta_bytes = &file[meta_start..meta_start + h.meta_len.get() as usize];
         if blake3::hash(meta_bytes).as_bytes() != &h.meta_digest {
@@ -128,19 +189,19 @@ impl Plan {
         let meta = PlanMeta::decode(meta_bytes)?;
         let weights_len = h.weights_len.get();
         verify::verify_meta(&meta, weights_len)?;
-        let weights_offset = h.weights_offset.get() as usize;
-        let weights = &file[weights_offset..weights_offset + weights_len as usize];
-        for (i, s) in meta.sections.iter().enumerate() {
-            let sec = &weights[s.offset as usize..(s.offset + s.len) as usize];
-            verify::verify_section_digest(&meta, i, sec)?;
-        }
         check_padding(file, &h, &meta)?;
-        Ok(Plan {
-            weights_offset,
+        let plan = Plan {
+            weights_offset: h.weights_offset.get() as usize,
             weights_len: weights_len as usize,
+            checked: meta.sections.iter().map(|_| OnceLock::new()).collect(),
+            signer,
             meta,
             bytes,
-        })
+        };
+        if sections == Sections::Now {
+            plan.verify_all_sections()?;
+        }
+        Ok(plan)
     }
 
     /// The verified metadata.
@@ -148,17 +209,95 @@ impl Plan {
         &self.meta
     }
 
-    /// The packed bytes of tensor `t` (verified in range at open; 64-byte aligned in the file).
-    pub fn tensor_bytes(&self, t: u32) -> &[u8] {
-        let e = &self.meta.tensors[t as usize];
+    /// Checks weight section `section`'s BLAKE3 digest, hashing it on the first call only (the
+    /// outcome is remembered; thread-safe). Errors with a checksum mismatch naming the section,
+    /// or when there is no such section.
+    pub fn section_checked(&self, section: usize) -> Result<()> {
+        let (Some(cell), Some(s)) = (self.checked.get(section), self.meta.sections.get(section))
+        else {
+            return Err(edge_schema::Error::Invalid(format!("no weight section {section}")).into());
+        };
+        let ok = *cell.get_or_init(|| {
+            // Ranges were checked against the weight region by `verify_meta`.
+            let start = self.weights_offset + s.offset as usize;
+            let bytes = &self.bytes.as_slice()[start..start + s.len as usize];
+            verify::verify_section_digest(&self.meta, section, bytes).is_ok()
+        });
+        if ok {
+            Ok(())
+        } else {
+            Err(edge_schema::Error::ChecksumMismatch {
+                what: format!("weight section {section}"),
+            }
+            .into())
+        }
+    }
+
+    /// Checks every weight section's digest now (see [`Plan::section_checked`]); for tools and
+    /// tests that want the whole file verified up front.
+    pub fn verify_all_sections(&self) -> Result<()> {
+        (0..self.meta.sections.len()).try_for_each(|i| self.section_checked(i))
+    }
+
+    /// The packed bytes of tensor `t` (in range and 64-byte aligned, checked at open), after
+    /// checking its section's digest ([`Plan::section_checked`]). Errors when `t` is not a
+    /// tensor of the plan or its section is corrupted.
+    pub fn tensor_bytes(&self, t: u32) -> Result<&[u8]> {
+        let e = self
+            .meta
+            .tensors
+            .get(t as usize)
+            .ok_or_else(|| edge_schema::Error::Invalid(format!("no weight tensor {t}")))?;
+        self.section_checked(e.section as usize)?;
         let s = &self.meta.sections[e.section as usize];
         let start = self.weights_offset + (s.offset + e.offset) as usize;
         let weights_end = self.weights_offset + self.weights_len;
-        &self.bytes.as_slice()[start..(start + e.len as usize).min(weights_end)]
+        Ok(&self.bytes.as_slice()[start..(start + e.len as usize).min(weights_end)])
+    }
+
+    /// The public key embedded in a signed plan's header (not by itself a proof of anything:
+    /// only [`Plan::open_signed`] checks the signature against a trusted key); `None` when
+    /// unsigned.
+    pub fn signer(&self) -> Option<[u8; 32]> {
+        self.signer
     }
 
     /// The whole file's length in bytes.
     pub fn file_len(&self) -> usize {
         self.bytes.as_slice().len()
     }
+}
+
+/// Page-residency advice for weight streaming ([`crate::stream`]); no-ops for owned bytes.
+impl Plan {
+    fn section_file_range(&self, section: usize) -> Option<(usize, usize)> {
+        let s = self.meta.sections.get(section)?;
+        let start = self.weights_offset.checked_add(usize::try_from(s.offset).ok()?)?;
+        Some((start, usize::try_from(s.len).ok()?))
+    }
+
+    /// Asks the kernel to read `section` ahead (`madvise(WILLNEED)`).
+    pub fn prefetch_section(&self, section: usize) {
+        if let (Bytes::Mapped(m), Some((start, len))) = (&self.bytes, self.section_file_range(section)) {
+            let _ = m.advise_range(memmap2::Advice::WillNeed, start, len);
+        }
+    }
+
+    /// Drops `section`'s pages from this process (`madvise(DONTNEED)`); they are re-read from
+    /// the file on next use. Callers must hold no view into the section (no step running).
+    pub fn release_section(&self, section: usize) {
+        if let (Bytes::Mapped(m), Some((start, len))) = (&self.bytes, self.section_file_range(section)) {
+            release_pages(m, start, len);
+        }
+    }
+}
+
+/// `madvise(DONTNEED)` on a range of the read-only mapping.
+#[allow(unsafe_code)]
+fn release_pages(m: &memmap2::Mmap, start: usize, len: usize) {
+    // SAFETY: the mapping is a read-only, private mapping of a file that is not modified while
+    // the plan is open (`Plan::open`'s contract), so dropped pages are re-read unchanged from
+    // the file on their next access; `release_section` is only called between segments, when
+    // no slice into the range is being read (DESIGN.md invariant 9).
+    let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
 }

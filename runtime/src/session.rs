@@ -27,6 +27,7 @@ pub struct Session<'p> {
     plan: &'p Plan,
     arena: Vec<u64>,
     kernels: KernelTable,
+    streamer: crate::stream::Streamer,
 }
 
 impl std::fmt::Debug for Session<'_> {
@@ -169,7 +170,19 @@ impl<'p> Session<'p> {
             plan,
             arena: vec![0u64; words],
             kernels,
+            streamer: crate::stream::Streamer::new(plan.meta(), plan.meta().budget, needed),
         })
+    }
+
+    /// Lowers (never raises) the weight + arena budget the session streams weights under.
+    pub fn limit_budget(&mut self, budget: u64) {
+        let b = self.plan.meta().budget.map_or(budget, |p| p.min(budget));
+        self.streamer = crate::stream::Streamer::new(self.plan.meta(), Some(b), arena_bytes(self.plan));
+    }
+
+    /// Weight streaming figures so far.
+    pub fn streamer(&self) -> &crate::stream::Streamer {
+        &self.streamer
     }
 
     /// The plan this session runs.
@@ -230,8 +243,17 @@ impl<'p> Session<'p> {
             }
             dst.copy_from_slice(src);
         }
-        for step in &stage.steps {
-            self.run_step(stage, step)?;
+        // Segments cover the steps in order (checked by `verify_meta`); a segment's weight
+        // section is hashed before its first step runs (tensor reads check it again, cheaply).
+        for (j, seg) in stage.segments.iter().enumerate() {
+            let next = (j + 1 < stage.segments.len()).then_some(j + 1);
+            self.streamer.before_segment(plan, index as usize, j, next);
+            if let Some(sec) = seg.section {
+                plan.section_checked(sec as usize)?;
+            }
+            for step in &stage.steps[seg.first_step as usize..seg.end_step as usize] {
+                self.run_step(stage, step)?;
+            }
         }
         let arena = self.arena.as_bytes();
         for (i, (&vid, out)) in stage.outputs.iter().zip(outputs.iter_mut()).enumerate() {
@@ -276,7 +298,7 @@ impl<'p> Session<'p> {
         let bytes_of = |id: u32| -> Result<&[u8]> {
             match &stage.values[id as usize].storage {
                 Storage::Arena(s) => read(&pieces, s),
-                Storage::Weight(t) => Ok(plan.tensor_bytes(*t)),
+                Storage::Weight(t) => plan.tensor_bytes(*t),
             }
         };
         let f = |id: u32| -> Result<&[f32]> { as_f32(bytes_of(id)?) };

@@ -1,0 +1,231 @@
+//! The aarch64 kernels, run-time feature detection and the table variants.
+
+mod dense;
+mod elementwise;
+mod norm;
+mod quant;
+
+use std::sync::OnceLock;
+
+use edge_kernels::{generic, Kernel, KernelTable, WeightRef};
+use edge_schema::DType;
+
+use crate::Features;
+use quant::IntPath;
+
+/// Slot name of the `linear` kernel with ARMv8.0 integer dot products.
+const LINEAR_BASE: &str = "neon_linear_any_base";
+/// Slot name of the `linear` kernel with `sdot` integer dot products.
+const LINEAR_DOTPROD: &str = "neon_linear_any_dotprod";
+/// Slot name of the `linear` kernel with `smmla` integer matrix products.
+const LINEAR_I8MM: &str = "neon_linear_any_i8mm";
+
+/// Detected once per process with `is_aarch64_feature_detected!`.
+pub(crate) fn features() -> Features {
+    static FEATURES: OnceLock<Features> = OnceLock::new();
+    *FEATURES.get_or_init(|| Features {
+        dotprod: std::arch::is_aarch64_feature_detected!("dotprod"),
+        i8mm: std::arch::is_aarch64_feature_detected!("i8mm"),
+        fp16: std::arch::is_aarch64_feature_detected!("fp16"),
+    })
+}
+
+/// `generic()` with the ARMv8.0 NEON slots.
+fn base_table() -> KernelTable {
+    let mut t = generic();
+    t.linear = Kernel {
+        name: LINEAR_BASE,
+        run: linear_base,
+    };
+    t.silu = Kernel {
+        name: "neon_silu_f32_x4",
+        run: elementwise::silu,
+    };
+    t.gelu_tanh = Kernel {
+        name: "neon_gelu_tanh_f32_x4",
+        run: elementwise::gelu_tanh,
+    };
+    t.layer_norm = Kernel {
+        name: "neon_layer_norm_f64x2",
+        run: norm::layer_norm,
+    };
+    t.rms_norm = Kernel {
+        name: "neon_rms_norm_f64x2",
+        run: norm::rms_norm,
+    };
+    t
+}
+
+/// `generic()` with the `dotprod` slots, if the CPU has `FEAT_DotProd`.
+fn dotprod_table() -> Option<KernelTable> {
+    features().dotprod.then(|| {
+        let mut t = base_table();
+        t.linear = Kernel {
+            name: LINEAR_DOTPROD,
+            run: linear_dotprod,
+        };
+        t
+    })
+}
+
+/// `generic()` with the `i8mm` slots, if the CPU has `FEAT_I8MM`.
+fn i8mm_table() -> Option<KernelTable> {
+    features().i8mm.then(|| {
+        let mut t = base_table();
+        t.linear = Kernel {
+            name: LINEAR_I8MM,
+            run: linear_i8mm,
+        };
+        t
+    })
+}
+
+pub(crate) fn best() -> KernelTable {
+    i8mm_table()
+        .or_else(dotprod_table)
+        .unwrap_or_else(base_table)
+}
+
+pub(crate) fn variants() -> Vec<(&'static str, KernelTable)> {
+    let mut v = vec![("neon", base_table())];
+    if let Some(t) = dotprod_table() {
+        v.push(("neon+dotprod", t));
+    }
+    if let Some(t) = i8mm_table() {
+        v.push(("neon+i8mm", t));
+    }
+    v
+}
+
+pub(crate) fn linear_variant_name(table: &KernelTable, dtype: DType) -> &'static str {
+    let path = match table.linear.name {
+        LINEAR_BASE => IntPath::Base,
+        LINEAR_DOTPROD => IntPath::DotProd,
+        LINEAR_I8MM => IntPath::I8mm,
+        _ => return "generic_linear_f32",
+    };
+    match (dtype, path) {
+        (DType::F32, _) => "neon_linear_f32_4x4",
+        (DType::F16, _) => "neon_linear_f16_4x4",
+        (DType::Q8_0, IntPath::Base) => "neon_linear_q8_0_base",
+        (DType::Q8_0, IntPath::DotProd) => "neon_linear_q8_0_dotprod",
+        (DType::Q8_0, IntPath::I8mm) => "neon_linear_q8_0_i8mm_2x4",
+        (DType::Q4_0, IntPath::Base) => "neon_linear_q4_0_base",
+        (DType::Q4_0, IntPath::DotProd) => "neon_linear_q4_0_dotprod",
+        (DType::Q4_0, IntPath::I8mm) => "neon_linear_q4_0_i8mm_2x4",
+        _ => "generic_linear_f32",
+    }
+}
+
+/// `neon_linear_any_base`: [`edge_kernels::linear`]'s contract; NEON for `F32`, `F16`, `Q8_0`,
+/// `Q4_0` weights (ARMv8.0 integer dot products), the generic kernel for every other type.
+fn linear_base(
+    x: &[f32],
+    w: WeightRef<'_>,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    scratch: &mut [u8],
+) {
+    linear(IntPath::Base, x, w, bias, out, m, k, n, scratch);
+}
+
+/// `neon_linear_any_dotprod`: as [`linear_base`] with `sdot` for `Q8_0`/`Q4_0`. Panics if the
+/// CPU lacks `FEAT_DotProd` (it is only put in a table when detected).
+fn linear_dotprod(
+    x: &[f32],
+    w: WeightRef<'_>,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    scratch: &mut [u8],
+) {
+    linear(IntPath::DotProd, x, w, bias, out, m, k, n, scratch);
+}
+
+/// `neon_linear_any_i8mm`: as [`linear_base`] with `smmla` (2 rows × 2 columns) for
+/// `Q8_0`/`Q4_0`. Panics if the CPU lacks `FEAT_I8MM` (it is only put in a table when detected).
+fn linear_i8mm(
+    x: &[f32],
+    w: WeightRef<'_>,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    scratch: &mut [u8],
+) {
+    linear(IntPath::I8mm, x, w, bias, out, m, k, n, scratch);
+}
+
+/// Checks the shapes exactly as [`edge_kernels::linear`] does, then dispatches on the weight
+/// type.
+fn linear(
+    path: IntPath,
+    x: &[f32],
+    w: WeightRef<'_>,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    scratch: &mut [u8],
+) {
+    if !matches!(w.dtype, DType::F32 | DType::F16 | DType::Q8_0 | DType::Q4_0) {
+        return edge_kernels::linear(x, w, bias, out, m, k, n, scratch);
+    }
+    assert_eq!(
+        x.len(),
+        m * k,
+        "linear: x has {} elements, expected m·k = {m}·{k}",
+        x.len()
+    );
+    assert_eq!(
+        out.len(),
+        m * n,
+        "linear: out has {} elements, expected m·n = {m}·{n}",
+        out.len()
+    );
+    let wrow = match w.dtype.bytes_for(k as u64) {
+        Some(b) => b as usize,
+        None => panic!(
+            "linear weight: a row of {k} elements is not a whole number of {:?} blocks of {}",
+            w.dtype,
+            w.dtype.block_size()
+        ),
+    };
+    assert_eq!(
+        w.bytes.len(),
+        n * wrow,
+        "linear: weight has {} bytes, expected [{n}, {k}] {:?} = {} bytes",
+        w.bytes.len(),
+        w.dtype,
+        n * wrow
+    );
+    if let Some(b) = bias {
+        assert_eq!(
+            b.len(),
+            n,
+            "linear: bias has {} elements, expected n = {n}",
+            b.len()
+        );
+    }
+    let need = edge_kernels::linear_scratch_bytes(w.dtype, m, k);
+    assert!(
+        scratch.len() >= need,
+        "linear: scratch has {} bytes, needs {need} for {:?} weights, m={m}, k={k}",
+        scratch.len(),
+        w.dtype
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    match w.dtype {
+        DType::F32 | DType::F16 => dense::linear_dense(w.dtype, x, w.bytes, bias, out, m, k, n),
+        _ => quant::linear_quant(path, w.dtype, x, w.bytes, bias, out, m, k, n, scratch),
+    }
+}

@@ -1,0 +1,110 @@
+//! NEON kernels for aarch64, plugged into the generic kernel table.
+//!
+//! [`best`] returns [`edge_kernels::generic`] with the slots this crate accelerates replaced:
+//! on aarch64 (where Advanced SIMD is part of the baseline) the `linear` slot becomes a NEON
+//! kernel for `F32`, `F16`, `Q8_0` and `Q4_0` weights (every other weight type, the K-quants
+//! included, is forwarded to the generic `linear`, which understands every pack); when the CPU
+//! reports the `dotprod` extension at run time (`is_aarch64_feature_detected!`, detected once),
+//! the quantized dot products use `sdot`, and with `i8mm` they use `smmla` on 2 rows × 2
+//! columns. The `silu` and `gelu_tanh` slots become four-lane NEON kernels with a polynomial
+//! `exp`; `layer_norm` and `rms_norm` compute their f64 statistics in NEON f64 lanes. Every other
+//! slot (conv2d, attention, group_norm, the binary ops) stays generic. On every other
+//! architecture `best()` is `generic()`.
+//!
+//! Kernel names follow `{isa}_{op}_{dtype}_{tile}`; since one `linear` slot serves every weight
+//! type, its name uses the dtype `any` and [`linear_variant_name`] gives the kernel used per
+//! weight type.
+//!
+//! Numerics (each kernel is tested against its generic twin in `tests/`):
+//! - `F32`/`F16` weights: four f32 lanes accumulated with fused multiply-add over `k` in steps
+//!   of 4, lanes summed with `faddv`, the `k % 4` tail added sequentially (fused), then the bias.
+//!   The order is fixed per output element, so results do not depend on the thread count; they
+//!   differ from the generic kernel (8 unfused lanes) by f32 rounding only.
+//! - `Q8_0`/`Q4_0` weights: activations quantized once per row with
+//!   [`edge_kernels::quant::quantize_activation_row`]; per block the integer dot product is
+//!   exact and the f32 scaling is done in ggml's generic order (`ggml_vec_dot_q8_0_q8_0_generic`,
+//!   `ggml_vec_dot_q4_0_q8_0_generic` in ggml's `src/ggml-cpu/quants.c`), so these results are
+//!   bit-identical to the generic kernel.
+//! - `silu`, `gelu_tanh`: `x / (1 + exp(−t))` with a range-reduced polynomial `exp`; a few f32
+//!   ulps from the generic kernels (libm).
+//! - `layer_norm`, `rms_norm`: f64 statistics summed in four lanes instead of sequentially; at
+//!   most an f32 rounding or two from the generic kernels.
+//!
+//! All `unsafe` code lives in `src/aarch64/`.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![cfg_attr(not(target_arch = "aarch64"), forbid(unsafe_code))]
+
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
+
+use edge_kernels::KernelTable;
+use edge_schema::DType;
+
+/// The fastest kernel table for this CPU: [`edge_kernels::generic`] with the NEON slots plugged
+/// in on aarch64 (the `i8mm` variant, else the `dotprod` variant, when the CPU has it, detected
+/// once per process), and
+/// `generic()` unchanged on other architectures.
+pub fn best() -> KernelTable {
+    #[cfg(target_arch = "aarch64")]
+    {
+        aarch64::best()
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        edge_kernels::generic()
+    }
+}
+
+/// Every table variant this CPU can run, baseline first and [`best`]'s choice last, each with a
+/// short label (`"generic"`, `"neon"`, `"neon+dotprod"`, `"neon+i8mm"`). Tests run all of them,
+/// so a CPU with `dotprod` and `i8mm` exercises the ARMv8.0, `sdot` and `smmla` paths. On other
+/// architectures: only `("generic", generic())`.
+pub fn variants() -> Vec<(&'static str, KernelTable)> {
+    #[cfg(target_arch = "aarch64")]
+    {
+        aarch64::variants()
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        vec![("generic", edge_kernels::generic())]
+    }
+}
+
+/// The kernel that the `linear` slot of `table` uses for weights of type `dtype`, by name
+/// (`neon_linear_q8_0_dotprod`, `neon_linear_f32_4x4`, …, or `generic_linear_f32` for types it
+/// forwards to the generic kernel and for tables that are not from this crate).
+pub fn linear_variant_name(table: &KernelTable, dtype: DType) -> &'static str {
+    #[cfg(target_arch = "aarch64")]
+    {
+        aarch64::linear_variant_name(table, dtype)
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        let _ = (table, dtype);
+        "generic_linear_f32"
+    }
+}
+
+/// CPU features that select a kernel variant, as detected at run time (all `false` off
+/// aarch64).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Features {
+    /// `FEAT_DotProd`: `sdot`/`udot` (`vdotq_s32`).
+    pub dotprod: bool,
+    /// `FEAT_I8MM`: `smmla`.
+    pub i8mm: bool,
+    /// `FEAT_FP16`: half-precision arithmetic (reported only; no kernel uses it yet).
+    pub fp16: bool,
+}
+
+/// The features [`best`] bases its choice on, detected once per process.
+pub fn features() -> Features {
+    #[cfg(target_arch = "aarch64")]
+    {
+        aarch64::features()
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        Features::default()
+    }
+}

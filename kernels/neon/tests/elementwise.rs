@@ -1,0 +1,56 @@
+//! `silu` and `gelu_tanh` of every table variant against the generic kernels.
+//!
+//! The NEON versions evaluate `x / (1 + exp(−t))` with a polynomial `exp`; the generic ones use
+//! libm's `exp`/`tanh`. Bound per element: `|neon − generic| ≤ 1e-6 · (1 + min(|x|, 100))`, about ten f32
+//! ulps of the larger of 1 and the output (for very negative `x` the generic GELU's `1 + tanh`
+//! cancels, which leaves an absolute error of order `ulp(1)·|x|`).
+
+use edge_kernels_neon::variants;
+
+/// Inputs: a dense sweep of [−12, 12], extremes, and the lengths 0..9 for the vector tail.
+fn inputs() -> Vec<f32> {
+    let mut v: Vec<f32> = (0..=24_000).map(|i| -12.0 + i as f32 * 1e-3).collect();
+    v.extend([
+        0.0, -0.0, 1e-30, -1e-30, 1e-7, -1e-7, 20.0, -20.0, 50.0, -50.0, 87.0, -87.0, 89.0, -89.0,
+        100.0, -100.0, 1e4, -1e4, 3.0e38, -3.0e38,
+    ]);
+    v.extend([0.5; 3]);
+    v
+}
+
+fn check(slot: &str) {
+    let xs = inputs();
+    let g = edge_kernels::generic();
+    for len in [0, 1, 2, 3, 4, 5, 7, 9, xs.len()] {
+        let x = &xs[xs.len() - len..];
+        let mut want = vec![0.0f32; len];
+        let f = if slot == "silu" { g.silu } else { g.gelu_tanh };
+        (f.run)(x, &mut want);
+        for (label, t) in variants() {
+            let k = if slot == "silu" { t.silu } else { t.gelu_tanh };
+            let mut got = vec![f32::NAN; len];
+            (k.run)(x, &mut got);
+            for i in 0..len {
+                let tol = 1e-6 * (1.0 + x[i].abs().min(100.0));
+                assert!(
+                    (got[i] - want[i]).abs() <= tol,
+                    "{label} {} x={}: {} vs generic {} (tol {tol})",
+                    k.name,
+                    x[i],
+                    got[i],
+                    want[i]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn silu_matches_generic() {
+    check("silu");
+}
+
+#[test]
+fn gelu_tanh_matches_generic() {
+    check("gelu_tanh");
+}
