@@ -15,6 +15,7 @@ pub mod rng;
 pub mod sampler;
 pub mod session;
 pub mod stream;
+pub mod target;
 pub mod sign;
 pub mod tiling;
 pub mod tokenizer;

@@ -187,6 +187,8 @@ fn generate(a: GenArgs) -> Result<()> {
         None => Plan::open(&a.plan)?,
     };
     let meta = plan.meta();
+    edge_runtime::target::check(&meta.target)
+        .with_context(|| format!("plan {}", a.plan.display()))?;
     let (width, height) = match (a.width, a.height, meta.sizes.as_slice()) {
         (Some(w), Some(h), _) => (w, h),
         (None, None, [only]) => (only.width, only.height),

@@ -1,0 +1,89 @@
+//! Checking a plan's [`Target`] against this CPU (DESIGN.md invariant 8).
+//!
+//! Every pack layout a planner writes today is row-major ggml blocks, which the generic
+//! kernels understand on any CPU; so a plan compiled for another ISA still runs (that is how
+//! `edgeplan verify` checks an aarch64 plan on the workstation). What a plan can demand is CPU
+//! features for its packs: when it names features and runs on its own ISA, each must be
+//! present, or the plan is refused with the missing features named, rather than silently
+//! running slow or wrong code.
+
+use edge_schema::plan::{Isa, Target};
+
+use crate::error::{Error, Result};
+
+/// The ISA this binary runs on.
+pub fn host_isa() -> Isa {
+    if cfg!(target_arch = "aarch64") {
+        Isa::Aarch64
+    } else if cfg!(target_arch = "x86_64") {
+        Isa::X86_64
+    } else {
+        Isa::Generic
+    }
+}
+
+/// Whether this CPU has `feature` (names as `is_aarch64_feature_detected!` /
+/// `is_x86_feature_detected!` spell them); `None` for a name this runtime does not know.
+fn has_feature(feature: &str) -> Option<bool> {
+    #[cfg(target_arch = "aarch64")]
+    {
+        return match feature {
+            "neon" => Some(std::arch::is_aarch64_feature_detected!("neon")),
+            "dotprod" => Some(std::arch::is_aarch64_feature_detected!("dotprod")),
+            "i8mm" => Some(std::arch::is_aarch64_feature_detected!("i8mm")),
+            "fp16" => Some(std::arch::is_aarch64_feature_detected!("fp16")),
+            _ => None,
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        return match feature {
+            "avx2" => Some(std::arch::is_x86_feature_detected!("avx2")),
+            "fma" => Some(std::arch::is_x86_feature_detected!("fma")),
+            "f16c" => Some(std::arch::is_x86_feature_detected!("f16c")),
+            "avx512f" => Some(std::arch::is_x86_feature_detected!("avx512f")),
+            _ => None,
+        };
+    }
+    #[allow(unreachable_code)]
+    None
+}
+
+/// Refuses a plan whose packs need CPU features this CPU lacks (on the plan's own ISA).
+pub fn check(target: &Target) -> Result<()> {
+    if target.isa == Isa::Generic || target.isa != host_isa() {
+        return Ok(());
+    }
+    let missing: Vec<&str> = target
+        .features
+        .iter()
+        .filter(|f| has_feature(f) != Some(true))
+        .map(|f| f.as_str())
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Plan(edge_schema::Error::TargetMismatch {
+            needed: target.to_string(),
+            found: format!("a CPU without {}", missing.join(", ")),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generic_and_foreign_plans_run_and_missing_features_are_named() {
+        assert!(check(&Target { isa: Isa::Generic, features: vec![] }).is_ok());
+        let foreign = if host_isa() == Isa::Aarch64 { Isa::X86_64 } else { Isa::Aarch64 };
+        assert!(check(&Target { isa: foreign, features: vec!["sve9".into()] }).is_ok());
+        let err = check(&Target {
+            isa: host_isa(),
+            features: vec!["no-such-feature".into()],
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("no-such-feature"), "{err}");
+    }
+}
