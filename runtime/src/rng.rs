@@ -49,6 +49,7 @@ pub fn gaussian(seed: u64, out: &mut [f32]) {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

@@ -124,6 +124,7 @@ pub fn decode_tiled<E>(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
