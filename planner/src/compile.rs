@@ -732,6 +732,15 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         policy,
     )?);
     let vocab_rows = t5_cfg.vocab_size as u32;
+    // Shorter encoders so that short prompts do not pay for padding (see `PlanMeta::text_buckets`).
+    let mut text_buckets = Vec::new();
+    for len in [16u32, 32, 64, 128] {
+        if len < seq_len {
+            let g = build_t5_encoder(t5_cfg, len as usize)?;
+            text_buckets.push((len, stages.len() as u32));
+            stages.push(lower(&g, StageKind::TextEncoder, 0, 0, &mut table, &t5_src, policy)?);
+        }
+    }
 
     let dit_src = SourceResolver { source: inp.dit };
     let cross_kv_stage = Some(stages.len() as u32);
@@ -829,6 +838,7 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         },
         sizes,
         text_stage: 0,
+        text_buckets,
         cross_kv_stage,
         stages,
         tensors: vec![],

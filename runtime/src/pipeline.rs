@@ -71,12 +71,20 @@ pub fn encode_text(
     let meta = session.plan().meta();
     let l = meta.text.max_sequence_length as usize;
     let enc = tokenizer.encode_padded(text, l);
-    let stage = &meta.stages[meta.text_stage as usize];
-    let mut hidden = vec![0f32; numel(stage, stage.outputs[0])];
+    let full = &meta.stages[meta.text_stage as usize];
+    let d = full.values[full.outputs[0] as usize].shape.last().copied().unwrap_or(0) as usize;
+    let real = enc.mask.iter().filter(|&&m| m > 0.0).count();
+    let (len, stage) = meta
+        .text_buckets
+        .iter()
+        .map(|&(n, s)| (n as usize, s))
+        .find(|&(n, _)| n >= real)
+        .unwrap_or((l, meta.text_stage));
+    let mut hidden = vec![0f32; l * d];
     session.run_stage(
-        meta.text_stage,
-        &[StageInput::I32(&enc.ids), StageInput::F32(&enc.mask)],
-        &mut [&mut hidden],
+        stage,
+        &[StageInput::I32(&enc.ids[..len]), StageInput::F32(&enc.mask[..len])],
+        &mut [&mut hidden[..len * d]],
     )?;
     Ok((hidden, enc.mask, enc.truncated))
 }

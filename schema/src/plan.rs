@@ -278,8 +278,13 @@ pub struct PlanMeta {
     pub text: TextInfo,
     pub vae: VaeInfo,
     pub sizes: Vec<ImageSize>,
-    /// Index into `stages` of the text encoder.
+    /// Index into `stages` of the text encoder (full `max_sequence_length`).
     pub text_stage: u32,
+    /// Shorter text encoders `(tokens, stage)`, ascending: a prompt whose tokens (with `</s>`)
+    /// fit `tokens` is encoded by that stage, and the padded rows are left zero. The real
+    /// tokens' states are bit-identical (padded keys get exactly zero attention weight), and
+    /// the denoiser masks the padded rows out; the work on padding is not done at all.
+    pub text_buckets: Vec<(u32, u32)>,
     /// Index into `stages` of the step-independent cross-attention K/V stage, run once per
     /// prompt; when set, denoisers take its output instead of the T5 states.
     pub cross_kv_stage: Option<u32>,

@@ -126,6 +126,22 @@ pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
             )));
         }
     }
+    let mut prev = 0u32;
+    for &(len, idx) in &meta.text_buckets {
+        let st = meta
+            .stages
+            .get(idx as usize)
+            .filter(|s| s.kind == StageKind::TextEncoder)
+            .ok_or_else(|| invalid(format!("text bucket {len} names stage {idx}, not a text encoder")))?;
+        let ids = st.values.get(st.inputs[0] as usize).map(|v| v.shape.clone());
+        if len <= prev || len >= meta.text.max_sequence_length || ids != Some(vec![u64::from(len)]) {
+            return Err(invalid(format!(
+                "text bucket {len} (stage {idx}) is not ascending, not shorter than {}, or its input is not [{len}]",
+                meta.text.max_sequence_length
+            )));
+        }
+        prev = len;
+    }
     let text = &meta.stages[meta.text_stage as usize];
     let l = u64::from(meta.text.max_sequence_length);
     let ids_shape = &text.values[text.inputs[0] as usize].shape;

@@ -205,3 +205,38 @@ fn pipeline_alpha_euler_4() {
 fn pipeline_alpha_nonsquare() {
     pipeline_matches("pixart-alpha-tiny", "dpm_4_cat_w64_h96", SamplingMethod::DpmPp2m, 4, 4.5);
 }
+
+/// Short prompts run a shorter text encoder: the real tokens' states are bit-identical to the
+/// full-length encoder's, and the denoiser output does not change when the padded rows are
+/// zero instead of T5's states for padding.
+#[test]
+fn text_buckets_are_exact() {
+    let plan = plan_for("pixart-sigma-tiny");
+    assert!(!plan.meta().text_buckets.is_empty());
+    let mut s = Session::new(&plan, edge_kernels::generic(), None).unwrap();
+    let tok = edge_runtime::tokenizer::Tokenizer::new(&plan.meta().tokenizer).unwrap();
+    let (bucketed, mask, _) = edge_runtime::pipeline::encode_text(&mut s, &tok, "a lovely cat").unwrap();
+    let l = plan.meta().text.max_sequence_length as usize;
+    let d = bucketed.len() / l;
+    let enc = tok.encode_padded("a lovely cat", l);
+    let mut full = vec![0f32; l * d];
+    s.run_stage(
+        plan.meta().text_stage,
+        &[StageInput::I32(&enc.ids), StageInput::F32(&enc.mask)],
+        &mut [&mut full],
+    )
+    .unwrap();
+    let real = mask.iter().filter(|&&m| m > 0.0).count();
+    assert!(real < 16);
+    assert_eq!(&bucketed[..real * d], &full[..real * d], "real token states differ");
+    assert!(bucketed[16 * d..].iter().all(|&v| v == 0.0));
+    let size = plan.meta().size(64, 64).unwrap().clone();
+    let lat: Vec<f32> = (0..4 * 8 * 8).map(|i| (i as f32 * 0.1).sin()).collect();
+    let mut a = vec![0f32; lat.len()];
+    let mut b = vec![0f32; lat.len()];
+    let ca = edge_runtime::pipeline::condition(&mut s, bucketed, mask.clone()).unwrap();
+    let cb = edge_runtime::pipeline::condition(&mut s, full, mask).unwrap();
+    edge_runtime::pipeline::denoise(&mut s, &size, &lat, 999.0, &ca, &mut a).unwrap();
+    edge_runtime::pipeline::denoise(&mut s, &size, &lat, 999.0, &cb, &mut b).unwrap();
+    assert_eq!(a, b, "denoiser output depends on padded rows");
+}
