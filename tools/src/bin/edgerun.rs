@@ -238,11 +238,23 @@ fn generate(a: GenArgs) -> Result<()> {
         }
         None => meta.budget,
     };
+    // The budget covers the whole process: what it already holds (code, metadata, heap) is
+    // taken off before the arena and the resident weights are planned.
+    let rss_start = peak_rss_kib().unwrap_or(0) * 1024;
+    let budget = budget.map(|b| b.saturating_sub(rss_start));
+    if let (Some(b), Some(s)) = (budget, a.max_ram.as_deref()) {
+        if floor > b {
+            bail!(
+                "--max-ram {s}: the plan needs at least {floor} bytes ({arena} of arena + {} for its largest segment's weights) beside the {rss_start} bytes the process already holds, more than the budget",
+                floor - arena
+            );
+        }
+    }
     let mut session = Session::new(&plan, edge_kernels_neon::best(), budget.map(|b| b.saturating_sub(floor - arena)))?;
     if let Some(b) = budget {
         session.limit_budget(b);
     }
-    let rss_before = peak_rss_kib().unwrap_or(0);
+    let rss_before = rss_start / 1024;
     let params = GenerateParams {
         prompt: a.prompt.clone(),
         negative_prompt: a.negative_prompt.clone(),
