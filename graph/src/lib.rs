@@ -340,7 +340,9 @@ mod tests {
         let y = g.op("y", Op::Linear { has_bias: false }, &[x, w]).unwrap();
         assert_eq!(g.shape(y), &[5, 3]);
         let w2 = g.weight("w2", &[3, 7], WeightKind::Matrix).unwrap();
-        let err = g.op("bad", Op::Linear { has_bias: false }, &[x, w2]).unwrap_err();
+        let err = g
+            .op("bad", Op::Linear { has_bias: false }, &[x, w2])
+            .unwrap_err();
         assert!(err.to_string().contains("bad"), "{err}");
     }
 

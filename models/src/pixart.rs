@@ -187,7 +187,11 @@ pub fn build_pixart_denoiser_cached(
 
 /// `caption_projection`: linear_1 → GELU(tanh) → linear_2 (or the context itself when the
 /// config has no caption channels).
-fn caption_projection(g: &mut Graph, cfg: &PixArtConfig, context: ValueId) -> Result<ValueId, ModelError> {
+fn caption_projection(
+    g: &mut Graph,
+    cfg: &PixArtConfig,
+    context: ValueId,
+) -> Result<ValueId, ModelError> {
     let d = cfg.inner_dim();
     Ok(match cfg.caption_channels {
         Some(cc) => {

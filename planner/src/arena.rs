@@ -163,8 +163,16 @@ mod tests {
     #[test]
     fn verify_catches_overlap() {
         let ts = [
-            Lifetime { first: 0, last: 2, size: 100 },
-            Lifetime { first: 1, last: 3, size: 100 },
+            Lifetime {
+                first: 0,
+                last: 2,
+                size: 100,
+            },
+            Lifetime {
+                first: 1,
+                last: 3,
+                size: 100,
+            },
         ];
         assert_eq!(verify(&ts, &[0, 64], 256), Err((0, 1)));
         assert!(verify(&ts, &[0, 128], 256).is_ok());
@@ -173,8 +181,16 @@ mod tests {
     #[test]
     fn disjoint_lifetimes_share_memory() {
         let ts = [
-            Lifetime { first: 0, last: 1, size: 1000 },
-            Lifetime { first: 2, last: 3, size: 1000 },
+            Lifetime {
+                first: 0,
+                last: 1,
+                size: 1000,
+            },
+            Lifetime {
+                first: 2,
+                last: 3,
+                size: 1000,
+            },
         ];
         let (off, size) = plan_greedy(&ts);
         assert_eq!(off, vec![0, 0]);

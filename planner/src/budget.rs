@@ -44,7 +44,11 @@ impl std::str::FromStr for SegmentMode {
 /// Parses sizes like `1.5G`, `800M`, `64K` or plain bytes (binary units).
 pub fn parse_size(s: &str, flag: &str) -> Result<u64> {
     let t = s.trim();
-    let err = |why: &str| PlanError::Invalid(format!("{flag} `{s}`: {why} (expected a size like 1.5G or 800M)"));
+    let err = |why: &str| {
+        PlanError::Invalid(format!(
+            "{flag} `{s}`: {why} (expected a size like 1.5G or 800M)"
+        ))
+    };
     let (num, mult) = match t.chars().last() {
         Some(c) if c.is_ascii_alphabetic() => {
             let m: u64 = match c.to_ascii_uppercase() {
@@ -111,7 +115,12 @@ pub fn apply(
         let seg_w: Vec<u64> = st
             .segments
             .iter()
-            .map(|g| bytes(&tensors_of(st, g.first_step as usize, g.end_step as usize), tensors))
+            .map(|g| {
+                bytes(
+                    &tensors_of(st, g.first_step as usize, g.end_step as usize),
+                    tensors,
+                )
+            })
             .collect();
         let mut worst = (0u64, 0usize);
         for j in 0..seg_w.len() {
@@ -128,7 +137,11 @@ pub fn apply(
             SegmentMode::Auto => limit.is_some_and(|l| monolithic_peak > l),
         };
         if let Some(l) = limit {
-            let need = if segmented { segmented_peak } else { monolithic_peak };
+            let need = if segmented {
+                segmented_peak
+            } else {
+                monolithic_peak
+            };
             if need > l {
                 let what = if segmented {
                     let seg = &st.segments[worst.1];
@@ -137,7 +150,9 @@ pub fn apply(
                         worst.1, seg.label, worst.0
                     )
                 } else {
-                    format!("running it monolithic needs {weights} bytes of weights + {arena} of arena")
+                    format!(
+                        "running it monolithic needs {weights} bytes of weights + {arena} of arena"
+                    )
                 };
                 return Err(PlanError::Invalid(format!(
                     "--max-ram: stage {} does not fit: {what} = {need} bytes, but the budget leaves {l} bytes ({} minus {headroom} of headroom)",

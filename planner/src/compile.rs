@@ -14,7 +14,6 @@ use edge_schema::DType;
 
 use crate::budget::SegmentMode;
 use crate::error::{PlanError, Result};
-use crate::tiling::TileRequest;
 use crate::load::folder::PipelineFolder;
 use crate::load::gguf::GgufFile;
 use crate::load::original::OriginalLayout;
@@ -22,6 +21,7 @@ use crate::load::safetensors::open_safetensors_any;
 use crate::load::{scheduler, tokenizer, LoadError, TensorSource};
 use crate::lower::{lower, LoadedWeight, TensorTable, WeightResolver};
 use crate::pack::PackPolicy;
+use crate::tiling::TileRequest;
 
 /// What to compile.
 #[derive(Clone, Debug)]
@@ -738,7 +738,15 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         if len < seq_len {
             let g = build_t5_encoder(t5_cfg, len as usize)?;
             text_buckets.push((len, stages.len() as u32));
-            stages.push(lower(&g, StageKind::TextEncoder, 0, 0, &mut table, &t5_src, policy)?);
+            stages.push(lower(
+                &g,
+                StageKind::TextEncoder,
+                0,
+                0,
+                &mut table,
+                &t5_src,
+                policy,
+            )?);
         }
     }
 
@@ -776,7 +784,8 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
             }),
             ModelFamily::PixArtSigma => None,
         };
-        let dit = edge_models::build_pixart_denoiser_cached(dit_cfg, lh, lw, seq_len as usize, micro)?;
+        let dit =
+            edge_models::build_pixart_denoiser_cached(dit_cfg, lh, lw, seq_len as usize, micro)?;
         let denoiser_stage = stages.len() as u32;
         stages.push(lower(
             &dit,
@@ -847,7 +856,13 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         budget: None,
     };
     let mut meta = meta;
-    crate::budget::apply(&mut meta, &table.entries, opts.max_ram, opts.segments, opts.headroom)?;
+    crate::budget::apply(
+        &mut meta,
+        &table.entries,
+        opts.max_ram,
+        opts.segments,
+        opts.headroom,
+    )?;
     Ok(Compiled { meta, table })
 }
 
@@ -867,7 +882,11 @@ fn plan_tiling(
         return Ok(None);
     };
     let limit = budget.saturating_sub(opts.headroom);
-    let overlap = crate::tiling::validate_overlap(opts.tiling.overlap.unwrap_or(crate::tiling::DEFAULT_OVERLAP))?;
+    let overlap = crate::tiling::validate_overlap(
+        opts.tiling
+            .overlap
+            .unwrap_or(crate::tiling::DEFAULT_OVERLAP),
+    )?;
     // Conservative: weights counted as f32.
     let need = |tw: u32, th: u32| -> Result<u64> {
         let g = build_vae_decoder(vae_cfg, th as usize, tw as usize)?;

@@ -63,7 +63,10 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
         s,
         "budget: {}",
         meta.budget
-            .map_or("none (monolithic)".to_string(), |b| format!("{b} bytes ({})", mib(b)))
+            .map_or("none (monolithic)".to_string(), |b| format!(
+                "{b} bytes ({})",
+                mib(b)
+            ))
     );
     let _ = writeln!(
         s,
@@ -111,16 +114,21 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
             }
         }
         let total: u64 = by_type.values().sum();
-        let parts: Vec<String> = by_type
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect();
-        let _ = writeln!(s, "  weights: {} ; total {total} bytes ({})", parts.join(", "), mib(total));
+        let parts: Vec<String> = by_type.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let _ = writeln!(
+            s,
+            "  weights: {} ; total {total} bytes ({})",
+            parts.join(", "),
+            mib(total)
+        );
     }
     for e in &meta.tensors {
         *total_by_type.entry(e.dtype.name()).or_default() += e.len;
     }
-    let parts: Vec<String> = total_by_type.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let parts: Vec<String> = total_by_type
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
     let total: u64 = total_by_type.values().sum();
     let _ = writeln!(
         s,

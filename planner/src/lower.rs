@@ -96,9 +96,7 @@ impl TensorTable {
             .filter(|&t| self.section_of[t as usize].is_none())
             .collect();
         if fresh.is_empty() {
-            return tensors
-                .first()
-                .and_then(|&t| self.section_of[t as usize]);
+            return tensors.first().and_then(|&t| self.section_of[t as usize]);
         }
         let sec = self.sections.len() as u32;
         for &t in &fresh {
@@ -161,9 +159,11 @@ pub fn lower(
             Source::Weight(spec) => {
                 Storage::Weight(table.weight(spec, &v.shape, resolver, policy)?)
             }
-            Source::Const(data) => {
-                Storage::Weight(table.constant(format!("{}.{}", graph.name, v.name), &v.shape, data))
-            }
+            Source::Const(data) => Storage::Weight(table.constant(
+                format!("{}.{}", graph.name, v.name),
+                &v.shape,
+                data,
+            )),
             Source::Input | Source::Node(_) => Storage::Arena(ArenaSlice {
                 arena: 0,
                 offset: 0,
@@ -226,7 +226,6 @@ pub fn lower(
         segmented: false,
     })
 }
-
 
 /// Lifetimes, the verified greedy arena layout and per-step scratch for `graph` whose values
 /// have the storage kinds in `values` (arena offsets are filled in). Returns the steps, the
@@ -295,7 +294,11 @@ fn plan_memory(graph: &Graph, values: &mut [ValueEntry]) -> Result<(Vec<Step>, u
     }
     for (k, &s) in scratch_sizes.iter().enumerate() {
         if s > 0 {
-            lifetimes.push(Lifetime { first: k, last: k, size: s });
+            lifetimes.push(Lifetime {
+                first: k,
+                last: k,
+                size: s,
+            });
             owners.push(Err(k));
         }
     }

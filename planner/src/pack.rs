@@ -149,9 +149,18 @@ mod tests {
             default: Some(DType::Q8_0),
             rules: vec![],
         };
-        assert_eq!(p.choose("x.bias", WeightKind::Vector, DType::F32, 64).0, DType::F32);
-        assert_eq!(p.choose("t", WeightKind::Table, DType::F16, 64).0, DType::F32);
-        assert_eq!(p.choose("w", WeightKind::Matrix, DType::F32, 64).0, DType::Q8_0);
+        assert_eq!(
+            p.choose("x.bias", WeightKind::Vector, DType::F32, 64).0,
+            DType::F32
+        );
+        assert_eq!(
+            p.choose("t", WeightKind::Table, DType::F16, 64).0,
+            DType::F32
+        );
+        assert_eq!(
+            p.choose("w", WeightKind::Matrix, DType::F32, 64).0,
+            DType::Q8_0
+        );
     }
 
     #[test]
@@ -166,7 +175,10 @@ mod tests {
         let (d, fb) = p.choose("mlp.fc1", WeightKind::Matrix, DType::F32, 48);
         assert_eq!(d, DType::F16);
         assert_eq!(fb.map(|f| f.asked), Some(DType::Q8_0));
-        assert_eq!(p.choose("mlp", WeightKind::Matrix, DType::F32, 256).0, DType::Q8_0);
+        assert_eq!(
+            p.choose("mlp", WeightKind::Matrix, DType::F32, 256).0,
+            DType::Q8_0
+        );
     }
 
     #[test]

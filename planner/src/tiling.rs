@@ -93,7 +93,12 @@ fn overlap_px(tile: u32, overlap: f32) -> u32 {
 
 /// The tiling the user asked for explicitly, for an image of `width × height` pixels and a
 /// VAE factor `ds`; `None` when no tile size was asked for. The tile stage index is left 0.
-pub fn explicit_tiling(width: u32, height: u32, ds: u32, req: &TileRequest) -> Result<Option<VaeTiling>> {
+pub fn explicit_tiling(
+    width: u32,
+    height: u32,
+    ds: u32,
+    req: &TileRequest,
+) -> Result<Option<VaeTiling>> {
     let overlap = validate_overlap(req.overlap.unwrap_or(DEFAULT_OVERLAP))?;
     let (lw, lh) = (width / ds, height / ds);
     let (tw, th) = if let Some((w, h)) = req.size {
@@ -114,7 +119,10 @@ pub fn explicit_tiling(width: u32, height: u32, ds: u32, req: &TileRequest) -> R
                 )));
             }
         }
-        (relative_side(lw, rx, overlap), relative_side(lh, ry, overlap))
+        (
+            relative_side(lw, rx, overlap),
+            relative_side(lh, ry, overlap),
+        )
     } else {
         return Ok(None);
     };
@@ -162,12 +170,20 @@ mod tests {
 
     #[test]
     fn explicit_sizes_are_validated() {
-        let r = |size, relative, overlap| TileRequest { size, relative, overlap };
-        let t = explicit_tiling(512, 256, 8, &r(Some((256, 128)), None, None)).unwrap().unwrap();
+        let r = |size, relative, overlap| TileRequest {
+            size,
+            relative,
+            overlap,
+        };
+        let t = explicit_tiling(512, 256, 8, &r(Some((256, 128)), None, None))
+            .unwrap()
+            .unwrap();
         assert_eq!((t.tile_latent_w, t.tile_latent_h), (32, 16));
         assert_eq!((t.overlap_latent_w, t.overlap_latent_h), (16, 8));
         // Capped at the image.
-        let t = explicit_tiling(64, 64, 8, &r(Some((1024, 1024)), None, Some(0.25))).unwrap().unwrap();
+        let t = explicit_tiling(64, 64, 8, &r(Some((1024, 1024)), None, Some(0.25)))
+            .unwrap()
+            .unwrap();
         assert_eq!((t.tile_latent_w, t.overlap_latent_w), (8, 2));
         // Below the minimum, or not a multiple of the VAE factor.
         assert!(explicit_tiling(512, 512, 8, &r(Some((24, 64)), None, None)).is_err());
@@ -175,12 +191,18 @@ mod tests {
         // Bad overlaps; large ones are clamped.
         assert!(explicit_tiling(512, 512, 8, &r(Some((64, 64)), None, Some(-0.1))).is_err());
         assert!(explicit_tiling(512, 512, 8, &r(Some((64, 64)), None, Some(f32::NAN))).is_err());
-        let t = explicit_tiling(512, 512, 8, &r(Some((64, 64)), None, Some(0.9))).unwrap().unwrap();
+        let t = explicit_tiling(512, 512, 8, &r(Some((64, 64)), None, Some(0.9)))
+            .unwrap()
+            .unwrap();
         assert_eq!(t.overlap_latent_w, 4);
         // Relative sizes: a fraction, a tile count, and invalid values.
-        let t = explicit_tiling(512, 512, 8, &r(None, Some((0.5, 0.25)), Some(0.0))).unwrap().unwrap();
+        let t = explicit_tiling(512, 512, 8, &r(None, Some((0.5, 0.25)), Some(0.0)))
+            .unwrap()
+            .unwrap();
         assert_eq!((t.tile_latent_w, t.tile_latent_h), (32, 16));
-        let t = explicit_tiling(512, 512, 8, &r(None, Some((3.0, 3.0)), Some(0.5))).unwrap().unwrap();
+        let t = explicit_tiling(512, 512, 8, &r(None, Some((3.0, 3.0)), Some(0.5)))
+            .unwrap()
+            .unwrap();
         assert_eq!(t.tile_latent_w, 32); // 3 tiles of 32 with overlap 16 cover 64
         assert!(explicit_tiling(512, 512, 8, &r(None, Some((0.0, 1.0)), None)).is_err());
         assert!(parse_relative("0").is_err());
@@ -189,16 +211,26 @@ mod tests {
         assert_eq!(parse_tile_size("256x128").unwrap(), (256, 128));
         assert_eq!(parse_tile_size("256").unwrap(), (256, 256));
         assert!(parse_tile_size("abc").is_err());
-        assert_eq!(explicit_tiling(512, 512, 8, &r(None, None, None)).unwrap(), None);
+        assert_eq!(
+            explicit_tiling(512, 512, 8, &r(None, None, None)).unwrap(),
+            None
+        );
     }
 
     #[test]
     fn largest_fitting_shrinks_until_it_fits() {
-        let t = largest_fitting(64, 32, 0.5, |w, h| Ok(w * h <= 400)).unwrap().unwrap();
+        let t = largest_fitting(64, 32, 0.5, |w, h| Ok(w * h <= 400))
+            .unwrap()
+            .unwrap();
         assert!(t.tile_latent_w * t.tile_latent_h <= 400);
         assert!(t.tile_latent_w >= 16, "{t:?}");
-        assert_eq!(largest_fitting(64, 64, 0.5, |_, _| Ok(false)).unwrap(), None);
-        let t = largest_fitting(8, 8, 0.5, |_, _| Ok(true)).unwrap().unwrap();
+        assert_eq!(
+            largest_fitting(64, 64, 0.5, |_, _| Ok(false)).unwrap(),
+            None
+        );
+        let t = largest_fitting(8, 8, 0.5, |_, _| Ok(true))
+            .unwrap()
+            .unwrap();
         assert_eq!((t.tile_latent_w, t.tile_latent_h), (8, 8));
     }
 }

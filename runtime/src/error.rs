@@ -31,7 +31,9 @@ pub enum Error {
         height: u32,
         available: String,
     },
-    #[error("stage {stage}: input {index} has {got} elements, expected {expected} (shape {shape:?})")]
+    #[error(
+        "stage {stage}: input {index} has {got} elements, expected {expected} (shape {shape:?})"
+    )]
     InputSize {
         stage: String,
         index: usize,

@@ -23,7 +23,13 @@ pub fn to_rgb8(image: &[f32], width: usize, height: usize) -> Vec<u8> {
 
 /// Writes an RGB8 PNG with `text` as tEXt chunks (key, value), atomically: a temporary file
 /// in the same folder is renamed over `path` only once complete.
-pub fn write_png(path: &Path, rgb: &[u8], width: u32, height: u32, text: &[(&str, String)]) -> Result<()> {
+pub fn write_png(
+    path: &Path,
+    rgb: &[u8],
+    width: u32,
+    height: u32,
+    text: &[(&str, String)],
+) -> Result<()> {
     let err = |reason: String| Error::Output {
         path: path.display().to_string(),
         reason,

@@ -14,9 +14,9 @@ pub mod plan;
 pub mod rng;
 pub mod sampler;
 pub mod session;
+pub mod sign;
 pub mod stream;
 pub mod target;
-pub mod sign;
 pub mod tiling;
 pub mod tokenizer;
 

@@ -72,7 +72,11 @@ pub fn encode_text(
     let l = meta.text.max_sequence_length as usize;
     let enc = tokenizer.encode_padded(text, l);
     let full = &meta.stages[meta.text_stage as usize];
-    let d = full.values[full.outputs[0] as usize].shape.last().copied().unwrap_or(0) as usize;
+    let d = full.values[full.outputs[0] as usize]
+        .shape
+        .last()
+        .copied()
+        .unwrap_or(0) as usize;
     let real = enc.mask.iter().filter(|&&m| m > 0.0).count();
     let (len, stage) = meta
         .text_buckets
@@ -83,7 +87,10 @@ pub fn encode_text(
     let mut hidden = vec![0f32; l * d];
     session.run_stage(
         stage,
-        &[StageInput::I32(&enc.ids[..len]), StageInput::F32(&enc.mask[..len])],
+        &[
+            StageInput::I32(&enc.ids[..len]),
+            StageInput::F32(&enc.mask[..len]),
+        ],
         &mut [&mut hidden[..len * d]],
     )?;
     Ok((hidden, enc.mask, enc.truncated))
@@ -102,7 +109,10 @@ pub struct Condition {
 pub fn condition(session: &mut Session<'_>, hidden: Vec<f32>, mask: Vec<f32>) -> Result<Condition> {
     let meta = session.plan().meta();
     let Some(k) = meta.cross_kv_stage else {
-        return Ok(Condition { context: hidden, mask });
+        return Ok(Condition {
+            context: hidden,
+            mask,
+        });
     };
     let stage = &meta.stages[k as usize];
     let mut kv = vec![0f32; numel(stage, stage.outputs[0])];
@@ -154,7 +164,11 @@ pub fn decode_latents(
     let mut image = vec![0f32; 3 * w * h];
     match &size.decoder_tiling {
         None => {
-            session.run_stage(size.decoder_stage, &[StageInput::F32(latents)], &mut [&mut image])?;
+            session.run_stage(
+                size.decoder_stage,
+                &[StageInput::F32(latents)],
+                &mut [&mut image],
+            )?;
         }
         Some(t) => {
             let grid = crate::tiling::TileGrid {

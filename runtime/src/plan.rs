@@ -63,6 +63,8 @@ pub struct Plan {
     /// Per section: unset until first use, then whether its digest matched.
     checked: Vec<OnceLock<bool>>,
     signer: Option<[u8; 32]>,
+    /// The file, for errors found after opening (lazy section checks).
+    path: Option<std::path::PathBuf>,
 }
 
 /// When [`Plan::verify`] hashes the weight sections.
@@ -147,7 +149,10 @@ impl Plan {
         };
         let file = std::fs::File::open(path).map_err(io)?;
         let map = map_file(&file).map_err(io)?;
-        Plan::verify(Bytes::Mapped(map), trusted, Sections::OnFirstUse).map_err(|e| e.in_file(path))
+        let mut plan = Plan::verify(Bytes::Mapped(map), trusted, Sections::OnFirstUse)
+            .map_err(|e| e.in_file(path))?;
+        plan.path = Some(path.to_path_buf());
+        Ok(plan)
     }
 
     /// Verifies and takes ownership of plan bytes (copied into an aligned buffer). Every
@@ -195,6 +200,7 @@ impl Plan {
             weights_len: weights_len as usize,
             checked: meta.sections.iter().map(|_| OnceLock::new()).collect(),
             signer,
+            path: None,
             meta,
             bytes,
         };
@@ -210,8 +216,8 @@ impl Plan {
     }
 
     /// Checks weight section `section`'s BLAKE3 digest, hashing it on the first call only (the
-    /// outcome is remembered; thread-safe). Errors with a checksum mismatch naming the section,
-    /// or when there is no such section.
+    /// outcome is remembered; thread-safe). Errors with a checksum mismatch naming the section
+    /// (and the file, for a plan from [`Plan::open`]), or when there is no such section.
     pub fn section_checked(&self, section: usize) -> Result<()> {
         let (Some(cell), Some(s)) = (self.checked.get(section), self.meta.sections.get(section))
         else {
@@ -224,13 +230,15 @@ impl Plan {
             verify::verify_section_digest(&self.meta, section, bytes).is_ok()
         });
         if ok {
-            Ok(())
-        } else {
-            Err(edge_schema::Error::ChecksumMismatch {
-                what: format!("weight section {section}"),
-            }
-            .into())
+            return Ok(());
         }
+        let err = Error::from(edge_schema::Error::ChecksumMismatch {
+            what: format!("weight section {section}"),
+        });
+        Err(match &self.path {
+            Some(p) => err.in_file(p),
+            None => err,
+        })
     }
 
     /// Checks every weight section's digest now (see [`Plan::section_checked`]); for tools and
@@ -272,13 +280,17 @@ impl Plan {
 impl Plan {
     fn section_file_range(&self, section: usize) -> Option<(usize, usize)> {
         let s = self.meta.sections.get(section)?;
-        let start = self.weights_offset.checked_add(usize::try_from(s.offset).ok()?)?;
+        let start = self
+            .weights_offset
+            .checked_add(usize::try_from(s.offset).ok()?)?;
         Some((start, usize::try_from(s.len).ok()?))
     }
 
     /// Asks the kernel to read `section` ahead (`madvise(WILLNEED)`).
     pub fn prefetch_section(&self, section: usize) {
-        if let (Bytes::Mapped(m), Some((start, len))) = (&self.bytes, self.section_file_range(section)) {
+        if let (Bytes::Mapped(m), Some((start, len))) =
+            (&self.bytes, self.section_file_range(section))
+        {
             let _ = m.advise_range(memmap2::Advice::WillNeed, start, len);
         }
     }
@@ -286,7 +298,9 @@ impl Plan {
     /// Drops `section`'s pages from this process (`madvise(DONTNEED)`); they are re-read from
     /// the file on next use. Callers must hold no view into the section (no step running).
     pub fn release_section(&self, section: usize) {
-        if let (Bytes::Mapped(m), Some((start, len))) = (&self.bytes, self.section_file_range(section)) {
+        if let (Bytes::Mapped(m), Some((start, len))) =
+            (&self.bytes, self.section_file_range(section))
+        {
             release_pages(m, start, len);
         }
     }

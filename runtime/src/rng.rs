@@ -64,7 +64,11 @@ mod tests {
         assert_ne!(a, b);
         let n = a.len() as f64;
         let mean = a.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
-        let var = a.iter().map(|&x| (f64::from(x) - mean).powi(2)).sum::<f64>() / n;
+        let var = a
+            .iter()
+            .map(|&x| (f64::from(x) - mean).powi(2))
+            .sum::<f64>()
+            / n;
         assert!(mean.abs() < 0.05, "mean {mean}");
         assert!((var - 1.0).abs() < 0.05, "variance {var}");
     }

@@ -59,7 +59,11 @@ fn carve<'a>(
     out: &ArenaSlice,
     scratch: Option<&ArenaSlice>,
 ) -> Result<Carved<'a>> {
-    let bad = || Error::Plan(edge_schema::Error::Invalid("arena slot outside the arena".into()));
+    let bad = || {
+        Error::Plan(edge_schema::Error::Invalid(
+            "arena slot outside the arena".into(),
+        ))
+    };
     let r = |s: &ArenaSlice| -> Result<(usize, usize)> {
         let start = usize::try_from(s.offset).map_err(|_| bad())?;
         let end = usize::try_from(s.end().ok_or_else(bad)?).map_err(|_| bad())?;
@@ -177,7 +181,8 @@ impl<'p> Session<'p> {
     /// Lowers (never raises) the weight + arena budget the session streams weights under.
     pub fn limit_budget(&mut self, budget: u64) {
         let b = self.plan.meta().budget.map_or(budget, |p| p.min(budget));
-        self.streamer = crate::stream::Streamer::new(self.plan.meta(), Some(b), arena_bytes(self.plan));
+        self.streamer =
+            crate::stream::Streamer::new(self.plan.meta(), Some(b), arena_bytes(self.plan));
     }
 
     /// Weight streaming figures so far.
@@ -281,7 +286,9 @@ impl<'p> Session<'p> {
         let k = &self.kernels;
         let out_v = &stage.values[step.outputs[0] as usize];
         let Storage::Arena(out_slot) = out_v.storage else {
-            return Err(Error::Plan(edge_schema::Error::Invalid("output is a weight".into())));
+            return Err(Error::Plan(edge_schema::Error::Invalid(
+                "output is a weight".into(),
+            )));
         };
         // A reshape whose output shares its input's slot is a no-op.
         if let Op::Reshape = step.op {
@@ -355,9 +362,21 @@ impl<'p> Session<'p> {
             Op::GroupNorm { groups, eps } => {
                 let s = shape(ins[0]);
                 let (c0, hw) = (s[0] as usize, (s[1] * s[2]) as usize);
-                (k.group_norm.run)(f(ins[0])?, c0, hw, *groups as usize, *eps, f(ins[1])?, f(ins[2])?, out);
+                (k.group_norm.run)(
+                    f(ins[0])?,
+                    c0,
+                    hw,
+                    *groups as usize,
+                    *eps,
+                    f(ins[1])?,
+                    f(ins[2])?,
+                    out,
+                );
             }
-            Op::Modulate { shift_row, scale_row } => {
+            Op::Modulate {
+                shift_row,
+                scale_row,
+            } => {
                 let x = f(ins[0])?;
                 let d = last(shape(ins[0]));
                 let t = f(ins[1])?;
@@ -411,7 +430,11 @@ impl<'p> Session<'p> {
                 let bias = if *has_bias { Some(f(ins[next])?) } else { None };
                 (k.attention.run)(&p, f(ins[0])?, f(ins[1])?, mask, bias, out);
             }
-            Op::Conv2d { stride, pad, has_bias } => {
+            Op::Conv2d {
+                stride,
+                pad,
+                has_bias,
+            } => {
                 let (xs, ws) = (shape(ins[0]), shape(ins[1]));
                 let p = Conv2dParams {
                     cin: xs[0] as usize,
@@ -435,7 +458,13 @@ impl<'p> Session<'p> {
             }
             Op::UpsampleNearest2x => {
                 let s = shape(ins[0]);
-                edge_kernels::upsample_nearest2x(f(ins[0])?, s[0] as usize, s[1] as usize, s[2] as usize, out);
+                edge_kernels::upsample_nearest2x(
+                    f(ins[0])?,
+                    s[0] as usize,
+                    s[1] as usize,
+                    s[2] as usize,
+                    out,
+                );
             }
             Op::Permute { perm } => {
                 let mut p = [0usize; edge_schema::op::MAX_RANK];

@@ -54,7 +54,9 @@ impl Streamer {
                             .unwrap_or(&[]);
                         for step in steps {
                             for &i in &step.inputs {
-                                if let Some(Storage::Weight(t)) = st.values.get(i as usize).map(|v| &v.storage) {
+                                if let Some(Storage::Weight(t)) =
+                                    st.values.get(i as usize).map(|v| &v.storage)
+                                {
                                     if let Some(e) = meta.tensors.get(*t as usize) {
                                         if !secs.contains(&e.section) {
                                             secs.push(e.section);
@@ -117,7 +119,9 @@ impl Streamer {
             while self.arena + st.resident_bytes + prefetch > budget {
                 let victim = (0..st.resident.len())
                     .filter(|&s| {
-                        st.resident[s] && !now.contains(&(s as u32)) && !upcoming.contains(&(s as u32))
+                        st.resident[s]
+                            && !now.contains(&(s as u32))
+                            && !upcoming.contains(&(s as u32))
                     })
                     .min_by_key(|&s| st.last_use[s]);
                 let Some(v) = victim else { break };

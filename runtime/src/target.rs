@@ -77,9 +77,21 @@ mod tests {
 
     #[test]
     fn generic_and_foreign_plans_run_and_missing_features_are_named() {
-        assert!(check(&Target { isa: Isa::Generic, features: vec![] }).is_ok());
-        let foreign = if host_isa() == Isa::Aarch64 { Isa::X86_64 } else { Isa::Aarch64 };
-        assert!(check(&Target { isa: foreign, features: vec!["sve9".into()] }).is_ok());
+        assert!(check(&Target {
+            isa: Isa::Generic,
+            features: vec![]
+        })
+        .is_ok());
+        let foreign = if host_isa() == Isa::Aarch64 {
+            Isa::X86_64
+        } else {
+            Isa::Aarch64
+        };
+        assert!(check(&Target {
+            isa: foreign,
+            features: vec!["sve9".into()]
+        })
+        .is_ok());
         let err = check(&Target {
             isa: host_isa(),
             features: vec!["no-such-feature".into()],

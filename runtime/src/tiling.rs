@@ -91,7 +91,11 @@ pub fn decode_tiled<E>(
             decode(&tile_in, &mut tile_out)?;
             // Overlap with the previous / next tile along each axis, in image pixels.
             let olap = |starts: &[usize], i: usize, tile: usize| -> (usize, usize) {
-                let before = if i > 0 { (starts[i - 1] + tile).saturating_sub(starts[i]) } else { 0 };
+                let before = if i > 0 {
+                    (starts[i - 1] + tile).saturating_sub(starts[i])
+                } else {
+                    0
+                };
                 let after = if i + 1 < starts.len() {
                     (starts[i] + tile).saturating_sub(starts[i + 1])
                 } else {
@@ -116,7 +120,10 @@ pub fn decode_tiled<E>(
         }
     }
     for c in 0..3 {
-        for (v, &w) in image[c * ih * iw..(c + 1) * ih * iw].iter_mut().zip(&weight) {
+        for (v, &w) in image[c * ih * iw..(c + 1) * ih * iw]
+            .iter_mut()
+            .zip(&weight)
+        {
             *v /= w;
         }
     }
@@ -141,7 +148,10 @@ mod tests {
                     assert_eq!(s[0], 0);
                     assert_eq!(*s.last().unwrap() + tile, len);
                     for w in s.windows(2) {
-                        assert!(w[1] > w[0] && w[1] <= w[0] + tile, "{len} {tile} {overlap} {s:?}");
+                        assert!(
+                            w[1] > w[0] && w[1] <= w[0] + tile,
+                            "{len} {tile} {overlap} {s:?}"
+                        );
                     }
                 }
             }
@@ -158,7 +168,8 @@ mod tests {
             move |t: &[f32], out: &mut [f32]| -> Result<(), ()> {
                 for y in 0..th * scale {
                     for x in 0..tw * scale {
-                        let v = t[(y / scale) * tw + x / scale] - t[th * tw + (y / scale) * tw + x / scale];
+                        let v = t[(y / scale) * tw + x / scale]
+                            - t[th * tw + (y / scale) * tw + x / scale];
                         for ch in 0..3 {
                             out[(ch * th * scale + y) * tw * scale + x] = v * (ch as f32 + 1.0);
                         }
@@ -190,7 +201,10 @@ mod tests {
             let mut tiled = vec![0f32; full.len()];
             decode_tiled(&g, &lat, &mut tiled, dec(th, tw)).unwrap();
             for (a, b) in tiled.iter().zip(&full) {
-                assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{th}x{tw}: {a} vs {b}");
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                    "{th}x{tw}: {a} vs {b}"
+                );
             }
         }
     }

@@ -304,6 +304,7 @@ impl_block!(BlockQ6K, QK_K, Some(DType::Q6K), "q6_K");
 impl_block!(BlockQ8K, QK_K, None, "q8_K");
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

@@ -6,10 +6,17 @@
 pub enum Error {
     #[error("not a plan file: bad magic {found:?} (expected {expected:?})")]
     BadMagic { found: [u8; 8], expected: [u8; 8] },
-    #[error("plan format version {found} is not supported (this runtime reads version {expected})")]
+    #[error(
+        "plan format version {found} is not supported (this runtime reads version {expected})"
+    )]
     UnsupportedVersion { found: u32, expected: u32 },
     #[error("plan is truncated: {what} needs bytes {start}..{end} but the file has {len}")]
-    Truncated { what: String, start: u64, end: u64, len: u64 },
+    Truncated {
+        what: String,
+        start: u64,
+        end: u64,
+        len: u64,
+    },
     #[error("plan checksum mismatch in {what}: the file is corrupted")]
     ChecksumMismatch { what: String },
     #[error("plan metadata does not decode: {0}")]

@@ -56,7 +56,7 @@ use crate::error::{Error, Result};
 /// `b"EDGEPLAN"`.
 pub const MAGIC: [u8; 8] = *b"EDGEPLAN";
 /// The plan format version this build reads and writes. Any change to a serialized type bumps it.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Size of [`Header`] in bytes.
 pub const HEADER_LEN: usize = 256;
 /// Alignment of every tensor inside the weight region, in bytes.
@@ -119,6 +119,8 @@ pub struct Header {
     pub weights_len: U64,
     pub file_len: U64,
     pub meta_digest: [u8; 32],
+    /// The signature block (all zero when unsigned); see the module docs and
+    /// [`Header::signature_block`].
     pub reserved: [u8; 136],
     pub header_digest: [u8; 32],
 }
@@ -275,6 +277,7 @@ pub fn check_range(what: &str, offset: u64, len: u64, file_len: u64) -> Result<(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

@@ -169,13 +169,16 @@ pub fn numel(shape: &[u64]) -> Option<u64> {
     if shape.len() > MAX_RANK {
         return None;
     }
-    shape.iter().try_fold(1u64, |acc, &d| {
-        if d == 0 {
-            None
-        } else {
-            acc.checked_mul(d)
-        }
-    })
+    shape.iter().try_fold(
+        1u64,
+        |acc, &d| {
+            if d == 0 {
+                None
+            } else {
+                acc.checked_mul(d)
+            }
+        },
+    )
 }
 
 fn is_float_weight(d: DType) -> bool {
@@ -228,7 +231,9 @@ impl Op {
                 let (t, td) = inputs[0];
                 let (ids, idd) = inputs[1];
                 if t.len() != 2 || !is_float_weight(td) {
-                    return Err(format!("embedding table must be a 2-D float tensor, is {td} {t:?}"));
+                    return Err(format!(
+                        "embedding table must be a 2-D float tensor, is {td} {t:?}"
+                    ));
                 }
                 if ids.len() != 1 || idd != DType::I32 {
                     return Err(format!("embedding ids must be 1-D i32, are {idd} {ids:?}"));
@@ -239,10 +244,16 @@ impl Op {
                 let x = f32_in(0)?;
                 let (w, wd) = inputs[1];
                 if w.len() != 2 || w[1] != last(x) {
-                    return Err(format!("linear: weight {w:?} does not match input {x:?} (expected [n, {}])", last(x)));
+                    return Err(format!(
+                        "linear: weight {w:?} does not match input {x:?} (expected [n, {}])",
+                        last(x)
+                    ));
                 }
                 if w[1] % wd.block_size() as u64 != 0 || wd == DType::I32 {
-                    return Err(format!("linear: weight type {wd} does not fit rows of {}", w[1]));
+                    return Err(format!(
+                        "linear: weight type {wd} does not fit rows of {}",
+                        w[1]
+                    ));
                 }
                 if *has_bias && f32_in(2)? != [w[0]] {
                     return Err(format!("linear: bias must be [{}]", w[0]));
@@ -270,19 +281,27 @@ impl Op {
             Op::GroupNorm { groups, .. } => {
                 let x = f32_in(0)?;
                 if x.len() != 3 || *groups == 0 || x[0] % u64::from(*groups) != 0 {
-                    return Err(format!("group_norm: input {x:?} must be [c, h, w] with c divisible by {groups}"));
+                    return Err(format!(
+                        "group_norm: input {x:?} must be [c, h, w] with c divisible by {groups}"
+                    ));
                 }
                 if f32_in(1)? != [x[0]] || f32_in(2)? != [x[0]] {
                     return Err(format!("group_norm: weight and bias must be [{}]", x[0]));
                 }
                 x.to_vec()
             }
-            Op::Modulate { shift_row, scale_row } => {
+            Op::Modulate {
+                shift_row,
+                scale_row,
+            } => {
                 let x = f32_in(0)?;
                 let t = f32_in(1)?;
                 let rows = u64::from((*shift_row).max(*scale_row));
                 if t.len() != 2 || t[1] != last(x) || rows >= t[0] {
-                    return Err(format!("modulate: table {t:?} must be [r > {rows}, {}]", last(x)));
+                    return Err(format!(
+                        "modulate: table {t:?} must be [r > {rows}, {}]",
+                        last(x)
+                    ));
                 }
                 x.to_vec()
             }
@@ -291,7 +310,9 @@ impl Op {
                 let y = f32_in(1)?;
                 let t = f32_in(2)?;
                 if x != y || t.len() != 2 || t[1] != last(x) || u64::from(*gate_row) >= t[0] {
-                    return Err(format!("gated_residual: shapes {x:?}, {y:?}, table {t:?} do not agree"));
+                    return Err(format!(
+                        "gated_residual: shapes {x:?}, {y:?}, table {t:?} do not agree"
+                    ));
                 }
                 x.to_vec()
             }
@@ -323,7 +344,8 @@ impl Op {
                 if width == 0 {
                     return Err("attention: zero heads or head_dim".into());
                 }
-                let fits = |off: u32, w: u64| u64::from(off).checked_add(width).is_some_and(|e| e <= w);
+                let fits =
+                    |off: u32, w: u64| u64::from(off).checked_add(width).is_some_and(|e| e <= w);
                 if !fits(*q_offset, q[1]) || !fits(*k_offset, kv[1]) || !fits(*v_offset, kv[1]) {
                     return Err(format!("attention: offsets {q_offset}/{k_offset}/{v_offset} + {width} exceed q {q:?} / kv {kv:?}"));
                 }
@@ -335,11 +357,18 @@ impl Op {
                     i += 1;
                 }
                 if *has_bias && f32_in(i)? != [u64::from(*heads), q[0], kv[0]] {
-                    return Err(format!("attention: bias must be [{heads}, {}, {}]", q[0], kv[0]));
+                    return Err(format!(
+                        "attention: bias must be [{heads}, {}, {}]",
+                        q[0], kv[0]
+                    ));
                 }
                 vec![q[0], width]
             }
-            Op::Conv2d { stride, pad, has_bias } => {
+            Op::Conv2d {
+                stride,
+                pad,
+                has_bias,
+            } => {
                 let x = f32_in(0)?;
                 let (w, wd) = inputs[1];
                 if x.len() != 3 || w.len() != 4 || w[1] != x[0] || !is_float_weight(wd) {
@@ -354,7 +383,9 @@ impl Op {
                 let ph = x[1] + u64::from(pad[0]) + u64::from(pad[1]);
                 let pw = x[2] + u64::from(pad[2]) + u64::from(pad[3]);
                 if ph < w[2] || pw < w[3] {
-                    return Err(format!("conv2d: kernel {w:?} larger than padded input {x:?}"));
+                    return Err(format!(
+                        "conv2d: kernel {w:?} larger than padded input {x:?}"
+                    ));
                 }
                 vec![
                     w[0],
@@ -414,9 +445,14 @@ impl Op {
                 for i in 1..inputs.len() {
                     let s = f32_in(i)?;
                     let same = s.len() == first.len()
-                        && s.iter().zip(first).enumerate().all(|(j, (p, q))| j == a || p == q);
+                        && s.iter()
+                            .zip(first)
+                            .enumerate()
+                            .all(|(j, (p, q))| j == a || p == q);
                     if !same {
-                        return Err(format!("concat: {s:?} does not match {first:?} off axis {a}"));
+                        return Err(format!(
+                            "concat: {s:?} does not match {first:?} off axis {a}"
+                        ));
                     }
                     o[a] = o[a].checked_add(s[a]).ok_or("concat: overflow")?;
                 }
@@ -425,8 +461,14 @@ impl Op {
             Op::TimestepEmbedding { max_period, .. } => {
                 let t = f32_in(0)?;
                 let o = need_hint()?;
-                if t.len() != 1 || o.len() != 2 || o[0] != t[0] || !(max_period.is_finite() && *max_period > 1.0) {
-                    return Err(format!("timestep_embedding: input {t:?} → {o:?} (expected [n] → [n, dim])"));
+                if t.len() != 1
+                    || o.len() != 2
+                    || o[0] != t[0]
+                    || !(max_period.is_finite() && *max_period > 1.0)
+                {
+                    return Err(format!(
+                        "timestep_embedding: input {t:?} → {o:?} (expected [n] → [n, dim])"
+                    ));
                 }
                 o
             }

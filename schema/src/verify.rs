@@ -33,7 +33,9 @@ pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
         )));
     }
     if meta.vae.downscale == 0 || meta.vae.latent_channels == 0 {
-        return Err(invalid("vae downscale and latent channels must be positive".into()));
+        return Err(invalid(
+            "vae downscale and latent channels must be positive".into(),
+        ));
     }
     for (i, s) in meta.sections.iter().enumerate() {
         let end = s.offset.checked_add(s.len);
@@ -48,12 +50,22 @@ pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
     }
     for (i, t) in meta.tensors.iter().enumerate() {
         let sec = meta.sections.get(t.section as usize).ok_or_else(|| {
-            invalid(format!("tensor {i} ({}) names missing section {}", t.name, t.section))
+            invalid(format!(
+                "tensor {i} ({}) names missing section {}",
+                t.name, t.section
+            ))
         })?;
-        let n = numel(&t.shape)
-            .ok_or_else(|| invalid(format!("tensor {i} ({}) has invalid shape {:?}", t.name, t.shape)))?;
+        let n = numel(&t.shape).ok_or_else(|| {
+            invalid(format!(
+                "tensor {i} ({}) has invalid shape {:?}",
+                t.name, t.shape
+            ))
+        })?;
         let row = t.shape.last().copied().unwrap_or(1);
-        let bytes = t.dtype.bytes_for(n).filter(|_| row % t.dtype.block_size() as u64 == 0);
+        let bytes = t
+            .dtype
+            .bytes_for(n)
+            .filter(|_| row % t.dtype.block_size() as u64 == 0);
         if bytes != Some(t.len) {
             return Err(invalid(format!(
                 "tensor {i} ({}) of {} {:?} has {} bytes (expected {:?})",
@@ -71,7 +83,10 @@ pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
         }
     }
     if meta.stages.get(meta.text_stage as usize).map(|s| s.kind) != Some(StageKind::TextEncoder) {
-        return Err(invalid(format!("text stage {} is not a text encoder", meta.text_stage)));
+        return Err(invalid(format!(
+            "text stage {} is not a text encoder",
+            meta.text_stage
+        )));
     }
     for (i, s) in meta.stages.iter().enumerate() {
         verify_stage(meta, s).map_err(|e| match e {
@@ -81,7 +96,9 @@ pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
     }
     if let Some(k) = meta.cross_kv_stage {
         if meta.stages.get(k as usize).map(|s| s.kind) != Some(StageKind::CrossKv) {
-            return Err(invalid(format!("cross-attention K/V stage {k} is not a CrossKv stage")));
+            return Err(invalid(format!(
+                "cross-attention K/V stage {k} is not a CrossKv stage"
+            )));
         }
     }
     if meta.sizes.is_empty() {
@@ -132,9 +149,17 @@ pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
             .stages
             .get(idx as usize)
             .filter(|s| s.kind == StageKind::TextEncoder)
-            .ok_or_else(|| invalid(format!("text bucket {len} names stage {idx}, not a text encoder")))?;
-        let ids = st.values.get(st.inputs[0] as usize).map(|v| v.shape.clone());
-        if len <= prev || len >= meta.text.max_sequence_length || ids != Some(vec![u64::from(len)]) {
+            .ok_or_else(|| {
+                invalid(format!(
+                    "text bucket {len} names stage {idx}, not a text encoder"
+                ))
+            })?;
+        let ids = st
+            .values
+            .get(st.inputs[0] as usize)
+            .map(|v| v.shape.clone());
+        if len <= prev || len >= meta.text.max_sequence_length || ids != Some(vec![u64::from(len)])
+        {
             return Err(invalid(format!(
                 "text bucket {len} (stage {idx}) is not ascending, not shorter than {}, or its input is not [{len}]",
                 meta.text.max_sequence_length
@@ -235,7 +260,9 @@ fn verify_stage(meta: &PlanMeta, s: &Stage) -> Result<()> {
     }
     for &id in s.inputs.iter().chain(&s.outputs) {
         if arena_of(id).is_none() {
-            return Err(invalid(format!("stage input/output {id} is not an arena value")));
+            return Err(invalid(format!(
+                "stage input/output {id} is not an arena value"
+            )));
         }
     }
     // Steps: ids, op shapes, scratch, aliasing.
@@ -264,7 +291,8 @@ fn verify_stage(meta: &PlanMeta, s: &Stage) -> Result<()> {
             .values
             .get(out_id as usize)
             .ok_or_else(|| fail(format!("output {out_id} out of range")))?;
-        let out_slice = arena_of(out_id).ok_or_else(|| fail("output is not an arena value".into()))?;
+        let out_slice =
+            arena_of(out_id).ok_or_else(|| fail("output is not an arena value".into()))?;
         let (shape, dtype) = step.op.infer(&ins, Some(&out.shape)).map_err(fail)?;
         if shape != out.shape || dtype != out.dtype {
             return Err(fail(format!(
@@ -274,7 +302,9 @@ fn verify_stage(meta: &PlanMeta, s: &Stage) -> Result<()> {
         }
         if let Op::Embedding = step.op {
             if s.values[step.inputs[0] as usize].shape[0] < u64::from(meta.text.vocab_rows) {
-                return Err(fail("embedding table has fewer rows than the text info says".into()));
+                return Err(fail(
+                    "embedding table has fewer rows than the text info says".into(),
+                ));
             }
         }
         for &id in &step.inputs {
@@ -326,7 +356,10 @@ fn verify_stage(meta: &PlanMeta, s: &Stage) -> Result<()> {
 
 fn check_slice(a: &ArenaSlice, arena_size: u64, what: &str) -> Result<()> {
     if a.arena != 0 {
-        return Err(invalid(format!("{what} is in arena {} (only arena 0 exists)", a.arena)));
+        return Err(invalid(format!(
+            "{what} is in arena {} (only arena 0 exists)",
+            a.arena
+        )));
     }
     match a.end() {
         Some(e) if e <= arena_size => Ok(()),
@@ -412,10 +445,9 @@ fn reshape_alias(s: &Stage, a: usize, b: usize) -> bool {
     // reshape whose input has the same slot, walking back from each.
     let root = |mut id: usize| {
         for _ in 0..s.steps.len() {
-            let producer = s
-                .steps
-                .iter()
-                .find(|st| st.outputs.first() == Some(&(id as u32)) && matches!(st.op, Op::Reshape));
+            let producer = s.steps.iter().find(|st| {
+                st.outputs.first() == Some(&(id as u32)) && matches!(st.op, Op::Reshape)
+            });
             match producer {
                 Some(st) => id = st.inputs[0] as usize,
                 None => break,

@@ -49,7 +49,10 @@ pub fn read_safetensors(path: &Path) -> HashMap<String, RefTensor> {
                 .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
                 .collect(),
             safetensors::Dtype::U8 => d.iter().map(|&b| f32::from(b)).collect(),
-            other => panic!("{}: tensor {name} has unsupported dtype {other:?}", path.display()),
+            other => panic!(
+                "{}: tensor {name} has unsupported dtype {other:?}",
+                path.display()
+            ),
         };
         out.insert(
             name.clone(),

@@ -9,7 +9,10 @@ use edge_planner::CompileOptions;
 use edge_runtime::sampler::SamplingMethod;
 use edge_runtime::{GenerateParams, Plan, Session, StageInput};
 
-fn compile(model: &std::path::Path, opts: &CompileOptions) -> Result<Vec<u8>, edge_planner::PlanError> {
+fn compile(
+    model: &std::path::Path,
+    opts: &CompileOptions,
+) -> Result<Vec<u8>, edge_planner::PlanError> {
     let mut c = edge_planner::compile_folder(model, opts)?;
     edge_planner::write::assemble(&mut c.meta, &c.table)
 }
@@ -26,7 +29,9 @@ fn run_dpm4(plan: &Plan, budget: Option<u64>) -> (Vec<f32>, u64, u64) {
     if let Some(b) = budget {
         s.limit_budget(b);
     }
-    let r = read_safetensors(&fixture("pixart-sigma-tiny/reference/pipeline_dpm_4_cat_64x64.safetensors"));
+    let r = read_safetensors(&fixture(
+        "pixart-sigma-tiny/reference/pipeline_dpm_4_cat_64x64.safetensors",
+    ));
     let p = GenerateParams {
         prompt: "a lovely cat".into(),
         negative_prompt: String::new(),
@@ -41,7 +46,11 @@ fn run_dpm4(plan: &Plan, budget: Option<u64>) -> (Vec<f32>, u64, u64) {
     let out = edge_runtime::generate(&mut s, &p, &mut |_| {}).unwrap();
     let rel = rel_l2(&out.latents, &r["final_latents"].data);
     assert!(rel < 1e-4, "latents rel L2 {rel:e}");
-    (out.latents, s.streamer().streamed_bytes(), s.streamer().released_bytes())
+    (
+        out.latents,
+        s.streamer().streamed_bytes(),
+        s.streamer().released_bytes(),
+    )
 }
 
 fn open_file(bytes: &[u8]) -> (tempfile::TempDir, Plan) {
@@ -71,7 +80,10 @@ fn segmented_streaming_is_bit_identical_to_monolithic() {
         })
         .collect();
     den_tensors.dedup();
-    let den_weights: u64 = den_tensors.iter().map(|&t| mono.meta().tensors[t as usize].len).sum();
+    let den_weights: u64 = den_tensors
+        .iter()
+        .map(|&t| mono.meta().tensors[t as usize].len)
+        .sum();
     let budget = arena + den_weights - 1;
     let seg_bytes = compile(
         &model,
@@ -84,14 +96,20 @@ fn segmented_streaming_is_bit_identical_to_monolithic() {
     .unwrap();
     let (_dir, seg) = open_file(&seg_bytes);
     let den = &seg.meta().stages[seg.meta().sizes[0].denoiser_stage as usize];
-    assert!(den.segmented, "denoiser should be segmented under {budget} bytes");
+    assert!(
+        den.segmented,
+        "denoiser should be segmented under {budget} bytes"
+    );
     assert_eq!(seg.meta().budget, Some(budget));
     let (a, _, _) = run_dpm4(&mono, None);
     let (b, streamed, released) = run_dpm4(&seg, None);
     assert_eq!(a, b, "segmented plan must give bit-identical latents");
     // Streaming: pages are released and streamed again at every step.
     assert!(released > 0, "nothing released under the budget");
-    assert!(streamed > weights, "streamed {streamed} bytes, weights {weights}");
+    assert!(
+        streamed > weights,
+        "streamed {streamed} bytes, weights {weights}"
+    );
     // every-cut on the monolithic plan with a runtime budget: same latents again.
     let every = compile(
         &model,
@@ -118,8 +136,7 @@ fn budget_too_small_names_the_segment() {
             ..opts()
         },
     )
-    .err()
-    .expect("a 100 kB budget cannot fit");
+    .expect_err("a 100 kB budget cannot fit");
     let msg = err.to_string();
     assert!(
         msg.contains("--max-ram") && (msg.contains("segment") || msg.contains("tile")),
@@ -136,7 +153,9 @@ fn decode(plan: &Plan, latents: &[f32]) -> Vec<f32> {
 #[test]
 fn tiled_vae_decode_matches_whole_image_within_blending_tolerance() {
     let model = fixture("pixart-sigma-tiny");
-    let r = read_safetensors(&fixture("pixart-sigma-tiny/reference/vae_dec_64x64.safetensors"));
+    let r = read_safetensors(&fixture(
+        "pixart-sigma-tiny/reference/vae_dec_64x64.safetensors",
+    ));
     let lat = &r["latents"].data;
     let whole = Plan::from_bytes(&compile(&model, &opts()).unwrap()).unwrap();
     let reference = decode(&whole, lat);
@@ -146,7 +165,17 @@ fn tiled_vae_decode_matches_whole_image_within_blending_tolerance() {
         size: Some((64, 64)),
         ..Default::default()
     };
-    let p = Plan::from_bytes(&compile(&model, &CompileOptions { tiling: full_tile, ..opts() }).unwrap()).unwrap();
+    let p = Plan::from_bytes(
+        &compile(
+            &model,
+            &CompileOptions {
+                tiling: full_tile,
+                ..opts()
+            },
+        )
+        .unwrap(),
+    )
+    .unwrap();
     assert!(p.meta().sizes[0].decoder_tiling.is_some());
     assert_eq!(decode(&p, lat), reference);
     // 48 px tiles (6 latent pixels) overlapping by half: group norms and the mid-block attention
@@ -157,12 +186,27 @@ fn tiled_vae_decode_matches_whole_image_within_blending_tolerance() {
         overlap: Some(0.5),
         ..Default::default()
     };
-    let p = Plan::from_bytes(&compile(&model, &CompileOptions { tiling: tiled, ..opts() }).unwrap()).unwrap();
+    let p = Plan::from_bytes(
+        &compile(
+            &model,
+            &CompileOptions {
+                tiling: tiled,
+                ..opts()
+            },
+        )
+        .unwrap(),
+    )
+    .unwrap();
     let t = p.meta().sizes[0].decoder_tiling.clone().unwrap();
     assert_eq!((t.tile_latent_w, t.overlap_latent_w), (6, 3));
     let img = decode(&p, lat);
     let max = max_abs_diff(&img, &reference);
-    let mean = img.iter().zip(&reference).map(|(a, b)| f64::from((a - b).abs())).sum::<f64>() / img.len() as f64;
+    let mean = img
+        .iter()
+        .zip(&reference)
+        .map(|(a, b)| f64::from((a - b).abs()))
+        .sum::<f64>()
+        / img.len() as f64;
     eprintln!("tiled 48px/0.5 vs whole: max |diff| {max:.4}, mean |diff| {mean:.4}");
     assert!(max < 0.505 && mean < 0.072, "max {max} mean {mean}");
 }
@@ -203,7 +247,9 @@ fn budget_chooses_a_vae_tile_when_the_whole_decoder_does_not_fit() {
                 assert!(tile_stage.arena_size < dec.arena_size);
             }
             // The tiled plan still decodes a finite image of the right size.
-            let r = read_safetensors(&fixture("pixart-sigma-tiny/reference/vae_dec_64x64.safetensors"));
+            let r = read_safetensors(&fixture(
+                "pixart-sigma-tiny/reference/vae_dec_64x64.safetensors",
+            ));
             let img = decode(&p, &r["latents"].data);
             assert_eq!(img.len(), 3 * 64 * 64);
             assert!(img.iter().all(|v| v.is_finite()));
@@ -216,12 +262,45 @@ fn budget_chooses_a_vae_tile_when_the_whole_decoder_does_not_fit() {
 fn tile_flags_are_validated() {
     let model = fixture("pixart-sigma-tiny");
     for (req, needle) in [
-        (TileRequest { size: Some((16, 64)), ..Default::default() }, "at least 32"),
-        (TileRequest { size: Some((64, 64)), overlap: Some(f32::NAN), ..Default::default() }, "overlap"),
-        (TileRequest { size: Some((64, 64)), overlap: Some(-0.25), ..Default::default() }, "overlap"),
-        (TileRequest { relative: Some((0.0, 0.5)), ..Default::default() }, "relative"),
+        (
+            TileRequest {
+                size: Some((16, 64)),
+                ..Default::default()
+            },
+            "at least 32",
+        ),
+        (
+            TileRequest {
+                size: Some((64, 64)),
+                overlap: Some(f32::NAN),
+                ..Default::default()
+            },
+            "overlap",
+        ),
+        (
+            TileRequest {
+                size: Some((64, 64)),
+                overlap: Some(-0.25),
+                ..Default::default()
+            },
+            "overlap",
+        ),
+        (
+            TileRequest {
+                relative: Some((0.0, 0.5)),
+                ..Default::default()
+            },
+            "relative",
+        ),
     ] {
-        let err = compile(&model, &CompileOptions { tiling: req, ..opts() }).err().expect("refused");
+        let err = compile(
+            &model,
+            &CompileOptions {
+                tiling: req,
+                ..opts()
+            },
+        )
+        .expect_err("refused");
         assert!(err.to_string().contains(needle), "{err}");
     }
 }
@@ -233,7 +312,11 @@ fn stage_inputs_of_wrong_size_are_refused() {
     let size = p.meta().sizes[0].clone();
     let mut out = vec![0f32; 3 * 64 * 64];
     let err = s
-        .run_stage(size.decoder_stage, &[StageInput::F32(&[0.0; 10])], &mut [&mut out])
+        .run_stage(
+            size.decoder_stage,
+            &[StageInput::F32(&[0.0; 10])],
+            &mut [&mut out],
+        )
         .unwrap_err();
     assert!(err.to_string().contains("expected"), "{err}");
 }

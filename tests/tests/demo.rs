@@ -84,12 +84,21 @@ fn demo_matches_diffusers_from_identical_noise() {
     let mut s = Session::new(&plan, edge_kernels::generic(), None).unwrap();
     for (run, prompt) in [
         ("redcircle", "a large red circle on a blue background"),
-        ("yellowsquare", "a small yellow square on a black background"),
+        (
+            "yellowsquare",
+            "a small yellow square on a black background",
+        ),
         ("empty", ""),
     ] {
-        let r = read_safetensors(&demo(&format!("reference/pipeline_dpm_20_{run}_64x64.safetensors")));
-        let out = edge_runtime::generate(&mut s, &params(prompt, 0, Some(r["initial_noise"].data.clone())), &mut |_| {})
-            .unwrap();
+        let r = read_safetensors(&demo(&format!(
+            "reference/pipeline_dpm_20_{run}_64x64.safetensors"
+        )));
+        let out = edge_runtime::generate(
+            &mut s,
+            &params(prompt, 0, Some(r["initial_noise"].data.clone())),
+            &mut |_| {},
+        )
+        .unwrap();
         let rel = rel_l2(&out.latents, &r["final_latents"].data);
         assert!(rel < 1e-4, "{run}: final latents rel L2 {rel:e}");
         let img = &r["image_uint8"].data;
@@ -108,11 +117,19 @@ fn demo_images_from_our_noise_show_the_prompt() {
     let plan = demo_plan();
     let mut s = Session::new(&plan, edge_kernels::generic(), None).unwrap();
     for seed in [0u64, 1, 2] {
-        let out = edge_runtime::generate(&mut s, &params("a large red circle on a blue background", seed, None), &mut |_| {})
-            .unwrap();
+        let out = edge_runtime::generate(
+            &mut s,
+            &params("a large red circle on a blue background", seed, None),
+            &mut |_| {},
+        )
+        .unwrap();
         check_content(&out.rgb, (24, 39), "red", "blue");
-        let out = edge_runtime::generate(&mut s, &params("a small yellow square on a black background", seed, None), &mut |_| {})
-            .unwrap();
+        let out = edge_runtime::generate(
+            &mut s,
+            &params("a small yellow square on a black background", seed, None),
+            &mut |_| {},
+        )
+        .unwrap();
         check_content(&out.rgb, (28, 35), "yellow", "black");
     }
 }

@@ -77,7 +77,15 @@ fn transformer_sq_t999(plan: &Plan, name: &str) -> Vec<f32> {
         r["encoder_attention_mask"].data.clone(),
     )
     .unwrap();
-    edge_runtime::pipeline::denoise(&mut s, &size, &x.data, r["timestep"].data[0], &cond, &mut out).unwrap();
+    edge_runtime::pipeline::denoise(
+        &mut s,
+        &size,
+        &x.data,
+        r["timestep"].data[0],
+        &cond,
+        &mut out,
+    )
+    .unwrap();
     out
 }
 
@@ -451,7 +459,11 @@ fn original_layout_safetensors_gives_identical_plan() {
     let (c, plan) = build(Some(&folder), &with_model(&path), None);
     for (i, e) in base.table.entries.iter().enumerate() {
         assert_eq!(c.table.entries[i].dtype, e.dtype, "{}", e.name);
-        assert!(c.table.data[i] == base.table.data[i], "{} bytes differ (gguf)", e.name);
+        assert!(
+            c.table.data[i] == base.table.data[i],
+            "{} bytes differ (gguf)",
+            e.name
+        );
     }
     let (la, _) = dpm4_latents(&plan, SIGMA, "pipeline_dpm_4_cat_64x64");
     let (lb, _) = dpm4_latents(&base_plan, SIGMA, "pipeline_dpm_4_cat_64x64");

@@ -24,11 +24,18 @@ fn t5_matches(name: &str) {
     let d = refh.shape[2];
     assert_eq!(plan.meta().text.max_sequence_length as usize, l);
     for row in 0..n {
-        let id: Vec<i32> = ids.data[row * l..(row + 1) * l].iter().map(|&x| x as i32).collect();
+        let id: Vec<i32> = ids.data[row * l..(row + 1) * l]
+            .iter()
+            .map(|&x| x as i32)
+            .collect();
         let m = &mask.data[row * l..(row + 1) * l];
         let mut out = vec![0f32; l * d];
-        s.run_stage(plan.meta().text_stage, &[StageInput::I32(&id), StageInput::F32(m)], &mut [&mut out])
-            .unwrap();
+        s.run_stage(
+            plan.meta().text_stage,
+            &[StageInput::I32(&id), StageInput::F32(m)],
+            &mut [&mut out],
+        )
+        .unwrap();
         assert_close(
             &format!("{name} t5 row {row}"),
             &out,
@@ -51,8 +58,16 @@ fn t5_alpha() {
 fn transformer_matches(name: &str) {
     let plan = plan_for(name);
     let mut s = Session::new(&plan, edge_kernels::generic(), None).unwrap();
-    for case in ["sq_t999_cat", "sq_t500_cat", "ns_t999_cat", "ns_t500_long", "sq_t999_cfgbatch"] {
-        let r = read_safetensors(&fixture(&format!("{name}/reference/transformer_{case}.safetensors")));
+    for case in [
+        "sq_t999_cat",
+        "sq_t500_cat",
+        "ns_t999_cat",
+        "ns_t500_long",
+        "sq_t999_cfgbatch",
+    ] {
+        let r = read_safetensors(&fixture(&format!(
+            "{name}/reference/transformer_{case}.safetensors"
+        )));
         let x = &r["hidden_states"];
         let (b, c, h, w) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
         let size = plan
@@ -73,8 +88,15 @@ fn transformer_matches(name: &str) {
             )
             .unwrap();
             let mut out = vec![0f32; c * h * w];
-            edge_runtime::pipeline::denoise(&mut s, &size, lat, r["timestep"].data[bi], &cond, &mut out)
-                .unwrap();
+            edge_runtime::pipeline::denoise(
+                &mut s,
+                &size,
+                lat,
+                r["timestep"].data[bi],
+                &cond,
+                &mut out,
+            )
+            .unwrap();
             assert_close(
                 &format!("{name} transformer {case} batch {bi}"),
                 &out,
@@ -99,14 +121,24 @@ fn vae_matches(name: &str) {
     let plan = plan_for(name);
     let mut s = Session::new(&plan, edge_kernels::generic(), None).unwrap();
     for case in ["dec_64x64", "dec_w64_h96"] {
-        let r = read_safetensors(&fixture(&format!("{name}/reference/vae_{case}.safetensors")));
+        let r = read_safetensors(&fixture(&format!(
+            "{name}/reference/vae_{case}.safetensors"
+        )));
         let lat = &r["latents"];
         let (h, w) = (lat.shape[2], lat.shape[3]);
-        let size = plan.meta().size((w * 8) as u32, (h * 8) as u32).unwrap().clone();
+        let size = plan
+            .meta()
+            .size((w * 8) as u32, (h * 8) as u32)
+            .unwrap()
+            .clone();
         let img = &r["image"];
         let mut out = vec![0f32; img.data.len()];
-        s.run_stage(size.decoder_stage, &[StageInput::F32(&lat.data)], &mut [&mut out])
-            .unwrap();
+        s.run_stage(
+            size.decoder_stage,
+            &[StageInput::F32(&lat.data)],
+            &mut [&mut out],
+        )
+        .unwrap();
         assert_close(&format!("{name} vae {case}"), &out, &img.data, 1e-4);
     }
 }
@@ -125,7 +157,9 @@ fn vae_alpha() {
 fn pipeline_matches(name: &str, run: &str, method: SamplingMethod, steps: usize, cfg: f32) {
     let plan = plan_for(name);
     let mut s = Session::new(&plan, edge_kernels::generic(), None).unwrap();
-    let r = read_safetensors(&fixture(&format!("{name}/reference/pipeline_{run}.safetensors")));
+    let r = read_safetensors(&fixture(&format!(
+        "{name}/reference/pipeline_{run}.safetensors"
+    )));
     let noise = &r["initial_noise"];
     let (h, w) = (noise.shape[2], noise.shape[3]);
     let params = GenerateParams {
@@ -141,7 +175,12 @@ fn pipeline_matches(name: &str, run: &str, method: SamplingMethod, steps: usize,
     };
     let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();
     let refl = &r["final_latents"];
-    assert_close(&format!("{name} {run} final latents"), &out.latents, &refl.data, 1e-3);
+    assert_close(
+        &format!("{name} {run} final latents"),
+        &out.latents,
+        &refl.data,
+        1e-3,
+    );
     let img = &r["image_uint8"];
     assert_eq!(out.rgb.len(), img.data.len());
     let mut off_by_one = 0usize;
@@ -163,47 +202,101 @@ fn pipeline_matches(name: &str, run: &str, method: SamplingMethod, steps: usize,
 
 #[test]
 fn pipeline_sigma_dpm_4() {
-    pipeline_matches("pixart-sigma-tiny", "dpm_4_cat_64x64", SamplingMethod::DpmPp2m, 4, 4.5);
+    pipeline_matches(
+        "pixart-sigma-tiny",
+        "dpm_4_cat_64x64",
+        SamplingMethod::DpmPp2m,
+        4,
+        4.5,
+    );
 }
 
 #[test]
 fn pipeline_sigma_dpm_20() {
-    pipeline_matches("pixart-sigma-tiny", "dpm_20_cat_64x64", SamplingMethod::DpmPp2m, 20, 4.5);
+    pipeline_matches(
+        "pixart-sigma-tiny",
+        "dpm_20_cat_64x64",
+        SamplingMethod::DpmPp2m,
+        20,
+        4.5,
+    );
 }
 
 #[test]
 fn pipeline_sigma_euler_4() {
-    pipeline_matches("pixart-sigma-tiny", "euler_4_cat_64x64", SamplingMethod::Euler, 4, 4.5);
+    pipeline_matches(
+        "pixart-sigma-tiny",
+        "euler_4_cat_64x64",
+        SamplingMethod::Euler,
+        4,
+        4.5,
+    );
 }
 
 #[test]
 fn pipeline_sigma_nonsquare() {
-    pipeline_matches("pixart-sigma-tiny", "dpm_4_cat_w64_h96", SamplingMethod::DpmPp2m, 4, 4.5);
+    pipeline_matches(
+        "pixart-sigma-tiny",
+        "dpm_4_cat_w64_h96",
+        SamplingMethod::DpmPp2m,
+        4,
+        4.5,
+    );
 }
 
 #[test]
 fn pipeline_sigma_nocfg() {
-    pipeline_matches("pixart-sigma-tiny", "dpm_4_cat_nocfg_64x64", SamplingMethod::DpmPp2m, 4, 1.0);
+    pipeline_matches(
+        "pixart-sigma-tiny",
+        "dpm_4_cat_nocfg_64x64",
+        SamplingMethod::DpmPp2m,
+        4,
+        1.0,
+    );
 }
 
 #[test]
 fn pipeline_alpha_dpm_4() {
-    pipeline_matches("pixart-alpha-tiny", "dpm_4_cat_64x64", SamplingMethod::DpmPp2m, 4, 4.5);
+    pipeline_matches(
+        "pixart-alpha-tiny",
+        "dpm_4_cat_64x64",
+        SamplingMethod::DpmPp2m,
+        4,
+        4.5,
+    );
 }
 
 #[test]
 fn pipeline_alpha_dpm_20() {
-    pipeline_matches("pixart-alpha-tiny", "dpm_20_cat_64x64", SamplingMethod::DpmPp2m, 20, 4.5);
+    pipeline_matches(
+        "pixart-alpha-tiny",
+        "dpm_20_cat_64x64",
+        SamplingMethod::DpmPp2m,
+        20,
+        4.5,
+    );
 }
 
 #[test]
 fn pipeline_alpha_euler_4() {
-    pipeline_matches("pixart-alpha-tiny", "euler_4_cat_64x64", SamplingMethod::Euler, 4, 4.5);
+    pipeline_matches(
+        "pixart-alpha-tiny",
+        "euler_4_cat_64x64",
+        SamplingMethod::Euler,
+        4,
+        4.5,
+    );
 }
 
 #[test]
 fn pipeline_alpha_nonsquare() {
-    pipeline_matches("pixart-alpha-tiny", "dpm_4_cat_w64_h96", SamplingMethod::DpmPp2m, 4, 4.5);
+    pipeline_matches(
+        "pixart-alpha-tiny",
+        "dpm_4_cat_w64_h96",
+        SamplingMethod::DpmPp2m,
+        4,
+        4.5,
+    );
 }
 
 /// Short prompts run a shorter text encoder: the real tokens' states are bit-identical to the
@@ -215,7 +308,8 @@ fn text_buckets_are_exact() {
     assert!(!plan.meta().text_buckets.is_empty());
     let mut s = Session::new(&plan, edge_kernels::generic(), None).unwrap();
     let tok = edge_runtime::tokenizer::Tokenizer::new(&plan.meta().tokenizer).unwrap();
-    let (bucketed, mask, _) = edge_runtime::pipeline::encode_text(&mut s, &tok, "a lovely cat").unwrap();
+    let (bucketed, mask, _) =
+        edge_runtime::pipeline::encode_text(&mut s, &tok, "a lovely cat").unwrap();
     let l = plan.meta().text.max_sequence_length as usize;
     let d = bucketed.len() / l;
     let enc = tok.encode_padded("a lovely cat", l);
@@ -228,7 +322,11 @@ fn text_buckets_are_exact() {
     .unwrap();
     let real = mask.iter().filter(|&&m| m > 0.0).count();
     assert!(real < 16);
-    assert_eq!(&bucketed[..real * d], &full[..real * d], "real token states differ");
+    assert_eq!(
+        &bucketed[..real * d],
+        &full[..real * d],
+        "real token states differ"
+    );
     assert!(bucketed[16 * d..].iter().all(|&v| v == 0.0));
     let size = plan.meta().size(64, 64).unwrap().clone();
     let lat: Vec<f32> = (0..4 * 8 * 8).map(|i| (i as f32 * 0.1).sin()).collect();

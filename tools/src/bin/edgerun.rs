@@ -86,7 +86,10 @@ fn read_latents(path: &Path, shape: &[usize]) -> Result<Vec<f32>> {
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|e| anyhow::anyhow!("{}: not a valid safetensors file: {e}", path.display()))?;
     let t = st.tensor("latents").map_err(|_| {
-        anyhow::anyhow!("{}: no tensor named `latents` (expected f32 {shape:?})", path.display())
+        anyhow::anyhow!(
+            "{}: no tensor named `latents` (expected f32 {shape:?})",
+            path.display()
+        )
     })?;
     if t.dtype() != safetensors::Dtype::F32 || t.shape() != shape {
         bail!(
@@ -104,10 +107,11 @@ fn read_latents(path: &Path, shape: &[usize]) -> Result<Vec<f32>> {
 
 fn write_latents(path: &Path, data: &[f32], shape: &[usize]) -> Result<()> {
     let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.to_vec(), &bytes)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let out = safetensors::serialize([("latents", view)], None)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.to_vec(), &bytes)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let out =
+        safetensors::serialize([("latents", view)], None).map_err(|e| anyhow::anyhow!("{e}"))?;
     edge_runtime::image::write_atomic(path, &out)?;
     Ok(())
 }
@@ -214,7 +218,12 @@ fn generate(a: GenArgs) -> Result<()> {
     })?;
     let den = &meta.stages[size.denoiser_stage as usize];
     let lshape: Vec<usize> = std::iter::once(1)
-        .chain(den.values[den.inputs[0] as usize].shape.iter().map(|&d| d as usize))
+        .chain(
+            den.values[den.inputs[0] as usize]
+                .shape
+                .iter()
+                .map(|&d| d as usize),
+        )
         .collect();
     let init_latents = a
         .init_latents
@@ -250,7 +259,11 @@ fn generate(a: GenArgs) -> Result<()> {
             );
         }
     }
-    let mut session = Session::new(&plan, edge_kernels_neon::best(), budget.map(|b| b.saturating_sub(floor - arena)))?;
+    let mut session = Session::new(
+        &plan,
+        edge_kernels_neon::best(),
+        budget.map(|b| b.saturating_sub(floor - arena)),
+    )?;
     if let Some(b) = budget {
         session.limit_budget(b);
     }
@@ -325,11 +338,19 @@ fn generate(a: GenArgs) -> Result<()> {
     ];
     edge_runtime::image::write_png(&a.output, &out.rgb, width, height, &text)?;
     if !a.quiet {
-        eprintln!("wrote {} ({width}x{height}) in {:.2}s", a.output.display(), t0.elapsed().as_secs_f64());
+        eprintln!(
+            "wrote {} ({width}x{height}) in {:.2}s",
+            a.output.display(),
+            t0.elapsed().as_secs_f64()
+        );
     }
     if a.verbose {
         let predicted = arena + budget.map_or(weights, |b| weights.min(b.saturating_sub(arena)));
-        let per_step: Vec<String> = out.streamed_per_step.iter().map(|b| b.to_string()).collect();
+        let per_step: Vec<String> = out
+            .streamed_per_step
+            .iter()
+            .map(|b| b.to_string())
+            .collect();
         eprintln!(
             "timings: encode {:.3}s, sampling {:.3}s, decode {:.3}s",
             timings.get("encode").unwrap_or(&0.0),
