@@ -452,3 +452,35 @@ fn generate_is_deterministic_across_threads_and_runs() {
         );
     }
 }
+
+#[test]
+fn long_prompts_are_truncated_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("long.png");
+    let prompt = "a large red circle on a blue background ".repeat(60);
+    let args = [
+        "generate",
+        "--plan",
+        s(demo_plan()),
+        "-p",
+        &prompt,
+        "--steps",
+        "1",
+        "-o",
+        s(&png),
+    ];
+    let out = run(EDGERUN, &args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("warning") && err.contains("truncated") && err.contains("300"),
+        "{err}"
+    );
+    let out = generate(demo_plan(), &png, &[]);
+    assert!(out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("truncated"));
+}
