@@ -484,3 +484,64 @@ fn long_prompts_are_truncated_with_a_warning() {
     assert!(out.status.success());
     assert!(!String::from_utf8_lossy(&out.stderr).contains("truncated"));
 }
+
+/// A plan compiled for aarch64 runs on the workstation through the generic kernels, and
+/// `edgeplan verify --reference` compares it with diffusers' run from the same noise.
+#[test]
+fn verify_runs_an_aarch64_plan_against_the_fixture() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("arm.plan");
+    let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/pixart-sigma-tiny");
+    let out = run(
+        EDGEPLAN,
+        &[
+            "compile",
+            s(&fx),
+            "-W",
+            "64",
+            "-H",
+            "64",
+            "--target",
+            "aarch64-neon",
+            "-o",
+            s(&plan),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reference = fx.join("reference/pipeline_dpm_4_cat_64x64.safetensors");
+    let args = [
+        "verify",
+        s(&plan),
+        "--reference",
+        s(&reference),
+        "-p",
+        "a lovely cat",
+        "--steps",
+        "4",
+    ];
+    let out = run(EDGEPLAN, &args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("rel L2"));
+    // A wrong prompt gives other latents: refused.
+    let args = [
+        "verify",
+        s(&plan),
+        "--reference",
+        s(&reference),
+        "-p",
+        "a dog",
+        "--steps",
+        "4",
+    ];
+    let out = run(EDGEPLAN, &args);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("differ from the reference"));
+}

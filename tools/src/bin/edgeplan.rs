@@ -50,14 +50,45 @@ enum Cmd {
         #[arg(short = 'o', long = "output")]
         output: Option<PathBuf>,
     },
-    /// Verify every digest of a plan (and, with --trusted-key, its signature).
+    /// Verify every digest of a plan (and, with --trusted-key, its signature); with
+    /// --reference, also run it here with the generic kernels (which understand every pack,
+    /// whatever the plan's target) and compare its final latents with a reference run.
     Verify {
         /// The plan file.
         plan: PathBuf,
         /// Require a valid signature by this public key (KEY.pub).
         #[arg(long)]
         trusted_key: Option<PathBuf>,
+        #[command(flatten)]
+        reference: ReferenceArgs,
     },
+}
+
+/// A reference pipeline run to compare a plan with (`pipeline_*.safetensors` of the fixtures:
+/// `initial_noise`, `final_latents`).
+#[derive(clap::Args)]
+struct ReferenceArgs {
+    /// Safetensors with `initial_noise` [1, 4, h, w] and `final_latents` [1, 4, h, w].
+    #[arg(long)]
+    reference: Option<PathBuf>,
+    /// The reference run's prompt.
+    #[arg(short = 'p', long = "prompt", default_value = "")]
+    prompt: String,
+    /// The reference run's negative prompt.
+    #[arg(short = 'n', long = "negative-prompt", default_value = "")]
+    negative_prompt: String,
+    /// The reference run's steps.
+    #[arg(long, default_value_t = 20)]
+    steps: usize,
+    /// The reference run's guidance scale.
+    #[arg(long = "cfg-scale", default_value_t = 4.5)]
+    cfg_scale: f32,
+    /// The reference run's sampler: dpm++2m or euler.
+    #[arg(long = "sampling-method", default_value = "dpm++2m")]
+    sampling_method: String,
+    /// Largest accepted max |ours − reference| / max(1, max |reference|).
+    #[arg(long, default_value_t = 1e-3)]
+    tolerance: f64,
 }
 
 #[derive(clap::Args)]
@@ -324,7 +355,11 @@ fn main() {
         Cmd::Synth(a) => synth(a),
         Cmd::Keygen { out } => keygen(out),
         Cmd::Sign { plan, key, output } => sign(plan, key, output),
-        Cmd::Verify { plan, trusted_key } => verify(plan, trusted_key),
+        Cmd::Verify {
+            plan,
+            trusted_key,
+            reference,
+        } => verify(plan, trusted_key, reference),
     };
     if let Err(e) = r {
         eprintln!("error: {}", one_line(&e));
@@ -374,7 +409,7 @@ fn sign(plan: PathBuf, key: PathBuf, output: Option<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-fn verify(plan: PathBuf, trusted_key: Option<PathBuf>) -> Result<()> {
+fn verify(plan: PathBuf, trusted_key: Option<PathBuf>, r: ReferenceArgs) -> Result<()> {
     let p = match &trusted_key {
         Some(k) => {
             let key = edge_runtime::TrustedKey::from_file(k)?;
@@ -398,5 +433,95 @@ fn verify(plan: PathBuf, trusted_key: Option<PathBuf>) -> Result<()> {
         p.file_len(),
         p.meta().sections.len()
     );
+    if let Some(reference) = &r.reference {
+        compare_with_reference(&p, reference, &r)?;
+    }
+    Ok(())
+}
+
+fn read_f32(
+    st: &safetensors::SafeTensors<'_>,
+    name: &str,
+    path: &std::path::Path,
+) -> Result<(Vec<usize>, Vec<f32>)> {
+    let t = st
+        .tensor(name)
+        .map_err(|_| anyhow::anyhow!("{}: no tensor `{name}`", path.display()))?;
+    if t.dtype() != safetensors::Dtype::F32 {
+        bail!(
+            "{}: tensor `{name}` is {:?}, expected F32",
+            path.display(),
+            t.dtype()
+        );
+    }
+    let v = t
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    Ok((t.shape().to_vec(), v))
+}
+
+/// Runs `plan` with the generic kernels from the reference's initial noise and compares the
+/// final latents.
+fn compare_with_reference(
+    plan: &edge_runtime::Plan,
+    path: &std::path::Path,
+    r: &ReferenceArgs,
+) -> Result<()> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| anyhow::anyhow!("{}: not a valid safetensors file: {e}", path.display()))?;
+    let (shape, noise) = read_f32(&st, "initial_noise", path)?;
+    let (_, want) = read_f32(&st, "final_latents", path)?;
+    if shape.len() != 4 || shape[0] != 1 {
+        bail!(
+            "{}: initial_noise is {shape:?}, expected [1, 4, h, w]",
+            path.display()
+        );
+    }
+    let ds = plan.meta().vae.downscale as usize;
+    let method = r
+        .sampling_method
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--sampling-method: {e}"))?;
+    let mut session = edge_runtime::Session::new(plan, edge_kernels::generic(), None)?;
+    let params = edge_runtime::GenerateParams {
+        prompt: r.prompt.clone(),
+        negative_prompt: r.negative_prompt.clone(),
+        steps: r.steps,
+        cfg_scale: r.cfg_scale,
+        method,
+        seed: 0,
+        width: (shape[3] * ds) as u32,
+        height: (shape[2] * ds) as u32,
+        init_latents: Some(noise),
+    };
+    let out = edge_runtime::generate(&mut session, &params, &mut |_| {})?;
+    let max_ref = want.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
+    let max_diff = out.latents.iter().zip(&want).fold(0f64, |m, (&a, &b)| {
+        m.max((f64::from(a) - f64::from(b)).abs())
+    });
+    let num: f64 = out
+        .latents
+        .iter()
+        .zip(&want)
+        .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|&b| f64::from(b).powi(2)).sum();
+    let rel = (num / den.max(1e-300)).sqrt();
+    let score = max_diff / max_ref.max(1.0);
+    println!(
+        "{}: final latents vs {}: max |diff| {max_diff:.3e} ({score:.3e} of max(1, max |ref|)), rel L2 {rel:.3e}",
+        plan.meta().model.name,
+        path.display()
+    );
+    if score > r.tolerance {
+        bail!(
+            "{}: final latents differ from the reference by {score:.3e} (more than --tolerance {})",
+            path.display(),
+            r.tolerance
+        );
+    }
     Ok(())
 }
