@@ -587,3 +587,58 @@ fn missing_conv_scratch_is_refused_at_run_time() {
         Err(_) => panic!("the session panicked on a conv2d step without scratch"),
     }
 }
+
+/// Like [`reassemble`], from raw metadata bytes (for encodings no `PlanMeta` value can have).
+fn reassemble_raw(good: &[u8], meta_bytes: &[u8]) -> Vec<u8> {
+    let l = layout(good);
+    let meta_offset = l.weights_offset + l.weights_len;
+    let mut out = good[..meta_offset].to_vec();
+    out.extend_from_slice(meta_bytes);
+    let digest = blake3::hash(meta_bytes);
+    write_header(
+        &mut out,
+        FORMAT_VERSION,
+        meta_offset as u64,
+        meta_bytes.len() as u64,
+        digest,
+    );
+    out
+}
+
+#[test]
+fn tokenizer_with_invalid_utf8_is_refused() {
+    let good = good_plan();
+    let mut meta = edge_planner::inspect::read_meta(&good).expect("good plan decodes");
+    // A recognisable piece whose bytes we then break in the encoding.
+    meta.tokenizer.pieces[3].text = "\u{2581}zzzzqqqq".into();
+    let mut bytes = meta.encode().expect("encode");
+    let at = bytes
+        .windows(8)
+        .position(|w| w == b"zzzzqqqq")
+        .expect("piece bytes present");
+    bytes[at] = 0xFF;
+    let plan = reassemble_raw(&good, &bytes);
+    let msg = open("invalid utf-8", &plan).expect_err("invalid UTF-8 accepted");
+    assert!(
+        msg.contains("does not decode") && msg.to_lowercase().contains("utf"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn plan_for_missing_cpu_features_is_refused() {
+    let good = good_plan();
+    let mut meta = edge_planner::inspect::read_meta(&good).expect("good plan decodes");
+    meta.target = edge_schema::plan::Target {
+        isa: edge_runtime::target::host_isa(),
+        features: vec!["sme9".into()],
+    };
+    let plan = open("target", &reassemble(&good, &meta, FORMAT_VERSION)).expect("verifies");
+    let err =
+        edge_runtime::target::check(&plan.meta().target).expect_err("missing feature accepted");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("compiled for") && msg.contains("sme9"),
+        "{msg}"
+    );
+}
