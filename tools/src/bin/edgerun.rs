@@ -4,6 +4,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+#[path = "../common.rs"]
+mod common;
+use common::one_line;
+
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use edge_runtime::pipeline::{available_sizes, Progress};
@@ -384,21 +388,4 @@ fn main() {
         eprintln!("error: {}", one_line(&e));
         std::process::exit(1);
     }
-}
-
-/// The error and its causes on one line, `outer: inner`, skipping a cause whose text the line
-/// already holds (errors that print their source would otherwise appear twice).
-fn one_line(e: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in e.chain() {
-        let s = cause.to_string().replace('\n', " ");
-        if line.contains(&s) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&s);
-    }
-    line
 }
