@@ -146,6 +146,19 @@ fn parse_size(s: &str, flag: &str) -> Result<u64> {
     Ok((v * mult as f64) as u64)
 }
 
+/// Bytes of the buffers the pipeline keeps outside the arena for one image: per condition
+/// (2 with guidance) the T5 states and the cross-attention K/V cache, and the decoded image.
+fn host_buffer_bytes(meta: &edge_schema::plan::PlanMeta, width: u32, height: u32) -> u64 {
+    let out_bytes = |stage: u32| -> u64 {
+        meta.stages
+            .get(stage as usize)
+            .and_then(|st| st.outputs.first().map(|&o| &st.values[o as usize]))
+            .map_or(0, |v| v.shape.iter().product::<u64>() * 4)
+    };
+    let per_condition = out_bytes(meta.text_stage) + meta.cross_kv_stage.map_or(0, out_bytes);
+    2 * per_condition + 3 * u64::from(width) * u64::from(height) * 4
+}
+
 /// Bytes of the weights the largest segment of any stage reads.
 fn largest_segment_weights(meta: &edge_schema::plan::PlanMeta) -> u64 {
     let mut best = 0u64;
@@ -254,7 +267,8 @@ fn generate(a: GenArgs) -> Result<()> {
     // The budget covers the whole process: what it already holds (code, metadata, heap) is
     // taken off before the arena and the resident weights are planned.
     let rss_start = peak_rss_kib().unwrap_or(0) * 1024;
-    let budget = budget.map(|b| b.saturating_sub(rss_start));
+    let host = host_buffer_bytes(meta, width, height);
+    let budget = budget.map(|b| b.saturating_sub(rss_start + host));
     if let (Some(b), Some(s)) = (budget, a.max_ram.as_deref()) {
         if floor > b {
             bail!(
@@ -368,10 +382,11 @@ fn generate(a: GenArgs) -> Result<()> {
             session.streamer().released_bytes()
         );
         eprintln!(
-            "peak RSS (VmHWM) {} KiB; predicted peak {} KiB = {} KiB at start (process) + {} KiB arena + {} KiB resident weights",
+            "peak RSS (VmHWM) {} KiB; predicted peak {} KiB = {} KiB at start (process) + {} KiB host buffers + {} KiB arena + {} KiB resident weights",
             peak_rss_kib().unwrap_or(0),
-            rss_before + predicted / 1024,
+            rss_before + (host + predicted) / 1024,
             rss_before,
+            host / 1024,
             arena / 1024,
             (predicted - arena) / 1024
         );
