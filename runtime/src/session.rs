@@ -458,7 +458,7 @@ impl<'p> Session<'p> {
             }
             Op::UpsampleNearest2x => {
                 let s = shape(ins[0]);
-                edge_kernels::upsample_nearest2x(
+                (k.upsample_nearest2x.run)(
                     f(ins[0])?,
                     s[0] as usize,
                     s[1] as usize,

@@ -38,6 +38,7 @@ pub use norm::{group_norm, layer_norm, rms_norm};
 pub use table::{
     generic, AttentionFn, BinaryFn, Conv2dFn, Conv2dScratchFn, GatedResidualFn, GroupNormFn,
     Kernel, KernelTable, LayerNormFn, LinearFn, LinearScratchFn, ModulateFn, RmsNormFn, UnaryFn,
+    UpsampleFn,
 };
 pub use weights::WeightRef;
 

@@ -28,6 +28,8 @@ pub type UnaryFn = fn(&[f32], &mut [f32]);
 pub type BinaryFn = fn(&[f32], &[f32], &mut [f32]);
 /// [`crate::modulate`]'s signature: `(x, m, d, shift, scale, out)`.
 pub type ModulateFn = fn(&[f32], usize, usize, &[f32], &[f32], &mut [f32]);
+/// [`crate::upsample_nearest2x`]'s signature: `(x, c, h, w, out)`.
+pub type UpsampleFn = fn(&[f32], usize, usize, usize, &mut [f32]);
 /// [`crate::gated_residual`]'s signature: `(x, y, m, d, gate, out)`.
 pub type GatedResidualFn = fn(&[f32], &[f32], usize, usize, &[f32], &mut [f32]);
 
@@ -74,11 +76,13 @@ pub struct KernelTable {
     pub modulate: Kernel<ModulateFn>,
     /// `x + gate · y`.
     pub gated_residual: Kernel<GatedResidualFn>,
+    /// Nearest-neighbour 2× upsample of `[c, h, w]`.
+    pub upsample_nearest2x: Kernel<UpsampleFn>,
 }
 
 impl KernelTable {
     /// `(slot, kernel name)` for every slot, in declaration order, for logging the choice.
-    pub fn names(&self) -> [(&'static str, &'static str); 14] {
+    pub fn names(&self) -> [(&'static str, &'static str); 15] {
         [
             ("linear", self.linear.name),
             ("linear_scratch_bytes", self.linear_scratch_bytes.name),
@@ -94,6 +98,7 @@ impl KernelTable {
             ("mul", self.mul.name),
             ("modulate", self.modulate.name),
             ("gated_residual", self.gated_residual.name),
+            ("upsample_nearest2x", self.upsample_nearest2x.name),
         ]
     }
 }
@@ -156,6 +161,10 @@ pub fn generic() -> KernelTable {
         gated_residual: Kernel {
             name: "generic_gated_residual_f32",
             run: crate::gated_residual,
+        },
+        upsample_nearest2x: Kernel {
+            name: "generic_upsample_nearest2x_f32",
+            run: crate::upsample_nearest2x,
         },
     }
 }
