@@ -722,31 +722,6 @@ impl Sampler {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use edge_schema::scheduler::{AlgorithmType, SchedulerClass};
-
-    fn pixart() -> SchedulerConfig {
-        SchedulerConfig {
-            class: SchedulerClass::DpmSolverMultistep,
-            class_name: "DPMSolverMultistepScheduler".to_string(),
-            num_train_timesteps: 1000,
-            beta_start: 0.0001,
-            beta_end: 0.02,
-            beta_schedule: BetaSchedule::Linear,
-            trained_betas: None,
-            prediction_type: PredictionType::Epsilon,
-            algorithm_type: AlgorithmType::DpmSolverPlusPlus,
-            solver_order: 2,
-            solver_type: SolverType::Midpoint,
-            lower_order_final: true,
-            euler_at_final: false,
-            final_sigmas_type: FinalSigmasType::Zero,
-            timestep_spacing: TimestepSpacing::Linspace,
-            steps_offset: 0,
-            use_karras_sigmas: false,
-            thresholding: false,
-            lambda_min_clipped: f64::NEG_INFINITY,
-        }
-    }
 
     #[test]
     fn method_names() {
@@ -770,10 +745,10 @@ mod tests {
     /// The 4-step schedules quoted in the fixtures README §3 (diffusers' values).
     #[test]
     fn readme_four_step_schedules() {
-        let dpm = schedule(&pixart(), SamplingMethod::DpmPp2m, 4).unwrap();
+        let dpm = schedule(&SchedulerConfig::pixart(), SamplingMethod::DpmPp2m, 4).unwrap();
         assert_eq!(dpm.timesteps, [999.0, 749.0, 500.0, 250.0]);
         assert_eq!(dpm.init_noise_sigma, 1.0);
-        let euler = schedule(&pixart(), SamplingMethod::Euler, 4).unwrap();
+        let euler = schedule(&SchedulerConfig::pixart(), SamplingMethod::Euler, 4).unwrap();
         assert_eq!(euler.timesteps, [999.0, 666.0, 333.0, 0.0]);
         for (s, want) in [
             (&dpm, [157.4073, 17.2470, 3.4430, 0.9580, 0.0]),
@@ -788,14 +763,14 @@ mod tests {
             }
         }
         assert_eq!(euler.init_noise_sigma, euler.sigmas[0]);
-        let one = schedule(&pixart(), SamplingMethod::Euler, 1).unwrap();
+        let one = schedule(&SchedulerConfig::pixart(), SamplingMethod::Euler, 1).unwrap();
         assert_eq!(one.timesteps, [0.0]);
         assert!((one.init_noise_sigma - 0.01).abs() < 1e-4);
     }
 
     #[test]
     fn bad_requests_are_refused() {
-        let cfg = pixart();
+        let cfg = SchedulerConfig::pixart();
         assert!(matches!(
             schedule(&cfg, SamplingMethod::DpmPp2m, 0),
             Err(SamplerError::BadSteps { .. })
@@ -804,14 +779,14 @@ mod tests {
             schedule(&cfg, SamplingMethod::Euler, 1001),
             Err(SamplerError::BadSteps { .. })
         ));
-        let mut bad = pixart();
+        let mut bad = SchedulerConfig::pixart();
         bad.beta_end = f64::INFINITY;
         assert!(matches!(
             Sampler::new(&bad, SamplingMethod::DpmPp2m, 4, 16),
             Err(SamplerError::InvalidConfig(_))
         ));
         // Betas whose cumulative product underflows give infinite sigmas.
-        let mut underflow = pixart();
+        let mut underflow = SchedulerConfig::pixart();
         underflow.num_train_timesteps = 100_000;
         underflow.beta_start = 0.5;
         underflow.beta_end = 0.9;
@@ -860,7 +835,7 @@ mod tests {
         ] {
             for method in [SamplingMethod::DpmPp2m, SamplingMethod::Euler] {
                 for steps in [1usize, 2, 3, 7, 20, 50, 333, 500] {
-                    let mut cfg = pixart();
+                    let mut cfg = SchedulerConfig::pixart();
                     cfg.timestep_spacing = spacing;
                     cfg.steps_offset = 1;
                     let s = schedule(&cfg, method, steps).unwrap();
@@ -895,7 +870,7 @@ mod tests {
     /// The last DPM step lands on sigma 0 and returns the data prediction exactly.
     #[test]
     fn dpm_last_step_returns_x0() {
-        let cfg = pixart();
+        let cfg = SchedulerConfig::pixart();
         let mut s = Sampler::new(&cfg, SamplingMethod::DpmPp2m, 1, 3).unwrap();
         let sigma = s.sigmas()[0];
         let (alpha, sigma_t) = alpha_sigma(sigma);

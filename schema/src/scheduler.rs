@@ -148,6 +148,35 @@ pub struct SchedulerConfig {
 }
 
 impl SchedulerConfig {
+    /// The scheduler PixArt-α and PixArt-Σ pipelines publish in
+    /// `scheduler/scheduler_config.json` (diffusers `DPMSolverMultistepScheduler`: 1000 linear
+    /// betas from 1e-4 to 0.02, DPM-Solver++ 2M, midpoint, ε-prediction, linspace spacing,
+    /// `lower_order_final`, final sigma zero). The planner reads the file a model ships; this is
+    /// for tools and tests that need the config without a model folder.
+    pub fn pixart() -> Self {
+        Self {
+            class: SchedulerClass::DpmSolverMultistep,
+            class_name: "DPMSolverMultistepScheduler".to_string(),
+            num_train_timesteps: 1000,
+            beta_start: 0.0001,
+            beta_end: 0.02,
+            beta_schedule: BetaSchedule::Linear,
+            trained_betas: None,
+            prediction_type: PredictionType::Epsilon,
+            algorithm_type: AlgorithmType::DpmSolverPlusPlus,
+            solver_order: 2,
+            solver_type: SolverType::Midpoint,
+            lower_order_final: true,
+            euler_at_final: false,
+            final_sigmas_type: FinalSigmasType::Zero,
+            timestep_spacing: TimestepSpacing::Linspace,
+            steps_offset: 0,
+            use_karras_sigmas: false,
+            thresholding: false,
+            lambda_min_clipped: f64::NEG_INFINITY,
+        }
+    }
+
     /// Checks a config that came from an untrusted plan: counts in range, betas finite and in
     /// (0, 1), unsupported switches off, `lambda_min_clipped` not NaN.
     ///
@@ -225,34 +254,9 @@ fn check_beta(field: &str, value: f64) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    /// PixArt's config as published (`scheduler/scheduler_config.json` of the fixtures).
-    fn pixart() -> SchedulerConfig {
-        SchedulerConfig {
-            class: SchedulerClass::DpmSolverMultistep,
-            class_name: "DPMSolverMultistepScheduler".to_string(),
-            num_train_timesteps: 1000,
-            beta_start: 0.0001,
-            beta_end: 0.02,
-            beta_schedule: BetaSchedule::Linear,
-            trained_betas: None,
-            prediction_type: PredictionType::Epsilon,
-            algorithm_type: AlgorithmType::DpmSolverPlusPlus,
-            solver_order: 2,
-            solver_type: SolverType::Midpoint,
-            lower_order_final: true,
-            euler_at_final: false,
-            final_sigmas_type: FinalSigmasType::Zero,
-            timestep_spacing: TimestepSpacing::Linspace,
-            steps_offset: 0,
-            use_karras_sigmas: false,
-            thresholding: false,
-            lambda_min_clipped: f64::NEG_INFINITY,
-        }
-    }
-
     #[test]
     fn pixart_config_is_valid_and_roundtrips_through_postcard() {
-        let cfg = pixart();
+        let cfg = SchedulerConfig::pixart();
         assert_eq!(cfg.validate(), Ok(()));
         let bytes = postcard::to_allocvec(&cfg).expect("encode");
         let back: SchedulerConfig = postcard::from_bytes(&bytes).expect("decode");
@@ -302,7 +306,7 @@ mod tests {
             ("class_name", Box::new(|c| c.class_name = "x".repeat(1000))),
         ];
         for (field, mutate) in cases {
-            let mut cfg = pixart();
+            let mut cfg = SchedulerConfig::pixart();
             mutate(&mut cfg);
             let err = cfg.validate().expect_err(field);
             assert!(err.contains(field), "error {err:?} does not name {field}");
@@ -311,7 +315,7 @@ mod tests {
 
     #[test]
     fn finite_lambda_min_clipped_is_accepted() {
-        let mut cfg = pixart();
+        let mut cfg = SchedulerConfig::pixart();
         cfg.lambda_min_clipped = -5.1;
         assert_eq!(cfg.validate(), Ok(()));
     }

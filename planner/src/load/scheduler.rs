@@ -480,25 +480,7 @@ mod tests {
 
     /// The published PixArt settings (fixtures README §4, demo README §2).
     fn assert_pixart(cfg: &SchedulerConfig) {
-        assert_eq!(cfg.class, SchedulerClass::DpmSolverMultistep);
-        assert_eq!(cfg.class_name, "DPMSolverMultistepScheduler");
-        assert_eq!(cfg.num_train_timesteps, 1000);
-        assert_eq!(cfg.beta_start, 0.0001);
-        assert_eq!(cfg.beta_end, 0.02);
-        assert_eq!(cfg.beta_schedule, BetaSchedule::Linear);
-        assert_eq!(cfg.trained_betas, None);
-        assert_eq!(cfg.prediction_type, PredictionType::Epsilon);
-        assert_eq!(cfg.algorithm_type, AlgorithmType::DpmSolverPlusPlus);
-        assert_eq!(cfg.solver_order, 2);
-        assert_eq!(cfg.solver_type, SolverType::Midpoint);
-        assert!(cfg.lower_order_final);
-        assert!(!cfg.euler_at_final);
-        assert_eq!(cfg.final_sigmas_type, FinalSigmasType::Zero);
-        assert_eq!(cfg.timestep_spacing, TimestepSpacing::Linspace);
-        assert_eq!(cfg.steps_offset, 0);
-        assert!(!cfg.use_karras_sigmas);
-        assert!(!cfg.thresholding);
-        assert_eq!(cfg.lambda_min_clipped, f64::NEG_INFINITY);
+        assert_eq!(cfg, &SchedulerConfig::pixart());
     }
 
     #[test]
