@@ -71,7 +71,12 @@ pub fn assemble(meta: &mut PlanMeta, table: &TensorTable) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Writes `bytes` to `path` atomically (temporary file in the same folder, then rename).
+/// Writes `bytes` to `path` atomically: a `tempfile` in the same folder, synced, then renamed
+/// over `path` (the temporary file is removed on any error), so a reader never sees a partial
+/// plan.
+///
+/// # Errors
+/// [`PlanError::Write`] naming `path` when the folder is not writable or the disk is full.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let err = |source| PlanError::Write {
         path: path.display().to_string(),
@@ -81,20 +86,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_else(|| "plan".into());
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(err(e));
-    }
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".plan.tmp-")
+        .tempfile_in(dir)
+        .map_err(err)?;
+    tmp.write_all(bytes).map_err(err)?;
+    tmp.as_file().sync_all().map_err(err)?;
+    tmp.persist(path).map_err(|e| err(e.error))?;
     Ok(())
 }

@@ -50,29 +50,26 @@ pub fn write_png(
     write_atomic(path, &buf)
 }
 
-/// Writes `bytes` to `path` through a temporary file and a rename.
+/// Writes `bytes` to `path` through a `tempfile` in the same folder, synced, then renamed over
+/// `path` (removed on any error), so no partial output file is ever left.
+///
+/// # Errors
+/// [`Error::Output`] naming `path` and the I/O failure.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let err = |e: std::io::Error| Error::Output {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    };
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_else(|| "out".into());
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Error::Output {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        });
-    }
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".out.tmp-")
+        .tempfile_in(dir)
+        .map_err(err)?;
+    tmp.write_all(bytes).map_err(err)?;
+    tmp.as_file().sync_all().map_err(err)?;
+    tmp.persist(path).map_err(|e| err(e.error))?;
     Ok(())
 }
