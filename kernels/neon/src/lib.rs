@@ -2,21 +2,26 @@
 //!
 //! [`best`] returns [`edge_kernels::generic`] with the slots this crate accelerates replaced:
 //! on aarch64 (where Advanced SIMD is part of the baseline) the `linear` slot becomes a NEON
-//! kernel for `F32`, `F16`, `Q8_0` and `Q4_0` weights (every other weight type, the K-quants
-//! included, is forwarded to the generic `linear`, which understands every pack); when the CPU
-//! reports the `dotprod` extension at run time (`is_aarch64_feature_detected!`, detected once),
-//! the quantized dot products use `sdot`, and with `i8mm` they use `smmla` on 2 rows × 2
-//! columns. The `silu` and `gelu_tanh` slots become four-lane NEON kernels with a polynomial
-//! `exp`; `layer_norm` and `rms_norm` compute their f64 statistics in NEON f64 lanes. Every other
-//! slot (conv2d, attention, group_norm, the binary ops) stays generic. On every other
-//! architecture `best()` is `generic()`.
+//! kernel for every weight type a plan can hold: `F32`, `F16`, `BF16`, `Q8_0`, `Q4_0`, `Q4_1`,
+//! `Q5_0`, `Q5_1` and the K-quants `Q2_K`, `Q3_K`, `Q4_K`, `Q5_K`, `Q6_K`;
+//! when the CPU reports the `dotprod` extension at run time (`is_aarch64_feature_detected!`,
+//! detected once), the quantized dot products use `sdot`, and with `i8mm` the `Q8_0`/`Q4_0` ones
+//! use `smmla` on 2 rows × 2 columns (the other quantized types keep their `sdot` kernels in the
+//! `i8mm` table). The `silu` and `gelu_tanh` slots become four-lane NEON kernels with a
+//! polynomial `exp`; `layer_norm` and `rms_norm` compute their f64 statistics in NEON f64 lanes. The
+//! `attention` slot keeps the generic online softmax with its `q·k`, `exp` and `acc += w·v` in
+//! four lanes; `add`, `mul`, `modulate` and `gated_residual` are four-lane versions of the
+//! generic broadcast ops. `conv2d` is the generic tiled im2col with the `F32` 4×4 dot tile of
+//! `linear` (within the generic `conv2d_scratch_bytes`), `group_norm` computes its f64
+//! statistics in NEON f64 lanes and `upsample_nearest2x` doubles rows with NEON `zip`/stores.
+//! Every other slot stays generic. On every other architecture `best()` is `generic()`.
 //!
 //! Kernel names follow `{isa}_{op}_{dtype}_{tile}`; since one `linear` slot serves every weight
 //! type, its name uses the dtype `any` and [`linear_variant_name`] gives the kernel used per
 //! weight type.
 //!
 //! Numerics (each kernel is tested against its generic twin in `tests/`):
-//! - `F32`/`F16` weights: four f32 lanes accumulated with fused multiply-add over `k` in steps
+//! - `F32`/`F16`/`BF16` weights (the halves widened exactly): four f32 lanes accumulated with fused multiply-add over `k` in steps
 //!   of 4, lanes summed with `faddv`, the `k % 4` tail added sequentially (fused), then the bias.
 //!   The order is fixed per output element, so results do not depend on the thread count; they
 //!   differ from the generic kernel (8 unfused lanes) by f32 rounding only.
@@ -25,10 +30,27 @@
 //!   exact and the f32 scaling is done in ggml's generic order (`ggml_vec_dot_q8_0_q8_0_generic`,
 //!   `ggml_vec_dot_q4_0_q8_0_generic` in ggml's `src/ggml-cpu/quants.c`), so these results are
 //!   bit-identical to the generic kernel.
+//! - `Q4_1`/`Q5_0`/`Q5_1` weights: as `Q4_0` (activations `Q8_1`/`Q8_0`), exact integer block
+//!   sums and the generic f32 scaling `(dx·dy)·sumi [+ mx·sy]`: bit-identical.
+//! - K-quant weights (activations `Q8_K`, `ggml_vec_dot_q*_K_q8_K_generic`): the ARMv8.0 kernels
+//!   (`neon_linear_q*_k_base`) keep the generic kernel's eight integer lanes (element index mod
+//!   8) and its f32 lane sums: bit-identical. The `sdot` kernels (`neon_linear_q*_k_dotprod`)
+//!   compute each block's exact integer total and add one f32 term per block: `Q2_K` stays
+//!   bit-identical (its generic form is one term per block); `Q3_K`, `Q4_K`, `Q5_K`, `Q6_K`
+//!   differ from the generic kernel by f32 rounding only, at most `(3·nb + 16)·u·T` for `nb`
+//!   blocks, `u = 2⁻²⁴` and `T` the sum of the absolute f32 terms (tested; measured ≤ `0.6·u·T`).
 //! - `silu`, `gelu_tanh`: `x / (1 + exp(−t))` with a range-reduced polynomial `exp`; a few f32
 //!   ulps from the generic kernels (libm).
-//! - `layer_norm`, `rms_norm`: f64 statistics summed in four lanes instead of sequentially; at
-//!   most an f32 rounding or two from the generic kernels.
+//! - `layer_norm`, `rms_norm`, `group_norm`: f64 statistics summed in four lanes instead of
+//!   sequentially; at most an f32 rounding or two from the generic kernels.
+//! - `conv2d`: each output element is the `F32` dot product above (weights converted exactly to
+//!   f32 first), then the bias: differs from the generic kernel by f32 rounding only.
+//! - `upsample_nearest2x`: data movement only, bit-identical.
+//! - `attention`: `q·k` in four fused lanes, a polynomial `exp` (flushed to 0 below −87.3) and
+//!   fused `acc += w·v`, in an order fixed by the tile sizes; differs from the generic kernel by
+//!   f32 rounding, below `1e-5·max|v|` per output element on rows with a kept key.
+//! - `add`, `mul`, `modulate`, `gated_residual`: the generic single f32 operations per element,
+//!   unfused and in the same order: bit-identical to the generic kernels.
 //!
 //! All `unsafe` code lives in `src/aarch64/`.
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -2,11 +2,22 @@
 //! and, when the CPU has them, the `dotprod` and `i8mm` tables) against its generic twin
 //! [`edge_kernels::linear`] on random inputs with ragged shapes.
 //!
-//! - `F32`/`F16` weights: `|neon − generic| ≤ 1e-5 · (Σ_c |x·w| + |bias|)` per element (both
+//! - `F32`/`F16`/`BF16` weights: `|neon − generic| ≤ 1e-5 · (Σ_c |x·w| + |bias|)` per element (both
 //!   are f32 dot products in different fixed orders; the bound is a few hundred f32 ulps of the
 //!   sum of absolute products, far above the rounding of k ≤ 100 terms).
 //! - `Q8_0`/`Q4_0` weights: bit-identical (exact integer block sums, same f32 scaling order).
-//! - Other weight types (`Q4_K`, …) are forwarded to the generic kernel: bit-identical.
+//! - `Q4_1`/`Q5_0`/`Q5_1` weights, every variant, and every K-quant on the ARMv8.0 (`base`)
+//!   kernels: bit-identical (exact integer sums in the generic kernel's lanes, same f32 order).
+//!   `Q2_K` is bit-identical on the `dotprod` kernel too (one exact integer sum per block, as
+//!   the generic kernel).
+//! - `Q3_K`/`Q4_K`/`Q5_K`/`Q6_K` on the `dotprod` kernels (also used by the `i8mm` table): the
+//!   integer block totals are exact but the f32 accumulation is one term per block instead of
+//!   eight lane sums. Both results are within `γ_{2·nb+2}·T` of the exact sum of the same
+//!   rounded terms (`nb` blocks, `T = Σ |d·sc·q·q8| + Σ |dmin·min·q8|`, the terms' absolute
+//!   sum), so `|neon − generic| ≤ (3·nb + 16)·u·T + 2u·(|neon| + |generic|)` (`u = 2⁻²⁴`; the
+//!   last term covers the rounding of the bias addition). `T` is computed from the weights
+//!   dequantized with `dmin` (resp. `d`) zeroed and the activation's `Q8_K` quants.
+//! - No weight type is forwarded to the generic kernel (`every_weight_type_has_a_neon_kernel`).
 //!
 //! Run under qemu with `QEMU_CPU=max` (dotprod and i8mm present) and `QEMU_CPU=cortex-a72`
 //! (both absent);
@@ -154,12 +165,270 @@ fn linear_q4_0_matches_generic_bitwise() {
     check_dtype(DType::Q4_0, &[32, 64, 96, 128, 160, 192, 224], true);
 }
 
-/// Types without a NEON kernel go through the generic `linear` unchanged.
 #[test]
-fn forwarded_types_match_generic_bitwise() {
-    for dtype in [DType::Q4K, DType::Q6K, DType::BF16, DType::Q5_0] {
-        let k = 256;
-        check_dtype(dtype, &[k], true);
+fn linear_bf16_matches_generic() {
+    check_dtype(DType::BF16, &[1, 3, 17, 100], false);
+}
+
+/// Every type a plan can store weights in (everything but `I32`) has a NEON `linear` kernel in
+/// every variant on aarch64, so the planner need not refuse any type for `aarch64-neon`.
+#[test]
+fn every_weight_type_has_a_neon_kernel() {
+    if !cfg!(target_arch = "aarch64") {
+        return;
+    }
+    for (label, table) in variants() {
+        for dtype in DType::ALL.into_iter().filter(|&d| d != DType::I32) {
+            let name = linear_variant_name(&table, dtype);
+            assert!(
+                name.starts_with("neon_linear_"),
+                "{label} {dtype:?}: {name}"
+            );
+        }
+    }
+}
+
+/// The weight types of `kquant.rs`, with their element type name in kernel names.
+const KQUANT_TYPES: [(DType, &str); 8] = [
+    (DType::Q4K, "q4_k"),
+    (DType::Q6K, "q6_k"),
+    (DType::Q5K, "q5_k"),
+    (DType::Q2K, "q2_k"),
+    (DType::Q3K, "q3_k"),
+    (DType::Q4_1, "q4_1"),
+    (DType::Q5_0, "q5_0"),
+    (DType::Q5_1, "q5_1"),
+];
+
+/// `Σ |d·sc·q·q8·d8|` over one output element, the absolute sum of the f32 terms the K-quant
+/// dot products accumulate (see the module doc), for row `wrow` of `dtype` and the activation
+/// row `xrow`.
+fn kquant_abs_terms(dtype: DType, wrow: &[u8], xrow: &[f32]) -> f64 {
+    let k = xrow.len();
+    // Dequantized with one of the two super-block scales zeroed: the scale part and the min
+    // part of every weight separately (types without mins: the weight itself, and zeros).
+    let zeroed = |at: usize| {
+        let mut w = wrow.to_vec();
+        for blk in w.chunks_mut(dtype.type_size()) {
+            blk[at..at + 2].fill(0);
+        }
+        let mut y = vec![0f32; k];
+        quant::dequantize_row(dtype, &w, &mut y);
+        y
+    };
+    let (scaled, mins) = match dtype {
+        DType::Q4K | DType::Q5K => (zeroed(2), zeroed(0)),
+        DType::Q2K => (zeroed(82), zeroed(80)),
+        _ => {
+            let mut y = vec![0f32; k];
+            quant::dequantize_row(dtype, wrow, &mut y);
+            (y, vec![0f32; k])
+        }
+    };
+    let mut act = vec![0u8; quant::activation_row_bytes(dtype, k)];
+    quant::quantize_activation_row(dtype, xrow, &mut act);
+    let mut t = 0f64;
+    for (b, blk) in act.chunks(292).enumerate() {
+        let d8 = f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]) as f64;
+        for e in 0..256 {
+            let q8 = blk[4 + e] as i8 as f64;
+            let i = 256 * b + e;
+            t += (scaled[i].abs() as f64 + mins[i].abs() as f64) * (q8 * d8).abs();
+        }
+    }
+    t
+}
+
+/// Every variant against the generic kernel for one `kquant.rs` weight type, `m`, `n` over all
+/// pairs of ragged sizes, with and without bias; checks the reported kernel name.
+fn check_kquant(dtype: DType, name: &str) {
+    let generic = edge_kernels::generic();
+    let bs = dtype.block_size();
+    let ks: Vec<usize> = if bs == 256 {
+        vec![256, 512, 768]
+    } else {
+        vec![32, 96, 224]
+    };
+    let ms = [1, 2, 3, 5, 7, 9];
+    let ns = [1, 3, 5, 7, 13, 66];
+    let u = f32::EPSILON as f64 / 2.0;
+    let mut rng = Rng(0xD1B5_4A32_D192_ED03 ^ dtype as u64);
+    let (mut cases, mut bounded, mut differing, mut max_ratio) = (0, 0, 0, 0f64);
+    for (ki, &k) in ks.iter().enumerate() {
+        let nb = k / bs;
+        for (mi, &m) in ms.iter().enumerate() {
+            for (ni, &n) in ns.iter().enumerate() {
+                let x = rng.vec(m * k, 2.0);
+                let w = rng.vec(n * k, 0.5);
+                let wbuf = pack(dtype, &w, n, k);
+                let row = dtype.bytes_for(k as u64).expect("whole blocks") as usize;
+                let wbytes = &wbuf.as_bytes()[..n * row];
+                let bias_v = rng.vec(n, 1.0);
+                let bias = ((ki + mi + ni) % 2 == 0).then_some(&bias_v[..]);
+                let want = run(&generic, &x, dtype, wbytes, bias, m, k, n);
+                for (label, table) in variants() {
+                    let kernel = linear_variant_name(&table, dtype);
+                    let sdot = features().dotprod && label != "neon";
+                    let expect = if cfg!(target_arch = "aarch64") {
+                        format!(
+                            "neon_linear_{name}_{}",
+                            if sdot { "dotprod" } else { "base" }
+                        )
+                    } else {
+                        "generic_linear_f32".to_string()
+                    };
+                    assert_eq!(kernel, expect, "{label} {dtype:?}: kernel name");
+                    let exact = !sdot
+                        || !matches!(dtype, DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K);
+                    let got = run(&table, &x, dtype, wbytes, bias, m, k, n);
+                    for i in 0..m {
+                        for j in 0..n {
+                            let (g, r) = (got[i * n + j], want[i * n + j]);
+                            if exact {
+                                assert_eq!(
+                                    g.to_bits(),
+                                    r.to_bits(),
+                                    "{label} {dtype:?} m={m} k={k} n={n} [{i},{j}]: {g} vs \
+                                     generic {r}"
+                                );
+                                continue;
+                            }
+                            let t = kquant_abs_terms(
+                                dtype,
+                                &wbytes[j * row..(j + 1) * row],
+                                &x[i * k..(i + 1) * k],
+                            );
+                            let tol = (3 * nb + 16) as f64 * u * t * 1.0001
+                                + 2.0 * u * (g.abs() as f64 + r.abs() as f64);
+                            let diff = (g as f64 - r as f64).abs();
+                            assert!(
+                                g.is_finite() && diff <= tol,
+                                "{label} {dtype:?} m={m} k={k} n={n} [{i},{j}]: {g} vs generic \
+                                 {r}, |diff| {diff} > {tol}"
+                            );
+                            bounded += 1;
+                            differing += usize::from(g.to_bits() != r.to_bits());
+                            max_ratio = max_ratio.max(diff / (u * t).max(f64::MIN_POSITIVE));
+                        }
+                    }
+                    cases += 1;
+                }
+            }
+        }
+    }
+    println!(
+        "{dtype:?}: {cases} cases, {bounded} elements under the f32 bound ({differing} not \
+         bit-identical), max |diff| = {max_ratio:.2}·u·T"
+    );
+    assert!(cases >= ks.len() * ms.len() * ns.len());
+}
+
+#[test]
+fn linear_q4_k_matches_generic() {
+    check_kquant(DType::Q4K, "q4_k");
+}
+
+#[test]
+fn linear_q6_k_matches_generic() {
+    check_kquant(DType::Q6K, "q6_k");
+}
+
+#[test]
+fn linear_q5_k_matches_generic() {
+    check_kquant(DType::Q5K, "q5_k");
+}
+
+#[test]
+fn linear_q2_k_matches_generic_bitwise() {
+    check_kquant(DType::Q2K, "q2_k");
+}
+
+#[test]
+fn linear_q3_k_matches_generic() {
+    check_kquant(DType::Q3K, "q3_k");
+}
+
+#[test]
+fn linear_q4_1_matches_generic_bitwise() {
+    check_kquant(DType::Q4_1, "q4_1");
+}
+
+#[test]
+fn linear_q5_0_matches_generic_bitwise() {
+    check_kquant(DType::Q5_0, "q5_0");
+}
+
+#[test]
+fn linear_q5_1_matches_generic_bitwise() {
+    check_kquant(DType::Q5_1, "q5_1");
+}
+
+/// Extreme K-quant inputs: all-zero activations and weights, and constant rows (every quant at
+/// the end of its range), through every variant.
+#[test]
+fn kquant_extreme_inputs_match_generic() {
+    let generic = edge_kernels::generic();
+    let (m, n) = (3, 5);
+    for (dtype, _) in KQUANT_TYPES {
+        let k = 2 * dtype.block_size();
+        let row = dtype.bytes_for(k as u64).expect("whole blocks") as usize;
+        for (xv, wv) in [(0.0, 0.0), (1.0, 0.0), (0.0, 1.0), (-3.0, 2.0), (5.0, -7.0)] {
+            let x = vec![xv; m * k];
+            let w = vec![wv; n * k];
+            let wbuf = pack(dtype, &w, n, k);
+            let wbytes = &wbuf.as_bytes()[..n * row];
+            let want = run(&generic, &x, dtype, wbytes, None, m, k, n);
+            for (label, table) in variants() {
+                let got = run(&table, &x, dtype, wbytes, None, m, k, n);
+                for (g, r) in got.iter().zip(&want) {
+                    let tol = 1e-5 * r.abs();
+                    assert!(
+                        (g - r).abs() <= tol,
+                        "{label} {dtype:?} x={xv} w={wv}: {g} vs generic {r}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Wrong shapes panic with the generic kernel's messages.
+#[test]
+#[should_panic(expected = "is not a whole number of")]
+fn kquant_ragged_k_panics_like_generic() {
+    let t = best();
+    let (m, k, n) = (1, 100, 2);
+    let mut out = vec![0f32; m * n];
+    (t.linear.run)(
+        &vec![0f32; m * k],
+        WeightRef {
+            dtype: DType::Q4K,
+            bytes: &[0u8; 288],
+        },
+        None,
+        &mut out,
+        m,
+        k,
+        n,
+        &mut [0u8; 4096],
+    );
+}
+
+/// Zero-sized `m`/`n` return without touching `out`, as the generic kernel.
+#[test]
+fn kquant_zero_sizes() {
+    for (dtype, _) in KQUANT_TYPES {
+        let k = dtype.block_size();
+        let row = dtype.bytes_for(k as u64).expect("whole blocks") as usize;
+        let wbuf = pack(dtype, &vec![0.5f32; 3 * k], 3, k);
+        let wbytes = &wbuf.as_bytes()[..3 * row];
+        for (label, table) in variants() {
+            let none = run(&table, &[], dtype, wbytes, None, 0, k, 3);
+            assert!(none.is_empty(), "{label} {dtype:?} m=0");
+            let x = vec![1f32; 2 * k];
+            let none = run(&table, &x, dtype, &[], None, 2, k, 0);
+            assert!(none.is_empty(), "{label} {dtype:?} n=0");
+        }
     }
 }
 
@@ -168,8 +437,15 @@ fn forwarded_types_match_generic_bitwise() {
 fn thread_count_does_not_change_results() {
     let (m, k, n) = (37, 100, 45);
     let mut rng = Rng(7);
-    for dtype in [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0] {
-        let kk = if dtype.is_quantized() { 128 } else { k };
+    let types = [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0]
+        .into_iter()
+        .chain(KQUANT_TYPES.map(|(d, _)| d));
+    for dtype in types {
+        let kk = if dtype.is_quantized() {
+            2 * dtype.block_size().max(64)
+        } else {
+            k
+        };
         let xs = rng.vec(m * kk, 1.0);
         let w = rng.vec(n * kk, 1.0);
         let wbuf = pack(dtype, &w, n, kk);
@@ -204,7 +480,16 @@ fn reports_and_checks_the_chosen_path() {
     println!("features: {f:?}");
     for (label, table) in variants() {
         println!("variant {label}: {:?}", table.names());
-        for dtype in [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4K] {
+        let types = [
+            DType::F32,
+            DType::F16,
+            DType::Q8_0,
+            DType::Q4_0,
+            DType::BF16,
+        ]
+        .into_iter()
+        .chain(KQUANT_TYPES.map(|(d, _)| d));
+        for dtype in types {
             println!(
                 "  linear {dtype:?} -> {}",
                 linear_variant_name(&table, dtype)
@@ -227,13 +512,22 @@ fn reports_and_checks_the_chosen_path() {
             1 + usize::from(f.dotprod) + usize::from(f.i8mm)
         );
         assert_eq!(linear_variant_name(&t, DType::Q8_0), q8);
+        let kq = if f.dotprod { "dotprod" } else { "base" };
+        for (dtype, name) in KQUANT_TYPES {
+            assert_eq!(
+                linear_variant_name(&t, dtype),
+                format!("neon_linear_{name}_{kq}")
+            );
+        }
+        assert_eq!(linear_variant_name(&t, DType::BF16), "neon_linear_bf16_4x4");
     } else {
         assert_eq!(t.linear.name, generic.linear.name);
     }
-    // Every slot other than these stays generic.
-    let neon = ["linear", "silu", "gelu_tanh", "layer_norm", "rms_norm"];
+    // On aarch64 every kernel slot is NEON; the scratch-size slots stay generic (the planner
+    // sizes the arena with the generic functions, so NEON kernels must fit them). Everything
+    // is generic elsewhere.
     for ((slot, a), (_, b)) in t.names().iter().zip(generic.names()) {
-        if cfg!(target_arch = "aarch64") && neon.contains(slot) {
+        if cfg!(target_arch = "aarch64") && !slot.ends_with("_scratch_bytes") {
             assert!(a.starts_with("neon_"), "slot {slot}: {a}");
         } else {
             assert_eq!(*a, b, "slot {slot}");

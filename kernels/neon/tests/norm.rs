@@ -83,3 +83,96 @@ fn rms_norm_matches_generic() {
         }
     }
 }
+
+/// GroupNorm: statistics in f64 as the generic kernel, summed in four lanes instead of
+/// sequentially; the normalization `((x − mean) · rstd) · weight + bias` in f64 in the same
+/// order. The f64 statistics differ by ~1e-16 relative, so an output may differ by one f32
+/// rounding: the same bound as above (2 ulps + 1e-7). Ragged `c` (not a multiple of
+/// `groups · 4`) and `hw` (1, 3, 17, 65), groups 1, 2, 4, 32, shifted means.
+#[test]
+fn group_norm_matches_generic() {
+    let g = edge_kernels::generic();
+    let mut rng = Rng(13);
+    let mut cases = 0;
+    let mut worst_ulps = 0.0f32;
+    for (c, groups) in [
+        (3, 1),
+        (6, 2),
+        (10, 2),
+        (12, 4),
+        (20, 4),
+        (32, 32),
+        (96, 32),
+    ] {
+        for hw in [1, 3, 17, 65] {
+            let x = rng.vec(c * hw, 3.0, 1.5);
+            let w = rng.vec(c, 1.0, 1.0);
+            let b = rng.vec(c, 0.5, 0.0);
+            let mut want = vec![0.0f32; c * hw];
+            (g.group_norm.run)(&x, c, hw, groups, 1e-6, &w, &b, &mut want);
+            for (label, t) in variants() {
+                let mut got = vec![f32::NAN; c * hw];
+                (t.group_norm.run)(&x, c, hw, groups, 1e-6, &w, &b, &mut got);
+                close(
+                    &format!(
+                        "{label} {} c={c} hw={hw} groups={groups}",
+                        t.group_norm.name
+                    ),
+                    &got,
+                    &want,
+                );
+                for (g, w) in got.iter().zip(&want) {
+                    worst_ulps = worst_ulps.max((g - w).abs() / (w.abs() * f32::EPSILON));
+                }
+                cases += 1;
+            }
+        }
+    }
+    assert!(cases >= 28);
+    eprintln!("group_norm: max |neon − generic| = {worst_ulps} · 2⁻²³ · |generic|");
+}
+
+/// A group larger than one normalization task (nested parallel channels), results identical for
+/// 1 and 3 threads, and equal to the generic kernel within the bound above.
+#[test]
+fn group_norm_thread_count_does_not_change_results() {
+    let g = edge_kernels::generic();
+    let mut rng = Rng(14);
+    let (c, hw, groups) = (40, 1031, 4);
+    let x = rng.vec(c * hw, 2.0, -0.7);
+    let w = rng.vec(c, 1.0, 1.0);
+    let b = rng.vec(c, 0.5, 0.0);
+    let mut want = vec![0.0f32; c * hw];
+    (g.group_norm.run)(&x, c, hw, groups, 1e-5, &w, &b, &mut want);
+    for (label, t) in variants() {
+        let on = |threads: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("thread pool")
+                .install(|| {
+                    let mut out = vec![0.0f32; c * hw];
+                    (t.group_norm.run)(&x, c, hw, groups, 1e-5, &w, &b, &mut out);
+                    out
+                })
+        };
+        let (one, three) = (on(1), on(3));
+        assert!(
+            one.iter()
+                .zip(&three)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{label}: 1 thread and 3 threads differ"
+        );
+        close(&format!("{label} group_norm c={c} hw={hw}"), &one, &want);
+    }
+}
+
+#[test]
+#[should_panic(expected = "group_norm: 3 groups do not divide 8 channels")]
+fn group_norm_rejects_groups_not_dividing_channels() {
+    let t = variants().pop().expect("a variant").1;
+    let x = vec![0.0f32; 8 * 5];
+    let (w, b) = (vec![1.0f32; 8], vec![0.0f32; 8]);
+    let mut out = vec![0.0f32; 8 * 5];
+    (t.group_norm.run)(&x, 8, 5, 3, 1e-6, &w, &b, &mut out);
+}

@@ -1,19 +1,21 @@
-//! `neon_linear_f32_4x4` and `neon_linear_f16_4x4`: `out = x · wᵀ + bias` for plain
-//! floating-point weights with NEON fused multiply-add.
+//! `neon_linear_f32_4x4`, `neon_linear_f16_4x4` and `neon_linear_bf16_4x4`: `out = x · wᵀ +
+//! bias` for plain floating-point weights with NEON fused multiply-add.
 //!
 //! Each output element is one dot product in a fixed order: four f32 lane accumulators
 //! `acc[l] = fma(x[4c + l], w[4c + l], acc[l])` over the whole 4-element chunks in increasing
 //! `c`, the lanes summed with `faddv` (`vaddvq_f32`, a fixed pairwise order), the `k % 4` tail
 //! elements fused in one by one in increasing index, then the bias added. The order does not
 //! depend on the register tile (up to 4 rows × 4 columns) an element is computed in nor on the
-//! thread that computes it. F16 weights are widened exactly with `fcvtl` (`vcvt_f32_f16`).
+//! thread that computes it. F16 weights are widened exactly with `fcvtl` (`vcvt_f32_f16`), BF16
+//! weights exactly with a 16-bit left shift (`ushll #16`, `vshll_n_u16`: bfloat16 is the top half
+//! of an f32).
 
 use std::arch::aarch64::{
     float32x4_t, vaddvq_f32, vcvt_f32_f16, vdupq_n_f32, vfmaq_f32, vld1_u16, vld1q_f32,
-    vreinterpret_f16_u16,
+    vreinterpret_f16_u16, vreinterpretq_f32_u32, vshll_n_u16,
 };
 
-use edge_kernels::quant::fp16_to_fp32;
+use edge_kernels::quant::{bf16_to_fp32, fp16_to_fp32};
 use edge_schema::DType;
 use rayon::prelude::*;
 
@@ -44,6 +46,8 @@ trait WeightLoad {
 struct F32W;
 /// Little-endian IEEE half weights.
 struct F16W;
+/// Little-endian bfloat16 weights.
+struct Bf16W;
 
 impl WeightLoad for F32W {
     const BYTES: usize = 4;
@@ -73,6 +77,22 @@ impl WeightLoad for F16W {
         // SAFETY: the caller guarantees 2 readable bytes at `p + 2i`; read unaligned.
         let bits = unsafe { p.add(i * 2).cast::<u16>().read_unaligned() };
         fp16_to_fp32(u16::from_le(bits))
+    }
+}
+
+impl WeightLoad for Bf16W {
+    const BYTES: usize = 2;
+    #[inline(always)]
+    unsafe fn load4(p: *const u8, i: usize) -> float32x4_t {
+        // SAFETY: the caller guarantees 8 readable bytes at `p + 2i`; `ld1` reads unaligned;
+        // shifting the 16 bits into the top half of a 32-bit lane is the exact widening.
+        unsafe { vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(p.add(i * 2).cast::<u16>()))) }
+    }
+    #[inline(always)]
+    unsafe fn load1(p: *const u8, i: usize) -> f32 {
+        // SAFETY: the caller guarantees 2 readable bytes at `p + 2i`; read unaligned.
+        let bits = unsafe { p.add(i * 2).cast::<u16>().read_unaligned() };
+        bf16_to_fp32(u16::from_le(bits))
     }
 }
 
@@ -151,12 +171,35 @@ fn tile_checked<W: WeightLoad, const R: usize>(
     unsafe { tile::<W, R, TILE_C>(&xp, &wp, k) }
 }
 
+/// `out[r][c] = dot(xs[r], ws[c])` for f32 rows of length `k` (`R`, `C` ≤ 4), in the fixed
+/// order of the module doc: the same dot product as `neon_linear_f32_4x4`, shared with
+/// `neon_conv2d_f32_4x4`. Panics if a row is not `k` long.
+pub(super) fn dot_tile_f32<const R: usize, const C: usize>(
+    xs: [&[f32]; R],
+    ws: [&[f32]; C],
+    k: usize,
+) -> [[f32; C]; R] {
+    for row in xs.iter().chain(ws.iter()) {
+        assert_eq!(
+            row.len(),
+            k,
+            "neon dot tile: row of {} values, k = {k}",
+            row.len()
+        );
+    }
+    let xp: [*const f32; R] = xs.map(<[f32]>::as_ptr);
+    let wp: [*const u8; C] = ws.map(|w| w.as_ptr().cast::<u8>());
+    // SAFETY: every row holds k f32 values (asserted above), so every weight row holds
+    // k·F32W::BYTES readable bytes; NEON is part of the aarch64 baseline.
+    unsafe { tile::<F32W, R, C>(&xp, &wp, k) }
+}
+
 /// Rows of `out` per task in the row-parallel path (a function of `m` only).
 fn row_block(m: usize) -> usize {
     m.div_ceil(16).next_multiple_of(TILE_R).clamp(TILE_R, 64)
 }
 
-/// `out = x · wᵀ + bias` for `F32` or `F16` weights; shapes already checked by the caller
+/// `out = x · wᵀ + bias` for `F32`, `F16` or `BF16` weights; shapes already checked by the caller
 /// (`x` `[m, k]`, `w` `[n, k]` of `dtype`, `bias` `[n]`, `out` `[m, n]`, `m, n > 0`).
 pub(super) fn linear_dense(
     dtype: DType,
@@ -171,7 +214,8 @@ pub(super) fn linear_dense(
     match dtype {
         DType::F32 => gemm::<F32W>(x, w, bias, out, m, k, n),
         DType::F16 => gemm::<F16W>(x, w, bias, out, m, k, n),
-        other => unreachable!("linear_dense is only dispatched for F32/F16, got {other:?}"),
+        DType::BF16 => gemm::<Bf16W>(x, w, bias, out, m, k, n),
+        other => unreachable!("linear_dense is only dispatched for F32/F16/BF16, got {other:?}"),
     }
 }
 

@@ -24,7 +24,7 @@ const CHUNK: usize = 1 << 14;
 /// `exp(y)` per lane, see the module doc.
 #[inline]
 #[target_feature(enable = "neon")]
-fn exp4(y: float32x4_t) -> float32x4_t {
+pub(super) fn exp4(y: float32x4_t) -> float32x4_t {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     // ln 2 = LN2_HI + LN2_LO, LN2_HI with 8 trailing zero bits (n·LN2_HI is exact for |n| < 2⁸).
     const LN2_HI: f32 = 0.693_145_75;

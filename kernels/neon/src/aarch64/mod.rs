@@ -1,9 +1,14 @@
 //! The aarch64 kernels, run-time feature detection and the table variants.
 
+mod attention;
+mod binary;
+mod conv;
 mod dense;
 mod elementwise;
+mod kquant;
 mod norm;
 mod quant;
+mod upsample;
 
 use std::sync::OnceLock;
 
@@ -52,6 +57,38 @@ fn base_table() -> KernelTable {
     t.rms_norm = Kernel {
         name: "neon_rms_norm_f64x2",
         run: norm::rms_norm,
+    };
+    t.conv2d = Kernel {
+        name: "neon_conv2d_f32_4x4",
+        run: conv::conv2d,
+    };
+    t.group_norm = Kernel {
+        name: "neon_group_norm_f64x2",
+        run: norm::group_norm,
+    };
+    t.upsample_nearest2x = Kernel {
+        name: "neon_upsample_nearest2x_f32_x4",
+        run: upsample::upsample_nearest2x,
+    };
+    t.attention = Kernel {
+        name: "neon_attention_f32_x4",
+        run: attention::attention,
+    };
+    t.add = Kernel {
+        name: "neon_add_f32_x4",
+        run: binary::add,
+    };
+    t.mul = Kernel {
+        name: "neon_mul_f32_x4",
+        run: binary::mul,
+    };
+    t.modulate = Kernel {
+        name: "neon_modulate_f32_x4",
+        run: binary::modulate,
+    };
+    t.gated_residual = Kernel {
+        name: "neon_gated_residual_f32_x4",
+        run: binary::gated_residual,
     };
     t
 }
@@ -107,13 +144,14 @@ pub(crate) fn linear_variant_name(table: &KernelTable, dtype: DType) -> &'static
     match (dtype, path) {
         (DType::F32, _) => "neon_linear_f32_4x4",
         (DType::F16, _) => "neon_linear_f16_4x4",
+        (DType::BF16, _) => "neon_linear_bf16_4x4",
         (DType::Q8_0, IntPath::Base) => "neon_linear_q8_0_base",
         (DType::Q8_0, IntPath::DotProd) => "neon_linear_q8_0_dotprod",
         (DType::Q8_0, IntPath::I8mm) => "neon_linear_q8_0_i8mm_2x4",
         (DType::Q4_0, IntPath::Base) => "neon_linear_q4_0_base",
         (DType::Q4_0, IntPath::DotProd) => "neon_linear_q4_0_dotprod",
         (DType::Q4_0, IntPath::I8mm) => "neon_linear_q4_0_i8mm_2x4",
-        _ => "generic_linear_f32",
+        (d, p) => kquant::variant_name(d, p).unwrap_or("generic_linear_f32"),
     }
 }
 
@@ -175,7 +213,11 @@ fn linear(
     n: usize,
     scratch: &mut [u8],
 ) {
-    if !matches!(w.dtype, DType::F32 | DType::F16 | DType::Q8_0 | DType::Q4_0) {
+    if !matches!(
+        w.dtype,
+        DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0
+    ) && !kquant::handles(w.dtype)
+    {
         return edge_kernels::linear(x, w, bias, out, m, k, n, scratch);
     }
     assert_eq!(
@@ -225,7 +267,12 @@ fn linear(
         return;
     }
     match w.dtype {
-        DType::F32 | DType::F16 => dense::linear_dense(w.dtype, x, w.bytes, bias, out, m, k, n),
+        DType::F32 | DType::F16 | DType::BF16 => {
+            dense::linear_dense(w.dtype, x, w.bytes, bias, out, m, k, n)
+        }
+        d if kquant::handles(d) => {
+            kquant::linear_kquant(path, d, x, w.bytes, bias, out, m, k, n, scratch)
+        }
         _ => quant::linear_quant(path, w.dtype, x, w.bytes, bias, out, m, k, n, scratch),
     }
 }

@@ -1,4 +1,5 @@
-//! `neon_layer_norm_f64x2` and `neon_rms_norm_f64x2`: the row norms with NEON f64 statistics.
+//! `neon_layer_norm_f64x2`, `neon_rms_norm_f64x2` and `neon_group_norm_f64x2`: the norms with NEON
+//! f64 statistics.
 //!
 //! As the generic kernels (`edge_kernels::{layer_norm, rms_norm}`: torch `nn.LayerNorm`,
 //! transformers `T5LayerNorm`), the statistics are computed in f64: the f32 inputs are widened
@@ -8,6 +9,14 @@
 //! generic sequential f64 sum, so the f64 statistics differ in their last bits and an output can
 //! differ from the generic one by one f32 rounding (tests allow 2 ulps). Every row is computed by
 //! one task in a fixed order: results do not depend on the thread count.
+//!
+//! GroupNorm (torch `nn.GroupNorm`, generic twin `edge_kernels::group_norm`): each group's
+//! `c/groups · hw` values are contiguous; its mean and biased variance are two-pass f64 sums in
+//! the same four lanes (one task per group, fixed order), and each output is
+//! `((x − mean) · rstd) · weight + bias` in f64 in the generic kernel's operation order, rounded
+//! once. Only the f64 summation order differs from the generic kernel: the statistics differ by
+//! a relative ~`n·2⁻⁵³` at most, so an output can differ by one f32 rounding (tests allow 2 ulps
+//! plus `1e-7` absolute). The normalization is parallel over channels inside each group task.
 
 use std::arch::aarch64::{
     float64x2_t, vaddq_f64, vaddvq_f64, vcvt_f32_f64, vcvt_f64_f32, vcvt_high_f32_f64,
@@ -19,6 +28,8 @@ use rayon::prelude::*;
 
 /// Rows per task (as the generic kernels).
 const ROWS_PER_TASK: usize = 16;
+/// Elements per GroupNorm normalization task, at least.
+const GROUP_NORM_TASK: usize = 4096;
 
 /// Four f32 values at the start of `c` (exactly 4 long) widened to two f64 pairs.
 #[inline]
@@ -202,5 +213,95 @@ pub(super) fn rms_norm(x: &[f32], m: usize, d: usize, eps: f32, weight: &[f32], 
                 // SAFETY: NEON is part of the aarch64 baseline.
                 unsafe { rms_norm_row(xr, eps, weight, o) };
             }
+        });
+}
+
+/// One GroupNorm channel row: `out = ((x − mean) · rstd) · weight + bias` in f64, rounded once
+/// (the generic kernel's operation order, unfused).
+#[target_feature(enable = "neon")]
+fn group_norm_row(x: &[f32], mean: f64, rstd: f64, weight: f32, bias: f32, out: &mut [f32]) {
+    let hw = x.len();
+    let (wc, bc) = (f64::from(weight), f64::from(bias));
+    let (vm, vr) = (vdupq_n_f64(mean), vdupq_n_f64(rstd));
+    let (vw, vb) = (vdupq_n_f64(wc), vdupq_n_f64(bc));
+    let full = hw - hw % 4;
+    for j in (0..full).step_by(4) {
+        let (lo, hi) = widen(&x[j..j + 4]);
+        let lo = vaddq_f64(vmulq_f64(vmulq_f64(vsubq_f64(lo, vm), vr), vw), vb);
+        let hi = vaddq_f64(vmulq_f64(vmulq_f64(vsubq_f64(hi, vm), vr), vw), vb);
+        let o = &mut out[j..j + 4];
+        // SAFETY: `o` holds 4 f32 values.
+        unsafe { vst1q_f32(o.as_mut_ptr(), vcvt_high_f32_f64(vcvt_f32_f64(lo), hi)) };
+    }
+    for j in full..hw {
+        out[j] = ((f64::from(x[j]) - mean) * rstd * wc + bc) as f32;
+    }
+}
+
+/// `neon_group_norm_f64x2`: the contract of [`edge_kernels::group_norm`] (torch
+/// `nn.GroupNorm(groups, c, eps, affine=True)` on one sample). Shapes: `x`, `out` `[c, hw]`;
+/// `weight`, `bias` `[c]`; channels `g·c/groups .. (g+1)·c/groups` form group `g`. Panics as
+/// the generic kernel does.
+pub(super) fn group_norm(
+    x: &[f32],
+    c: usize,
+    hw: usize,
+    groups: usize,
+    eps: f32,
+    weight: &[f32],
+    bias: &[f32],
+    out: &mut [f32],
+) {
+    assert!(
+        groups > 0 && c.is_multiple_of(groups),
+        "group_norm: {groups} groups do not divide {c} channels"
+    );
+    assert_eq!(
+        x.len(),
+        c * hw,
+        "group_norm: x has {} elements, expected [{c}, {hw}]",
+        x.len()
+    );
+    assert_eq!(
+        out.len(),
+        c * hw,
+        "group_norm: out has {} elements, expected [{c}, {hw}]",
+        out.len()
+    );
+    assert_eq!(
+        weight.len(),
+        c,
+        "group_norm: weight has {} elements, expected {c}",
+        weight.len()
+    );
+    assert_eq!(
+        bias.len(),
+        c,
+        "group_norm: bias has {} elements, expected {c}",
+        bias.len()
+    );
+    let cg = c / groups;
+    if cg * hw == 0 {
+        return;
+    }
+    out.par_chunks_mut(cg * hw)
+        .zip(x.par_chunks(cg * hw))
+        .enumerate()
+        .for_each(|(g, (og, xg))| {
+            let n = xg.len() as f64;
+            // SAFETY: NEON is part of the aarch64 baseline.
+            let mean = unsafe { lane_sum::<false>(xg, 0.0) } / n;
+            // SAFETY: as above.
+            let var = unsafe { lane_sum::<true>(xg, mean) } / n;
+            let rstd = 1.0 / (var + f64::from(eps)).sqrt();
+            og.par_chunks_mut(hw)
+                .zip(xg.par_chunks(hw))
+                .with_min_len(GROUP_NORM_TASK.div_ceil(hw))
+                .enumerate()
+                .for_each(|(ci, (orow, xrow))| {
+                    let ch = g * cg + ci;
+                    // SAFETY: NEON is part of the aarch64 baseline.
+                    unsafe { group_norm_row(xrow, mean, rstd, weight[ch], bias[ch], orow) };
+                });
         });
 }
