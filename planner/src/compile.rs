@@ -856,6 +856,7 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         budget: None,
     };
     let mut meta = meta;
+    crate::pack::repack_for_target(&mut table, &meta.stages, &meta.target);
     crate::budget::apply(
         &mut meta,
         &table.entries,

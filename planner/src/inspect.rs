@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use edge_schema::header::Header;
-use edge_schema::plan::{PlanMeta, Storage};
+use edge_schema::plan::{PackLayout, PlanMeta, Storage};
 use edge_schema::DType;
 
 /// Decodes and verifies `file` (a whole plan) and returns its metadata.
@@ -104,12 +104,18 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
             st.live_lower_bound
         );
         let mut seen = vec![false; meta.tensors.len()];
-        let mut by_type: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let mut by_type: BTreeMap<String, u64> = BTreeMap::new();
         for v in &st.values {
             if let Storage::Weight(t) = v.storage {
                 if !std::mem::replace(&mut seen[t as usize], true) {
                     let e = &meta.tensors[t as usize];
-                    *by_type.entry(e.dtype.name()).or_default() += e.len;
+                    let key = match e.layout {
+                        PackLayout::RowMajor => e.dtype.name().to_string(),
+                        PackLayout::Interleaved4x8 => {
+                            format!("{} (interleaved 4x8)", e.dtype.name())
+                        }
+                    };
+                    *by_type.entry(key).or_default() += e.len;
                 }
             }
         }

@@ -8,7 +8,7 @@
 
 use edge_kernels::{AttentionParams, Conv2dParams, KernelTable, WeightRef};
 use edge_schema::op::Op;
-use edge_schema::plan::{ArenaSlice, Stage, Storage};
+use edge_schema::plan::{ArenaSlice, PackLayout, Stage, Storage};
 use edge_schema::DType;
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -310,9 +310,18 @@ impl<'p> Session<'p> {
         };
         let f = |id: u32| -> Result<&[f32]> { as_f32(bytes_of(id)?) };
         let w = |id: u32| -> Result<WeightRef<'_>> {
+            let layout = match &stage.values[id as usize].storage {
+                Storage::Weight(t) => plan
+                    .meta()
+                    .tensors
+                    .get(*t as usize)
+                    .map_or(PackLayout::RowMajor, |e| e.layout),
+                Storage::Arena(_) => PackLayout::RowMajor,
+            };
             Ok(WeightRef {
                 dtype: stage.values[id as usize].dtype,
                 bytes: bytes_of(id)?,
+                layout,
             })
         };
         let shape = |id: u32| -> &[u64] { &stage.values[id as usize].shape };

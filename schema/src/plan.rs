@@ -239,6 +239,15 @@ pub struct Stage {
 pub enum PackLayout {
     /// Rows of the outermost-first shape, one after another (ggml blocks along each row).
     RowMajor,
+    /// `Q8_0`/`Q4_0` matrices `[n, k]` (outermost-first) repacked for the aarch64 NEON kernels,
+    /// which compute 4 weight rows at a time: rows `4g .. 4g+4` are stored together, block
+    /// index by block index. For block `b` of group `g` the 4 blocks' f16 scales come first
+    /// (row order, 8 bytes), then their quant bytes in 8-byte chunks, chunk `c` of row `r` at
+    /// byte `8 + 8·(4c + r)` (4 chunks for `Q8_0`, 2 for `Q4_0`), so each 16-byte load holds
+    /// two rows' chunk `c` — the 2×8 operand of `smmla` — and the 4 scales load as one vector
+    /// (the idea of ggml's `block_q8_0x4` in `ggml-cpu/repack.cpp`). The last `n mod 4` rows
+    /// follow row-major. Same byte length as [`PackLayout::RowMajor`]. Only `Linear` weights.
+    Interleaved4x8,
 }
 
 /// A packed weight tensor in the weight region.

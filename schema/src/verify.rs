@@ -11,7 +11,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::header::{SECTION_ALIGN, TENSOR_ALIGN};
 use crate::op::{numel, Op, MAX_RANK};
-use crate::plan::{ArenaSlice, PlanMeta, Stage, StageKind, Storage};
+use crate::plan::{ArenaSlice, PackLayout, PlanMeta, Stage, StageKind, Storage};
 
 fn invalid(msg: String) -> Error {
     Error::Invalid(msg)
@@ -70,6 +70,15 @@ pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
             return Err(invalid(format!(
                 "tensor {i} ({}) of {} {:?} has {} bytes (expected {:?})",
                 t.name, t.dtype, t.shape, t.len, bytes
+            )));
+        }
+        if t.layout == PackLayout::Interleaved4x8
+            && (!matches!(t.dtype, DType::Q8_0 | DType::Q4_0) || t.shape.len() != 2)
+        {
+            return Err(invalid(format!(
+                "tensor {i} ({}) of {} {:?} is in layout Interleaved4x8, which holds only \
+                 2-D Q8_0/Q4_0 matrices",
+                t.name, t.dtype, t.shape
             )));
         }
         let end = t.offset.checked_add(t.len);
@@ -276,11 +285,26 @@ fn verify_stage(meta: &PlanMeta, s: &Stage) -> Result<()> {
             return Err(fail("must have exactly one output".into()));
         }
         let mut ins = Vec::with_capacity(step.inputs.len());
-        for &id in &step.inputs {
+        for (slot, &id) in step.inputs.iter().enumerate() {
             let v = s
                 .values
                 .get(id as usize)
                 .ok_or_else(|| fail(format!("input {id} out of range")))?;
+            // Repacked weights are read only by the linear kernels, as their weight operand.
+            if let Storage::Weight(t) = v.storage {
+                let repacked = meta
+                    .tensors
+                    .get(t as usize)
+                    .map(|t| t.layout)
+                    .filter(|l| *l != PackLayout::RowMajor);
+                let linear_weight = matches!(step.op, Op::Linear { .. }) && slot == 1;
+                if let Some(l) = repacked.filter(|_| !linear_weight) {
+                    return Err(fail(format!(
+                        "input {slot} is tensor {t} in layout {l:?}, which only a linear \
+                         weight may use"
+                    )));
+                }
+            }
             if matches!(v.storage, Storage::Arena(_)) && !produced[id as usize] {
                 return Err(fail(format!("input {id} is read before it is written")));
             }

@@ -157,15 +157,26 @@ fn meta() -> PlanMeta {
             live_lower_bound: 160,
             segmented: true,
         }],
-        tensors: vec![TensorEntry {
-            name: "w".into(),
-            dtype: DType::Q8_0,
-            shape: vec![2, 32],
-            layout: PackLayout::RowMajor,
-            section: 0,
-            offset: 0,
-            len: 68,
-        }],
+        tensors: vec![
+            TensorEntry {
+                name: "w".into(),
+                dtype: DType::Q8_0,
+                shape: vec![2, 32],
+                layout: PackLayout::RowMajor,
+                section: 0,
+                offset: 0,
+                len: 68,
+            },
+            TensorEntry {
+                name: "w4".into(),
+                dtype: DType::Q4_0,
+                shape: vec![4, 32],
+                layout: PackLayout::Interleaved4x8,
+                section: 0,
+                offset: 128,
+                len: 72,
+            },
+        ],
         sections: vec![SectionEntry {
             offset: 0,
             len: 4096,
@@ -182,7 +193,7 @@ fn metadata_bytes_are_frozen() {
     let digest = blake3::hash(&bytes).to_hex().to_string();
     assert_eq!(
         (FORMAT_VERSION, bytes.len(), digest.as_str()),
-        (2, GOLDEN_LEN, GOLDEN_DIGEST),
+        (3, GOLDEN_LEN, GOLDEN_DIGEST),
         "the postcard encoding of PlanMeta changed: bump FORMAT_VERSION and update the golden values"
     );
     assert_eq!(PlanMeta::decode(&bytes).unwrap(), meta());
@@ -207,5 +218,5 @@ fn header_layout_is_frozen() {
     assert_eq!(&b[224..256], &[0x44; 32]);
 }
 
-const GOLDEN_LEN: usize = 319;
-const GOLDEN_DIGEST: &str = "a83a22df285059fcfbebe63f3a5bc1a01279d30a86fe42514c31703a98d0a549";
+const GOLDEN_LEN: usize = 331;
+const GOLDEN_DIGEST: &str = "982cf4f93a6e3b64a6c37d712b9b198238b498a951b18344017e1e54669a5aad";

@@ -9,7 +9,7 @@ use edge_e2e::{compiled_plan, demo};
 use edge_runtime::Plan;
 use edge_schema::header::{Header, FORMAT_VERSION, HEADER_LEN};
 use edge_schema::op::Op;
-use edge_schema::plan::{PlanMeta, Stage, StageKind, Storage};
+use edge_schema::plan::{Isa, PackLayout, PlanMeta, Stage, StageKind, Storage, Target};
 
 /// A minimal BLAKE3 (hash mode, 32-byte output), written from the BLAKE3 specification
 /// (github.com/BLAKE3-team/BLAKE3-specs, sections 2.1-2.6), so that the test can give mutated
@@ -639,6 +639,67 @@ fn plan_for_missing_cpu_features_is_refused() {
     let msg = err.to_string();
     assert!(
         msg.contains("compiled for") && msg.contains("sme9"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn repacked_layout_on_a_non_matrix_type_is_refused() {
+    refused(
+        "f32 tensor marked Interleaved4x8",
+        &["tensor 0", "Interleaved4x8", "only 2-D Q8_0/Q4_0"],
+        |m| {
+            m.tensors[0].layout = PackLayout::Interleaved4x8;
+        },
+    );
+}
+
+/// An aarch64 plan's repacked matrix fed to a kernel that reads row-major data (here: as the
+/// activation operand of its own linear step) is refused before anything runs.
+#[test]
+fn repacked_weight_outside_a_linear_weight_operand_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("arm.plan");
+    let opts = edge_planner::CompileOptions {
+        sizes: vec![(64, 64)],
+        policy: edge_planner::pack::PackPolicy {
+            default: Some(edge_schema::DType::Q8_0),
+            rules: vec![],
+        },
+        target: Target {
+            isa: Isa::Aarch64,
+            features: vec!["neon".into()],
+        },
+        ..Default::default()
+    };
+    edge_planner::compile::compile_to_file(&demo("pixart-shapes-64"), &opts, &out)
+        .expect("compile");
+    let good = std::fs::read(&out).unwrap();
+    open("aarch64 q8_0 plan", &good).expect("the unmodified plan verifies");
+    let mut meta = edge_planner::inspect::read_meta(&good).unwrap();
+    let repacked: Vec<bool> = meta
+        .tensors
+        .iter()
+        .map(|t| t.layout == PackLayout::Interleaved4x8)
+        .collect();
+    let s = stage_of(&mut meta, StageKind::Denoiser);
+    let k = s
+        .steps
+        .iter()
+        .position(|st| {
+            matches!(st.op, Op::Linear { .. })
+                && matches!(s.values[st.inputs[1] as usize].storage,
+                    Storage::Weight(t) if repacked[t as usize])
+        })
+        .expect("a linear step with a repacked weight");
+    let s = stage_of(&mut meta, StageKind::Denoiser);
+    s.steps[k].inputs[0] = s.steps[k].inputs[1];
+    let bytes = reassemble(&good, &meta, FORMAT_VERSION);
+    let Err(msg) = open("repacked weight as activation", &bytes) else {
+        panic!("a repacked weight used as an activation was accepted");
+    };
+    assert!(
+        msg.contains("input 0") && msg.contains("only a linear weight may use"),
         "{msg}"
     );
 }

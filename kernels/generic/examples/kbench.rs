@@ -70,10 +70,7 @@ fn bench_linear(dtype: DType, m: usize, k: usize, n: usize) {
     let s = time(|| {
         linear(
             &x,
-            WeightRef {
-                dtype,
-                bytes: wb.bytes(),
-            },
+            WeightRef::row_major(dtype, wb.bytes()),
             None,
             &mut out,
             m,
@@ -153,10 +150,7 @@ fn bench_conv(cin: usize, cout: usize, hw: usize, k: usize) {
         conv2d(
             &p,
             &x,
-            WeightRef {
-                dtype: DType::F32,
-                bytes: wb.bytes(),
-            },
+            WeightRef::row_major(DType::F32, wb.bytes()),
             None,
             &mut out,
             scratch.bytes_mut(),

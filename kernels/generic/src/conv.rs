@@ -4,6 +4,8 @@ use edge_schema::DType;
 use rayon::prelude::*;
 
 use crate::gemm::{gemm_nt, Bias};
+use edge_schema::plan::PackLayout;
+
 use crate::weights::{convert_row, f32_view, f32_view_mut, row_bytes, WeightRef};
 
 /// Geometry of one 2-D convolution (torch `nn.Conv2d`, groups = 1, dilation = 1) with
@@ -125,6 +127,11 @@ pub fn conv2d(
         "conv2d: out has {} elements, expected [{}, {oh}, {ow}]",
         out.len(),
         p.cout
+    );
+    assert_eq!(
+        w.layout,
+        PackLayout::RowMajor,
+        "conv2d: weights must be row-major"
     );
     let wrow = row_bytes(w.dtype, kk, "conv2d weight");
     assert_eq!(

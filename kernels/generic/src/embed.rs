@@ -4,6 +4,8 @@
 use edge_schema::DType;
 use rayon::prelude::*;
 
+use edge_schema::plan::PackLayout;
+
 use crate::weights::{convert_row, row_bytes, WeightRef};
 
 /// `generic_timestep_embedding_f32`: diffusers `get_timestep_embedding` (embeddings.py) with
@@ -147,6 +149,11 @@ pub fn embedding(table: WeightRef<'_>, ids: &[i32], d: usize, out: &mut [f32]) {
         "embedding: out has {} elements, expected [{}, {d}]",
         out.len(),
         ids.len()
+    );
+    assert_eq!(
+        table.layout,
+        PackLayout::RowMajor,
+        "embedding: the table must be row-major"
     );
     let rb = row_bytes(table.dtype, d, "embedding table");
     if rb == 0 || ids.is_empty() {

@@ -24,6 +24,7 @@ mod gemm;
 mod layout;
 mod linear;
 mod norm;
+pub mod pack;
 pub mod quant;
 mod table;
 mod weights;

@@ -3,9 +3,11 @@
 use edge_schema::DType;
 use rayon::prelude::*;
 
+use edge_schema::plan::PackLayout;
+
 use crate::gemm::{gemm_nt, Bias};
-use crate::quant;
 use crate::weights::{convert_row, f32_view, f32_view_mut, row_bytes, WeightRef};
+use crate::{pack, quant};
 
 /// Weight rows converted to f32 at a time for `F16`/`BF16` weights.
 const PANEL: usize = 64;
@@ -82,6 +84,12 @@ pub fn linear(
         "linear: scratch has {} bytes, needs {need} for {:?} weights, m={m}, k={k}",
         scratch.len(),
         w.dtype
+    );
+    assert!(
+        w.layout == PackLayout::RowMajor || pack::interleaves(w.dtype),
+        "linear: {:?} weights cannot be in layout {:?}",
+        w.dtype,
+        w.layout
     );
     if m == 0 || n == 0 {
         return;
@@ -161,7 +169,12 @@ fn linear_quant(
             .for_each(|(cb, cols)| {
                 for (c, o) in cols.iter_mut().enumerate() {
                     let j = cb * QUANT_COLS + c;
-                    let s = quant::vec_dot(w.dtype, k, &w.bytes[j * wrow..(j + 1) * wrow], act);
+                    let s = match w.layout {
+                        PackLayout::RowMajor => {
+                            quant::vec_dot(w.dtype, k, &w.bytes[j * wrow..(j + 1) * wrow], act)
+                        }
+                        _ => vec_dot_packed(w, n, k, j, act),
+                    };
                     *o = match bias {
                         Some(b) => s + b[j],
                         None => s,
@@ -169,4 +182,20 @@ fn linear_quant(
                 }
             });
     });
+}
+
+/// `quant::vec_dot` of weight row `j` of a repacked `[n, k]` matrix (`Q8_0`/`Q4_0`, activation
+/// row `act` in `Q8_0`): the row's blocks are gathered one at a time with [`pack::read_block`]
+/// and dotted in block order, so the sum is accumulated exactly as for the row-major row
+/// (`sumf += term` per block, starting from 0): bit-identical to [`PackLayout::RowMajor`].
+fn vec_dot_packed(w: WeightRef<'_>, n: usize, k: usize, j: usize, act: &[u8]) -> f32 {
+    let ab = quant::activation_row_bytes(w.dtype, 32);
+    let bb = w.dtype.bytes_for(32).unwrap_or(0) as usize;
+    let mut block = [0u8; pack::MAX_BLOCK_BYTES];
+    let mut sumf = 0f32;
+    for b in 0..k / 32 {
+        pack::read_block(w.dtype, w.layout, w.bytes, n, k, j, b, &mut block[..bb]);
+        sumf += quant::vec_dot(w.dtype, 32, &block[..bb], &act[b * ab..(b + 1) * ab]);
+    }
+    sumf
 }

@@ -1,21 +1,37 @@
 //! Weight bytes as typed views, and row conversion of plain (non-block) weight types.
 
+use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use zerocopy::FromBytes;
 
 /// A weight tensor as it lies in a plan: its storage type and its raw little-endian bytes.
 ///
-/// Rows are contiguous; a row of `k` elements takes `dtype.bytes_for(k)` bytes (ggml block
-/// layout for quantized types). Plans align every weight section to 64 bytes; kernels that view
+/// In [`PackLayout::RowMajor`] rows are contiguous; a row of `k` elements takes
+/// `dtype.bytes_for(k)` bytes (ggml block layout for quantized types); other layouts keep the
+/// total length. Plans align every weight section to 64 bytes; kernels that view
 /// `F32` weights in place need at least 4-byte alignment (`F16`/`BF16` are read byte-wise) and
 /// panic with a message otherwise, never reading misaligned memory.
 #[derive(Clone, Copy, Debug)]
 pub struct WeightRef<'a> {
     /// Storage type of the elements.
     pub dtype: DType,
-    /// The tensor's bytes, row-major.
+    /// The tensor's bytes, in `layout`.
     pub bytes: &'a [u8],
+    /// How rows are arranged ([`PackLayout::Interleaved4x8`] only for `linear` weights of type
+    /// `Q8_0`/`Q4_0`; every other kernel asserts [`PackLayout::RowMajor`]).
+    pub layout: PackLayout,
+}
+
+impl<'a> WeightRef<'a> {
+    /// Row-major weights of type `dtype`.
+    pub fn row_major(dtype: DType, bytes: &'a [u8]) -> Self {
+        Self {
+            dtype,
+            bytes,
+            layout: PackLayout::RowMajor,
+        }
+    }
 }
 
 /// Views `bytes` as `f32` values (native endianness, which is little-endian on every target of

@@ -88,10 +88,7 @@ fn run(
     conv2d(
         p,
         x,
-        WeightRef {
-            dtype,
-            bytes: wb.bytes(),
-        },
+        WeightRef::row_major(dtype, wb.bytes()),
         b,
         &mut out,
         scratch.bytes_mut(),
@@ -149,10 +146,7 @@ fn short_scratch_panics_with_message() {
     conv2d(
         &p,
         &[0.0; 32],
-        WeightRef {
-            dtype: DType::F32,
-            bytes: wb.bytes(),
-        },
+        WeightRef::row_major(DType::F32, wb.bytes()),
         None,
         &mut out,
         &mut [],

@@ -96,10 +96,7 @@ fn embedding_lookup_for_plain_types() {
         };
         let mut out = vec![0.0; ids.len() * d];
         embedding(
-            WeightRef {
-                dtype,
-                bytes: bytes.bytes(),
-            },
+            WeightRef::row_major(dtype, bytes.bytes()),
             &ids,
             d,
             &mut out,
@@ -119,10 +116,7 @@ fn embedding_rejects_out_of_range_id() {
     let bytes = f32_bytes(&[0.0; 12]);
     let mut out = vec![0.0; 4];
     embedding(
-        WeightRef {
-            dtype: DType::F32,
-            bytes: bytes.bytes(),
-        },
+        WeightRef::row_major(DType::F32, bytes.bytes()),
         &[3],
         4,
         &mut out,

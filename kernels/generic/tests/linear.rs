@@ -60,10 +60,7 @@ fn run(
     let mut scratch = AlignedBytes::zeroed(linear_scratch_bytes(dtype, m, k));
     linear(
         x,
-        WeightRef {
-            dtype,
-            bytes: wb.bytes(),
-        },
+        WeightRef::row_major(dtype, wb.bytes()),
         b,
         &mut out,
         m,
@@ -252,10 +249,7 @@ fn wrong_weight_length_panics_with_message() {
     let mut out = vec![0.0f32; 4];
     linear(
         &x,
-        WeightRef {
-            dtype: DType::F32,
-            bytes: w.bytes(),
-        },
+        WeightRef::row_major(DType::F32, w.bytes()),
         None,
         &mut out,
         2,
@@ -276,10 +270,7 @@ fn misaligned_f32_weight_panics_with_message() {
     shifted.bytes_mut()[1..].copy_from_slice(bytes);
     linear(
         &x,
-        WeightRef {
-            dtype: DType::F32,
-            bytes: &shifted.bytes()[1..9],
-        },
+        WeightRef::row_major(DType::F32, &shifted.bytes()[1..9]),
         None,
         &mut out,
         1,
@@ -301,10 +292,80 @@ fn misaligned_f16_weights_give_the_same_result() {
     shifted.bytes_mut()[1..].copy_from_slice(wb.bytes());
     let mut out = vec![0.0; m * n];
     let mut scratch = AlignedBytes::zeroed(linear_scratch_bytes(DType::F16, m, k));
-    let w = WeightRef {
-        dtype: DType::F16,
-        bytes: &shifted.bytes()[1..],
-    };
+    let w = WeightRef::row_major(DType::F16, &shifted.bytes()[1..]);
     linear(&x, w, None, &mut out, m, k, n, scratch.bytes_mut());
     assert_eq!(aligned, out);
+}
+
+/// `Interleaved4x8` weights (`edge_kernels::pack`) give bit-identical results to the same
+/// matrix row-major, on ragged row counts (groups of 4 plus a row-major tail, or no group at
+/// all) and block counts; other types in that layout are refused.
+#[test]
+fn interleaved_q8_0_q4_0_match_row_major_bitwise() {
+    use edge_kernels::pack::interleave4x8;
+    use edge_schema::plan::PackLayout;
+    let mut rng = Rng::new(7);
+    for dtype in [DType::Q8_0, DType::Q4_0] {
+        for n in [1, 3, 4, 5, 8, 13] {
+            for k in [32, 96] {
+                for m in [1, 3] {
+                    let w = rng.vec(n * k, 1.0);
+                    let x = rng.vec(m * k, 2.0);
+                    let row = dtype.bytes_for(k as u64).unwrap() as usize;
+                    let mut rm = vec![0u8; n * row];
+                    for (src, dst) in w.chunks(k).zip(rm.chunks_mut(row)) {
+                        quant::quantize_row(dtype, src, dst);
+                    }
+                    let mut il = vec![0u8; rm.len()];
+                    interleave4x8(dtype, &rm, n, k, &mut il);
+                    let mut scratch = AlignedBytes::zeroed(linear_scratch_bytes(dtype, m, k));
+                    let mut a = vec![0f32; m * n];
+                    let mut b = vec![0f32; m * n];
+                    linear(
+                        &x,
+                        WeightRef::row_major(dtype, &rm),
+                        None,
+                        &mut a,
+                        m,
+                        k,
+                        n,
+                        scratch.bytes_mut(),
+                    );
+                    let wi = WeightRef {
+                        dtype,
+                        bytes: &il,
+                        layout: PackLayout::Interleaved4x8,
+                    };
+                    linear(&x, wi, None, &mut b, m, k, n, scratch.bytes_mut());
+                    assert!(
+                        a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
+                        "{dtype:?} n={n} k={k} m={m}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "linear: Q4K weights cannot be in layout Interleaved4x8")]
+fn interleaved_k_quant_is_refused() {
+    let w = vec![0u8; 4 * 144];
+    let mut out = vec![0f32; 4];
+    let mut scratch = AlignedBytes::zeroed(linear_scratch_bytes(DType::Q4K, 1, 256));
+    let wi = WeightRef {
+        dtype: DType::Q4K,
+        bytes: &w,
+        layout: edge_schema::plan::PackLayout::Interleaved4x8,
+    };
+    linear(
+        &[0.0; 256],
+        wi,
+        None,
+        &mut out,
+        1,
+        256,
+        4,
+        scratch.bytes_mut(),
+    );
 }

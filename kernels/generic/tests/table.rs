@@ -46,10 +46,7 @@ fn slots_call_the_kernels() {
     let mut scratch = vec![0u8; need];
     (t.linear.run)(
         &x,
-        WeightRef {
-            dtype: DType::F32,
-            bytes: wb.bytes(),
-        },
+        WeightRef::row_major(DType::F32, wb.bytes()),
         None,
         &mut out,
         10,

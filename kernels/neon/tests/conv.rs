@@ -83,10 +83,7 @@ fn run(
     (table.conv2d.run)(
         p,
         x,
-        WeightRef {
-            dtype,
-            bytes: wbytes,
-        },
+        WeightRef::row_major(dtype, wbytes),
         bias,
         &mut out,
         &mut scratch.as_mut_bytes()[..need],
@@ -277,10 +274,7 @@ fn conv2d_rejects_short_scratch() {
     (table.conv2d.run)(
         &p,
         &x,
-        WeightRef {
-            dtype: DType::F32,
-            bytes: w.as_bytes(),
-        },
+        WeightRef::row_major(DType::F32, w.as_bytes()),
         None,
         &mut out,
         scratch.as_mut_bytes(),

@@ -5,7 +5,9 @@
 //! - `F32`/`F16`/`BF16` weights: `|neon − generic| ≤ 1e-5 · (Σ_c |x·w| + |bias|)` per element (both
 //!   are f32 dot products in different fixed orders; the bound is a few hundred f32 ulps of the
 //!   sum of absolute products, far above the rounding of k ≤ 100 terms).
-//! - `Q8_0`/`Q4_0` weights: bit-identical (exact integer block sums, same f32 scaling order).
+//! - `Q8_0`/`Q4_0` weights: bit-identical (exact integer block sums, same f32 scaling order),
+//!   row-major and in `PackLayout::Interleaved4x8` (compared with the generic kernel on the
+//!   row-major bytes); other types marked interleaved panic with the generic kernel's message.
 //! - `Q4_1`/`Q5_0`/`Q5_1` weights, every variant, and every K-quant on the ARMv8.0 (`base`)
 //!   kernels: bit-identical (exact integer sums in the generic kernel's lanes, same f32 order).
 //!   `Q2_K` is bit-identical on the `dotprod` kernel too (one exact integer sum per block, as
@@ -23,8 +25,11 @@
 //! (both absent);
 //! `EDGE_NEON_EXPECT=i8mm|dotprod|base` makes `reports_and_checks_the_chosen_path` assert the choice.
 
-use edge_kernels::{quant, KernelTable, WeightRef};
-use edge_kernels_neon::{best, features, linear_variant_name, variants};
+use edge_kernels::{pack, quant, KernelTable, WeightRef};
+use edge_kernels_neon::{
+    best, features, linear_layout_variant_name, linear_variant_name, variants,
+};
+use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 use zerocopy::IntoBytes;
 
@@ -73,10 +78,7 @@ fn run(
     let mut out = vec![f32::NAN; m * n];
     (table.linear.run)(
         x,
-        WeightRef {
-            dtype,
-            bytes: wbytes,
-        },
+        WeightRef::row_major(dtype, wbytes),
         bias,
         &mut out,
         m,
@@ -168,6 +170,220 @@ fn linear_q4_0_matches_generic_bitwise() {
 #[test]
 fn linear_bf16_matches_generic() {
     check_dtype(DType::BF16, &[1, 3, 17, 100], false);
+}
+
+/// Runs `table.linear` on weights in `layout` with a fresh aligned scratch; returns `out`.
+fn run_layout(
+    table: &KernelTable,
+    x: &[f32],
+    w: WeightRef<'_>,
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Vec<f32> {
+    let need = (table.linear_scratch_bytes.run)(w.dtype, m, k);
+    let mut scratch = vec![0u32; need.div_ceil(4)];
+    let mut out = vec![f32::NAN; m * n];
+    (table.linear.run)(x, w, bias, &mut out, m, k, n, scratch.as_mut_bytes());
+    out
+}
+
+/// `Q8_0`/`Q4_0` weights in [`PackLayout::Interleaved4x8`] (made with
+/// [`pack::interleave4x8`] from the row-major pack), every variant, against the generic kernel
+/// on the row-major pack: bit-identical (the interleaved kernels compute each block's exact
+/// integer sum and the generic f32 scaling per row, in block order). `n` covers no group at
+/// all (`n < 4`), whole groups, a last single group in a column block (13, 70) and tail rows;
+/// each case with and without bias.
+fn check_interleaved(dtype: DType, name: &str) {
+    let generic = edge_kernels::generic();
+    let ks = [32, 96, 224];
+    let ms = [1, 2, 3, 5, 9];
+    let ns = [1, 3, 4, 5, 7, 8, 13, 66, 70];
+    let mut rng = Rng(0x5851_F42D_4C95_7F2D ^ dtype as u64);
+    let mut cases = 0;
+    for &k in &ks {
+        for &m in &ms {
+            for &n in &ns {
+                let x = rng.vec(m * k, 2.0);
+                let w = rng.vec(n * k, 0.5);
+                let wbuf = pack(dtype, &w, n, k);
+                let row = dtype.bytes_for(k as u64).expect("whole blocks") as usize;
+                let rm = &wbuf.as_bytes()[..n * row];
+                let mut il = vec![0u8; rm.len()];
+                pack::interleave4x8(dtype, rm, n, k, &mut il);
+                let packed = WeightRef {
+                    dtype,
+                    bytes: &il,
+                    layout: PackLayout::Interleaved4x8,
+                };
+                let bias_v = rng.vec(n, 1.0);
+                for bias in [None, Some(&bias_v[..])] {
+                    let want = run(&generic, &x, dtype, rm, bias, m, k, n);
+                    for (label, table) in variants() {
+                        let expect = if cfg!(target_arch = "aarch64") {
+                            let p = label.strip_prefix("neon+").unwrap_or("base");
+                            format!("neon_linear_{name}_{p}_x4")
+                        } else {
+                            "generic_linear_f32".to_string()
+                        };
+                        assert_eq!(
+                            linear_layout_variant_name(&table, dtype, PackLayout::Interleaved4x8),
+                            expect,
+                            "{label} {dtype:?}: kernel name"
+                        );
+                        let got = run_layout(&table, &x, packed, bias, m, k, n);
+                        for i in 0..m {
+                            for j in 0..n {
+                                let (g, r) = (got[i * n + j], want[i * n + j]);
+                                assert_eq!(
+                                    g.to_bits(),
+                                    r.to_bits(),
+                                    "{label} {dtype:?} interleaved m={m} k={k} n={n} \
+                                     bias={} [{i},{j}]: {g} vs generic row-major {r}",
+                                    bias.is_some()
+                                );
+                            }
+                        }
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(cases >= 2 * ks.len() * ms.len() * ns.len());
+}
+
+#[test]
+fn linear_q8_0_interleaved_matches_generic_bitwise() {
+    check_interleaved(DType::Q8_0, "q8_0");
+}
+
+#[test]
+fn linear_q4_0_interleaved_matches_generic_bitwise() {
+    check_interleaved(DType::Q4_0, "q4_0");
+}
+
+/// Extreme interleaved weights: every quant at the end of its range (`Q8_0` −128 and 127,
+/// `Q4_0` nibbles 0 and 15) against activations at ±127, through every variant, bit-identical
+/// to the generic kernel on the row-major bytes.
+#[test]
+fn interleaved_extreme_quants_match_generic() {
+    let generic = edge_kernels::generic();
+    let (m, k, n) = (3, 64, 9);
+    for dtype in [DType::Q8_0, DType::Q4_0] {
+        let row = dtype.bytes_for(k as u64).expect("whole blocks") as usize;
+        let bb = dtype.type_size();
+        for (xv, q) in [
+            (1.0f32, 0x80u8),
+            (-1.0, 0x80),
+            (1.0, 0x7F),
+            (-3.0, 0xFF),
+            (2.0, 0x00),
+        ] {
+            let mut rm = vec![q; n * row];
+            // Scale 1.0 (f16 0x3C00) on every block.
+            for blk in rm.chunks_mut(bb) {
+                blk[..2].copy_from_slice(&0x3C00u16.to_le_bytes());
+            }
+            let mut il = vec![0u8; rm.len()];
+            pack::interleave4x8(dtype, &rm, n, k, &mut il);
+            let packed = WeightRef {
+                dtype,
+                bytes: &il,
+                layout: PackLayout::Interleaved4x8,
+            };
+            let x = vec![xv; m * k];
+            let want = run(&generic, &x, dtype, &rm, None, m, k, n);
+            for (label, table) in variants() {
+                let got = run_layout(&table, &x, packed, None, m, k, n);
+                for (g, r) in got.iter().zip(&want) {
+                    assert_eq!(
+                        g.to_bits(),
+                        r.to_bits(),
+                        "{label} {dtype:?} x={xv} q={q:#x}: {g} vs generic {r}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The panic message of `f`, which must panic.
+fn panic_message(f: impl FnOnce()) -> String {
+    let err =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).expect_err("expected a panic");
+    err.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+/// Weights of a type that cannot be interleaved (plain, `Q4_1`, K-quants) but marked
+/// [`PackLayout::Interleaved4x8`] panic in every variant with the generic kernel's message,
+/// also when `m = 0`.
+#[test]
+fn interleaved_non_q8_q4_weights_panic_like_generic() {
+    let generic = edge_kernels::generic();
+    for dtype in [
+        DType::Q4K,
+        DType::Q6K,
+        DType::Q4_1,
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+    ] {
+        let k = dtype.block_size().max(32);
+        let n = 5;
+        let row = dtype.bytes_for(k as u64).expect("whole blocks") as usize;
+        let wbuf = vec![0u32; (n * row).div_ceil(4)];
+        let w = WeightRef {
+            dtype,
+            bytes: &wbuf.as_bytes()[..n * row],
+            layout: PackLayout::Interleaved4x8,
+        };
+        let want = format!("linear: {dtype:?} weights cannot be in layout Interleaved4x8");
+        for m in [0, 2] {
+            let x = vec![0.5f32; m * k];
+            let g = panic_message(|| {
+                run_layout(&generic, &x, w, None, m, k, n);
+            });
+            assert_eq!(g, want, "generic {dtype:?} m={m}");
+            for (label, table) in variants() {
+                let got = panic_message(|| {
+                    run_layout(&table, &x, w, None, m, k, n);
+                });
+                assert_eq!(got, want, "{label} {dtype:?} m={m}");
+            }
+        }
+        let name = panic_message(|| {
+            linear_layout_variant_name(&best(), dtype, PackLayout::Interleaved4x8);
+        });
+        assert_eq!(name, want, "linear_layout_variant_name {dtype:?}");
+    }
+}
+
+/// An interleaved K-quant weight panics (the `Interleaved4x8` layout holds only `Q8_0`/`Q4_0`).
+#[test]
+#[should_panic(expected = "linear: Q4K weights cannot be in layout Interleaved4x8")]
+fn interleaved_kquant_weight_panics() {
+    let t = best();
+    let (m, k, n) = (1, 256, 4);
+    let mut out = vec![0f32; m * n];
+    (t.linear.run)(
+        &vec![0f32; m * k],
+        WeightRef {
+            dtype: DType::Q4K,
+            bytes: &[0u8; 4 * 144],
+            layout: PackLayout::Interleaved4x8,
+        },
+        None,
+        &mut out,
+        m,
+        k,
+        n,
+        &mut [0u8; 4096],
+    );
 }
 
 /// Every type a plan can store weights in (everything but `I32`) has a NEON `linear` kernel in
@@ -401,10 +617,7 @@ fn kquant_ragged_k_panics_like_generic() {
     let mut out = vec![0f32; m * n];
     (t.linear.run)(
         &vec![0f32; m * k],
-        WeightRef {
-            dtype: DType::Q4K,
-            bytes: &[0u8; 288],
-        },
+        WeightRef::row_major(DType::Q4K, &[0u8; 288]),
         None,
         &mut out,
         m,
@@ -451,22 +664,35 @@ fn thread_count_does_not_change_results() {
         let wbuf = pack(dtype, &w, n, kk);
         let row = dtype.bytes_for(kk as u64).expect("whole blocks") as usize;
         let wbytes = &wbuf.as_bytes()[..n * row];
+        let mut il = vec![0u8; wbytes.len()];
+        let mut layouts = vec![WeightRef::row_major(dtype, wbytes)];
+        if pack::interleaves(dtype) {
+            pack::interleave4x8(dtype, wbytes, n, kk, &mut il);
+            layouts.push(WeightRef {
+                dtype,
+                bytes: &il,
+                layout: PackLayout::Interleaved4x8,
+            });
+        }
         for (label, table) in variants() {
-            let on = |threads: usize| {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .expect("thread pool")
-                    .install(|| run(&table, &xs, dtype, wbytes, None, m, kk, n))
-            };
-            let one = on(1);
-            let three = on(3);
-            assert!(
-                one.iter()
-                    .zip(&three)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{label} {dtype:?}: 1 thread and 3 threads differ"
-            );
+            for &w in &layouts {
+                let on = |threads: usize| {
+                    rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .expect("thread pool")
+                        .install(|| run_layout(&table, &xs, w, None, m, kk, n))
+                };
+                let one = on(1);
+                let three = on(3);
+                assert!(
+                    one.iter()
+                        .zip(&three)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{label} {dtype:?} {:?}: 1 thread and 3 threads differ",
+                    w.layout
+                );
+            }
         }
     }
 }
@@ -494,6 +720,12 @@ fn reports_and_checks_the_chosen_path() {
                 "  linear {dtype:?} -> {}",
                 linear_variant_name(&table, dtype)
             );
+            if pack::interleaves(dtype) {
+                println!(
+                    "  linear {dtype:?} Interleaved4x8 -> {}",
+                    linear_layout_variant_name(&table, dtype, PackLayout::Interleaved4x8)
+                );
+            }
         }
     }
     println!("best: {:?}", t.names());

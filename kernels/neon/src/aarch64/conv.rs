@@ -58,7 +58,10 @@ pub(super) fn conv2d(
     out: &mut [f32],
     scratch: &mut [u8],
 ) {
-    if !matches!(w.dtype, DType::F32 | DType::F16 | DType::BF16) {
+    // Other types and layouts: the generic kernel converts them or refuses them.
+    if !matches!(w.dtype, DType::F32 | DType::F16 | DType::BF16)
+        || w.layout != edge_schema::plan::PackLayout::RowMajor
+    {
         return edge_kernels::conv2d(p, x, w, bias, out, scratch);
     }
     let (oh, ow) = p.out_hw();
