@@ -7,6 +7,10 @@
 //!   fails unless both f32 tensors have the same shape and `max|got − ref| ≤ TOL · max(1,
 //!   max|ref|)` (`max`, the default) or `‖got − ref‖₂ / ‖ref‖₂ ≤ TOL` (`l2`, the metric of
 //!   `tests/tests/formats.rs` for the quantized GGUF pipelines).
+//! - `latents image GOT.png REF.safetensors TENSOR`: fails unless the RGB8 PNG equals u8 tensor
+//!   `TENSOR` (`image_uint8` `[1, H, W, 3]` of a fixture's pipeline file) within 1 level on at
+//!   least 99.5 % of the channel values and within 3 everywhere (the bound of
+//!   `tests/tests/pipeline.rs`).
 
 use std::process::ExitCode;
 
@@ -90,8 +94,58 @@ fn run(args: &[String]) -> Result<(), String> {
             }
             Ok(())
         }
-        _ => Err("usage: latents extract IN TENSOR OUT | latents compare GOT GOT_TENSOR REF REF_TENSOR TOL [max|l2]".into()),
+        [cmd, got, reference, tensor] if cmd == "image" => compare_image(got, reference, tensor),
+        _ => Err("usage: latents extract IN TENSOR OUT | latents compare GOT GOT_TENSOR REF REF_TENSOR TOL [max|l2] | latents image GOT.png REF TENSOR".into()),
     }
+}
+
+/// The `image` subcommand: PNG `got` against u8 tensor `tensor` of `reference`.
+fn compare_image(got: &str, reference: &str, tensor: &str) -> Result<(), String> {
+    let file = std::fs::File::open(got).map_err(|e| format!("reading {got}: {e}"))?;
+    let mut dec = png::Decoder::new(std::io::BufReader::new(file))
+        .read_info()
+        .map_err(|e| format!("{got}: not a PNG: {e}"))?;
+    let mut px = vec![0u8; dec.output_buffer_size().unwrap_or(0)];
+    let info = dec.next_frame(&mut px).map_err(|e| format!("{got}: {e}"))?;
+    if info.color_type != png::ColorType::Rgb || info.bit_depth != png::BitDepth::Eight {
+        return Err(format!(
+            "{got}: expected 8-bit RGB, found {:?} {:?}",
+            info.color_type, info.bit_depth
+        ));
+    }
+    px.truncate(info.buffer_size());
+    let bytes = std::fs::read(reference).map_err(|e| format!("reading {reference}: {e}"))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| format!("{reference}: not a valid safetensors file: {e}"))?;
+    let t = st
+        .tensor(tensor)
+        .map_err(|e| format!("{reference}: no tensor `{tensor}`: {e}"))?;
+    let want_shape = [1, info.height as usize, info.width as usize, 3];
+    if t.dtype() != Dtype::U8 || t.shape() != want_shape {
+        return Err(format!(
+            "{reference}:{tensor} is {:?} {:?}, expected U8 {want_shape:?}",
+            t.dtype(),
+            t.shape()
+        ));
+    }
+    let diffs: Vec<u8> = px
+        .iter()
+        .zip(t.data())
+        .map(|(a, b)| a.abs_diff(*b))
+        .collect();
+    let max = diffs.iter().copied().max().unwrap_or(0);
+    let within1 = diffs.iter().filter(|&&d| d <= 1).count() as f64 / diffs.len().max(1) as f64;
+    println!(
+        "image: max level difference {max}, {:.3} % within 1 level",
+        within1 * 100.0
+    );
+    if max > 3 || within1 < 0.995 {
+        return Err(format!(
+            "{got} differs from {reference}:{tensor}: max {max} levels, {:.3} % within 1",
+            within1 * 100.0
+        ));
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
