@@ -7,7 +7,8 @@
 //! when the CPU reports the `dotprod` extension at run time (`is_aarch64_feature_detected!`,
 //! detected once), the quantized dot products use `sdot`, and with `i8mm` the `Q8_0`/`Q4_0` ones
 //! use `smmla` on 2 rows × 2 columns (the other quantized types keep their `sdot` kernels in the
-//! `i8mm` table). The `silu` and `gelu_tanh` slots become four-lane NEON kernels with a
+//! `i8mm` table); `Q8_0`/`Q4_0` weights repacked in `PackLayout::Interleaved4x8` are read by
+//! kernels that load each `smmla` weight operand (or `sdot` row pair) with one 16-byte load. The `silu` and `gelu_tanh` slots become four-lane NEON kernels with a
 //! polynomial `exp`; `layer_norm` and `rms_norm` compute their f64 statistics in NEON f64 lanes. The
 //! `attention` slot keeps the generic online softmax with its `q·k`, `exp` and `acc += w·v` in
 //! four lanes; `add`, `mul`, `modulate` and `gated_residual` are four-lane versions of the
@@ -25,11 +26,16 @@
 //!   of 4, lanes summed with `faddv`, the `k % 4` tail added sequentially (fused), then the bias.
 //!   The order is fixed per output element, so results do not depend on the thread count; they
 //!   differ from the generic kernel (8 unfused lanes) by f32 rounding only.
-//! - `Q8_0`/`Q4_0` weights: activations quantized once per row with
+//! - `Q8_0`/`Q4_0` weights, row-major or in `PackLayout::Interleaved4x8` (4 weight rows
+//!   stored together block by block, 8-byte quant chunks of two rows side by side; read by
+//!   dedicated kernels `neon_linear_{q8_0,q4_0}_{base,dotprod,i8mm}_x4`, see
+//!   [`linear_layout_variant_name`], with the `n mod 4` row-major tail rows on the row-major
+//!   kernels): activations quantized once per row with
 //!   [`edge_kernels::quant::quantize_activation_row`]; per block the integer dot product is
 //!   exact and the f32 scaling is done in ggml's generic order (`ggml_vec_dot_q8_0_q8_0_generic`,
 //!   `ggml_vec_dot_q4_0_q8_0_generic` in ggml's `src/ggml-cpu/quants.c`), so these results are
-//!   bit-identical to the generic kernel.
+//!   bit-identical to the generic kernel in both layouts. Other weight types must be
+//!   row-major (as for the generic kernel, any other layout panics).
 //! - `Q4_1`/`Q5_0`/`Q5_1` weights: as `Q4_0` (activations `Q8_1`/`Q8_0`), exact integer block
 //!   sums and the generic f32 scaling `(dx·dy)·sumi [+ mx·sy]`: bit-identical.
 //! - K-quant weights (activations `Q8_K`, `ggml_vec_dot_q*_K_q8_K_generic`): the ARMv8.0 kernels
@@ -60,6 +66,7 @@
 mod aarch64;
 
 use edge_kernels::KernelTable;
+use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 
 /// The fastest kernel table for this CPU: [`edge_kernels::generic`] with the NEON slots plugged
@@ -103,6 +110,31 @@ pub fn linear_variant_name(table: &KernelTable, dtype: DType) -> &'static str {
     #[cfg(not(target_arch = "aarch64"))]
     {
         let _ = (table, dtype);
+        "generic_linear_f32"
+    }
+}
+
+/// The kernel that the `linear` slot of `table` uses for weights of type `dtype` stored in
+/// `layout`: [`linear_variant_name`] for [`PackLayout::RowMajor`]; for `Q8_0`/`Q4_0` in
+/// [`PackLayout::Interleaved4x8`] the interleaved kernels `neon_linear_{q8_0,q4_0}_{base,dotprod,i8mm}_x4`
+/// (`generic_linear_f32` for tables that are not from this crate). Panics, with the `linear`
+/// kernels' message, for a type that cannot be in `layout`.
+pub fn linear_layout_variant_name(
+    table: &KernelTable,
+    dtype: DType,
+    layout: PackLayout,
+) -> &'static str {
+    #[cfg(target_arch = "aarch64")]
+    {
+        aarch64::linear_layout_variant_name(table, dtype, layout)
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        assert!(
+            layout == PackLayout::RowMajor || edge_kernels::pack::interleaves(dtype),
+            "linear: {dtype:?} weights cannot be in layout {layout:?}"
+        );
+        let _ = table;
         "generic_linear_f32"
     }
 }

@@ -265,12 +265,15 @@ fn linear_q4_0_interleaved_matches_generic_bitwise() {
 }
 
 /// Extreme interleaved weights: every quant at the end of its range (`Q8_0` −128 and 127,
-/// `Q4_0` nibbles 0 and 15) against activations at ±127, through every variant, bit-identical
-/// to the generic kernel on the row-major bytes.
+/// `Q4_0` nibbles 0 and 15) against same-signed activations (block maxima quantized to ±127),
+/// through every variant, bit-identical to the generic kernel on the row-major bytes. The
+/// weight scale has a full 11-bit f16 significand so that the large integer sums make the f32
+/// scaling round (a different operation order would show).
 #[test]
 fn interleaved_extreme_quants_match_generic() {
     let generic = edge_kernels::generic();
     let (m, k, n) = (3, 64, 9);
+    let mut rng = Rng(0x2545_F491);
     for dtype in [DType::Q8_0, DType::Q4_0] {
         let row = dtype.bytes_for(k as u64).expect("whole blocks") as usize;
         let bb = dtype.type_size();
@@ -282,9 +285,9 @@ fn interleaved_extreme_quants_match_generic() {
             (2.0, 0x00),
         ] {
             let mut rm = vec![q; n * row];
-            // Scale 1.0 (f16 0x3C00) on every block.
+            // Scale 0x3BFF (f16 1 − 2⁻¹¹) on every block.
             for blk in rm.chunks_mut(bb) {
-                blk[..2].copy_from_slice(&0x3C00u16.to_le_bytes());
+                blk[..2].copy_from_slice(&0x3BFFu16.to_le_bytes());
             }
             let mut il = vec![0u8; rm.len()];
             pack::interleave4x8(dtype, &rm, n, k, &mut il);
@@ -293,7 +296,9 @@ fn interleaved_extreme_quants_match_generic() {
                 bytes: &il,
                 layout: PackLayout::Interleaved4x8,
             };
-            let x = vec![xv; m * k];
+            let x: Vec<f32> = (0..m * k)
+                .map(|_| xv * (0.25 + 0.75 * rng.next_f32().abs()))
+                .collect();
             let want = run(&generic, &x, dtype, &rm, None, m, k, n);
             for (label, table) in variants() {
                 let got = run_layout(&table, &x, packed, None, m, k, n);

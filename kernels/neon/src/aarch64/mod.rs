@@ -13,6 +13,7 @@ mod upsample;
 use std::sync::OnceLock;
 
 use edge_kernels::{generic, Kernel, KernelTable, WeightRef};
+use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 
 use crate::Features;
@@ -132,6 +133,29 @@ pub(crate) fn variants() -> Vec<(&'static str, KernelTable)> {
         v.push(("neon+i8mm", t));
     }
     v
+}
+
+pub(crate) fn linear_layout_variant_name(
+    table: &KernelTable,
+    dtype: DType,
+    layout: PackLayout,
+) -> &'static str {
+    if layout == PackLayout::RowMajor {
+        return linear_variant_name(table, dtype);
+    }
+    assert!(
+        edge_kernels::pack::interleaves(dtype),
+        "linear: {dtype:?} weights cannot be in layout {layout:?}"
+    );
+    match (table.linear.name, dtype) {
+        (LINEAR_BASE, DType::Q8_0) => "neon_linear_q8_0_base_x4",
+        (LINEAR_DOTPROD, DType::Q8_0) => "neon_linear_q8_0_dotprod_x4",
+        (LINEAR_I8MM, DType::Q8_0) => "neon_linear_q8_0_i8mm_x4",
+        (LINEAR_BASE, _) => "neon_linear_q4_0_base_x4",
+        (LINEAR_DOTPROD, _) => "neon_linear_q4_0_dotprod_x4",
+        (LINEAR_I8MM, _) => "neon_linear_q4_0_i8mm_x4",
+        _ => "generic_linear_f32",
+    }
 }
 
 pub(crate) fn linear_variant_name(table: &KernelTable, dtype: DType) -> &'static str {
@@ -263,6 +287,12 @@ fn linear(
         scratch.len(),
         w.dtype
     );
+    assert!(
+        w.layout == PackLayout::RowMajor || edge_kernels::pack::interleaves(w.dtype),
+        "linear: {:?} weights cannot be in layout {:?}",
+        w.dtype,
+        w.layout
+    );
     if m == 0 || n == 0 {
         return;
     }
@@ -273,6 +303,8 @@ fn linear(
         d if kquant::handles(d) => {
             kquant::linear_kquant(path, d, x, w.bytes, bias, out, m, k, n, scratch)
         }
-        _ => quant::linear_quant(path, w.dtype, x, w.bytes, bias, out, m, k, n, scratch),
+        _ => quant::linear_quant(
+            path, w.dtype, w.layout, x, w.bytes, bias, out, m, k, n, scratch,
+        ),
     }
 }
