@@ -13,6 +13,8 @@ use clap::{Parser, Subcommand};
 use edge_runtime::pipeline::{available_sizes, Progress};
 use edge_runtime::sampler::SamplingMethod;
 use edge_runtime::{GenerateParams, Plan, Session};
+use edge_schema::plan::PackLayout;
+use edge_schema::DType;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 #[derive(Parser)]
@@ -277,9 +279,48 @@ fn generate(a: GenArgs) -> Result<()> {
             );
         }
     }
+    let kernels = edge_kernels_neon::best();
+    if a.verbose {
+        let f = edge_kernels_neon::features();
+        let names: Vec<String> = kernels
+            .names()
+            .iter()
+            .filter(|(slot, _)| !slot.ends_with("_scratch_bytes"))
+            .map(|(slot, name)| format!("{slot}={name}"))
+            .collect();
+        eprintln!(
+            "kernels (cpu dotprod={} i8mm={} fp16={}): {}",
+            f.dotprod,
+            f.i8mm,
+            f.fp16,
+            names.join(" ")
+        );
+        let mut packs: Vec<(DType, PackLayout)> = Vec::new();
+        for t in &meta.tensors {
+            if t.shape.len() == 2 && !packs.contains(&(t.dtype, t.layout)) {
+                packs.push((t.dtype, t.layout));
+            }
+        }
+        let per_pack: Vec<String> = packs
+            .iter()
+            .map(|&(d, l)| {
+                let name = edge_kernels_neon::linear_layout_variant_name(&kernels, d, l);
+                format!(
+                    "{}{} -> {name}",
+                    d.name(),
+                    if l == PackLayout::RowMajor {
+                        ""
+                    } else {
+                        " (interleaved)"
+                    }
+                )
+            })
+            .collect();
+        eprintln!("matrix kernels: {}", per_pack.join(", "));
+    }
     let mut session = Session::new(
         &plan,
-        edge_kernels_neon::best(),
+        kernels,
         budget.map(|b| b.saturating_sub(floor - arena)),
     )?;
     if let Some(b) = budget {
