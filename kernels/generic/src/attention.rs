@@ -66,54 +66,8 @@ pub fn attention(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    let hd = p.head_dim;
-    let width = p.heads * hd;
-    assert!(
-        (1..=MAX_HEAD_DIM).contains(&hd),
-        "attention: head_dim {hd} outside 1..={MAX_HEAD_DIM}"
-    );
-    assert!(p.lk > 0, "attention: lk must be ≥ 1");
-    assert_eq!(
-        out.len(),
-        p.lq * width,
-        "attention: out has {} elements, expected [{}, {width}]",
-        out.len(),
-        p.lq
-    );
-    if p.lq > 0 {
-        let need = (p.lq - 1) * p.q_stride + p.q_offset + width;
-        assert!(
-            q_src.len() >= need,
-            "attention: q_src has {} elements, needs {need} for {p:?}",
-            q_src.len()
-        );
-    }
-    let need_kv = (p.lk - 1) * p.kv_stride + p.k_offset.max(p.v_offset) + width;
-    assert!(
-        kv_src.len() >= need_kv,
-        "attention: kv_src has {} elements, needs {need_kv} for {p:?}",
-        kv_src.len()
-    );
-    if let Some(m) = key_mask {
-        assert_eq!(
-            m.len(),
-            p.lk,
-            "attention: key_mask has {} elements, expected lk = {}",
-            m.len(),
-            p.lk
-        );
-    }
-    if let Some(b) = bias {
-        assert_eq!(
-            b.len(),
-            p.heads * p.lq * p.lk,
-            "attention: bias has {} elements, expected [{}, {}, {}]",
-            b.len(),
-            p.heads,
-            p.lq,
-            p.lk
-        );
-    }
+    crate::contract::attention(p, q_src, kv_src, key_mask, bias, out);
+    let width = p.heads * p.head_dim;
     if p.lq == 0 || width == 0 {
         return;
     }

@@ -3,10 +3,9 @@
 use edge_schema::DType;
 use rayon::prelude::*;
 
+use crate::contract;
 use crate::gemm::{gemm_nt, Bias};
-use edge_schema::plan::PackLayout;
-
-use crate::weights::{convert_row, f32_view, f32_view_mut, row_bytes, WeightRef};
+use crate::weights::{convert_row, f32_view, f32_view_mut, WeightRef};
 
 /// Geometry of one 2-D convolution (torch `nn.Conv2d`, groups = 1, dilation = 1) with
 /// zero padding that may differ per side (diffusers `Downsample2D` pads right 1, bottom 1 and
@@ -63,7 +62,7 @@ impl Conv2dParams {
     }
 
     /// Elements of one im2col row: `cin · kh · kw`.
-    fn patch_len(&self) -> usize {
+    pub(crate) fn patch_len(&self) -> usize {
         self.cin * self.kh * self.kw
     }
 
@@ -109,57 +108,11 @@ pub fn conv2d(
     out: &mut [f32],
     scratch: &mut [u8],
 ) {
+    let wrow = contract::conv2d(p, x, w, bias, out, scratch.len());
     let (oh, ow) = p.out_hw();
     let kk = p.patch_len();
     let npix = oh * ow;
-    assert_eq!(
-        x.len(),
-        p.cin * p.h * p.w,
-        "conv2d: x has {} elements, expected [{}, {}, {}]",
-        x.len(),
-        p.cin,
-        p.h,
-        p.w
-    );
-    assert_eq!(
-        out.len(),
-        p.cout * npix,
-        "conv2d: out has {} elements, expected [{}, {oh}, {ow}]",
-        out.len(),
-        p.cout
-    );
-    assert_eq!(
-        w.layout,
-        PackLayout::RowMajor,
-        "conv2d: weights must be row-major"
-    );
-    let wrow = row_bytes(w.dtype, kk, "conv2d weight");
-    assert_eq!(
-        w.bytes.len(),
-        p.cout * wrow,
-        "conv2d: weight has {} bytes, expected [{}, {}, {}, {}] {:?}",
-        w.bytes.len(),
-        p.cout,
-        p.cin,
-        p.kh,
-        p.kw,
-        w.dtype
-    );
-    if let Some(b) = bias {
-        assert_eq!(
-            b.len(),
-            p.cout,
-            "conv2d: bias has {} elements, expected cout = {}",
-            b.len(),
-            p.cout
-        );
-    }
     let need = conv2d_scratch_bytes(p, w.dtype);
-    assert!(
-        scratch.len() >= need,
-        "conv2d: scratch has {} bytes, needs {need} for {p:?}",
-        scratch.len()
-    );
     if p.cout == 0 || npix == 0 {
         return;
     }

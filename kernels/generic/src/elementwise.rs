@@ -14,13 +14,7 @@ fn rows_per_task(d: usize) -> usize {
 
 /// Applies `f` to every element: `out[i] = f(x[i])`.
 fn map_unary(x: &[f32], out: &mut [f32], what: &str, f: impl Fn(f32) -> f32 + Sync) {
-    assert_eq!(
-        x.len(),
-        out.len(),
-        "{what}: x has {} elements but out has {}",
-        x.len(),
-        out.len()
-    );
+    crate::contract::unary(x, out, what);
     out.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
         .for_each(|(o, x)| {
@@ -32,19 +26,8 @@ fn map_unary(x: &[f32], out: &mut [f32], what: &str, f: impl Fn(f32) -> f32 + Sy
 
 /// `out[i, j] = f(a[i, j], b[j])` with `a` `[len / d, d]` and `b` `[d]`.
 fn map_rows(a: &[f32], b: &[f32], out: &mut [f32], what: &str, f: impl Fn(f32, f32) -> f32 + Sync) {
-    assert_eq!(
-        a.len(),
-        out.len(),
-        "{what}: a has {} elements but out has {}",
-        a.len(),
-        out.len()
-    );
+    crate::contract::broadcast(a, b, out, what);
     let d = b.len();
-    assert!(
-        (d == 0 && a.is_empty()) || (d > 0 && a.len().is_multiple_of(d)),
-        "{what}: b has {d} elements, which does not divide a's {} (b must be a suffix of a's shape)",
-        a.len()
-    );
     if a.is_empty() {
         return;
     }
@@ -96,30 +79,7 @@ pub fn mul(a: &[f32], b: &[f32], out: &mut [f32]) {
 /// `generic_modulate_f32`: PixArt's `t2i_modulate`: `out = x · (1 + scale) + shift`.
 /// Shapes: `x`, `out` `[m, d]`; `shift`, `scale` `[d]` broadcast over rows.
 pub fn modulate(x: &[f32], m: usize, d: usize, shift: &[f32], scale: &[f32], out: &mut [f32]) {
-    assert_eq!(
-        x.len(),
-        m * d,
-        "modulate: x has {} elements, expected [{m}, {d}]",
-        x.len()
-    );
-    assert_eq!(
-        out.len(),
-        m * d,
-        "modulate: out has {} elements, expected [{m}, {d}]",
-        out.len()
-    );
-    assert_eq!(
-        shift.len(),
-        d,
-        "modulate: shift has {} elements, expected {d}",
-        shift.len()
-    );
-    assert_eq!(
-        scale.len(),
-        d,
-        "modulate: scale has {} elements, expected {d}",
-        scale.len()
-    );
+    crate::contract::modulate(x, m, d, shift, scale, out);
     if m * d == 0 {
         return;
     }
@@ -139,30 +99,7 @@ pub fn modulate(x: &[f32], m: usize, d: usize, shift: &[f32], scale: &[f32], out
 /// `hidden_states = gate_msa * attn_output + hidden_states`). Shapes: `x`, `y`, `out` `[m, d]`,
 /// `gate` `[d]` broadcast over rows.
 pub fn gated_residual(x: &[f32], y: &[f32], m: usize, d: usize, gate: &[f32], out: &mut [f32]) {
-    assert_eq!(
-        x.len(),
-        m * d,
-        "gated_residual: x has {} elements, expected [{m}, {d}]",
-        x.len()
-    );
-    assert_eq!(
-        y.len(),
-        m * d,
-        "gated_residual: y has {} elements, expected [{m}, {d}]",
-        y.len()
-    );
-    assert_eq!(
-        out.len(),
-        m * d,
-        "gated_residual: out has {} elements, expected [{m}, {d}]",
-        out.len()
-    );
-    assert_eq!(
-        gate.len(),
-        d,
-        "gated_residual: gate has {} elements, expected {d}",
-        gate.len()
-    );
+    crate::contract::gated_residual(x, y, m, d, gate, out);
     if m * d == 0 {
         return;
     }

@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 mod attention;
+pub mod contract;
 mod conv;
 mod elementwise;
 mod embed;

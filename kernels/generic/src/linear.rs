@@ -6,8 +6,8 @@ use rayon::prelude::*;
 use edge_schema::plan::PackLayout;
 
 use crate::gemm::{gemm_nt, Bias};
-use crate::weights::{convert_row, f32_view, f32_view_mut, row_bytes, WeightRef};
-use crate::{pack, quant};
+use crate::weights::{convert_row, f32_view, f32_view_mut, WeightRef};
+use crate::{contract, pack, quant};
 
 /// Weight rows converted to f32 at a time for `F16`/`BF16` weights.
 const PANEL: usize = 64;
@@ -49,48 +49,7 @@ pub fn linear(
     n: usize,
     scratch: &mut [u8],
 ) {
-    assert_eq!(
-        x.len(),
-        m * k,
-        "linear: x has {} elements, expected m·k = {m}·{k}",
-        x.len()
-    );
-    assert_eq!(
-        out.len(),
-        m * n,
-        "linear: out has {} elements, expected m·n = {m}·{n}",
-        out.len()
-    );
-    let wrow = row_bytes(w.dtype, k, "linear weight");
-    assert_eq!(
-        w.bytes.len(),
-        n * wrow,
-        "linear: weight has {} bytes, expected [{n}, {k}] {:?} = {} bytes",
-        w.bytes.len(),
-        w.dtype,
-        n * wrow
-    );
-    if let Some(b) = bias {
-        assert_eq!(
-            b.len(),
-            n,
-            "linear: bias has {} elements, expected n = {n}",
-            b.len()
-        );
-    }
-    let need = linear_scratch_bytes(w.dtype, m, k);
-    assert!(
-        scratch.len() >= need,
-        "linear: scratch has {} bytes, needs {need} for {:?} weights, m={m}, k={k}",
-        scratch.len(),
-        w.dtype
-    );
-    assert!(
-        w.layout == PackLayout::RowMajor || pack::interleaves(w.dtype),
-        "linear: {:?} weights cannot be in layout {:?}",
-        w.dtype,
-        w.layout
-    );
+    let wrow = contract::linear(x, w, bias, out, m, k, n, scratch.len());
     if m == 0 || n == 0 {
         return;
     }

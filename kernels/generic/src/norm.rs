@@ -37,34 +37,7 @@ pub fn group_norm(
     bias: &[f32],
     out: &mut [f32],
 ) {
-    assert!(
-        groups > 0 && c.is_multiple_of(groups),
-        "group_norm: {groups} groups do not divide {c} channels"
-    );
-    assert_eq!(
-        x.len(),
-        c * hw,
-        "group_norm: x has {} elements, expected [{c}, {hw}]",
-        x.len()
-    );
-    assert_eq!(
-        out.len(),
-        c * hw,
-        "group_norm: out has {} elements, expected [{c}, {hw}]",
-        out.len()
-    );
-    assert_eq!(
-        weight.len(),
-        c,
-        "group_norm: weight has {} elements, expected {c}",
-        weight.len()
-    );
-    assert_eq!(
-        bias.len(),
-        c,
-        "group_norm: bias has {} elements, expected {c}",
-        bias.len()
-    );
+    crate::contract::group_norm(x, c, hw, groups, weight, bias, out);
     let cg = c / groups;
     if cg * hw == 0 {
         return;
@@ -99,28 +72,7 @@ pub fn layer_norm(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    assert_eq!(
-        x.len(),
-        m * d,
-        "layer_norm: x has {} elements, expected [{m}, {d}]",
-        x.len()
-    );
-    assert_eq!(
-        out.len(),
-        m * d,
-        "layer_norm: out has {} elements, expected [{m}, {d}]",
-        out.len()
-    );
-    for (name, v) in [("weight", weight), ("bias", bias)] {
-        if let Some(v) = v {
-            assert_eq!(
-                v.len(),
-                d,
-                "layer_norm: {name} has {} elements, expected {d}",
-                v.len()
-            );
-        }
-    }
+    crate::contract::layer_norm(x, m, d, weight, bias, out);
     if m * d == 0 {
         return;
     }
@@ -150,24 +102,7 @@ pub fn layer_norm(
 /// Shapes: `x`, `out` `[m, d]`, `weight` `[d]`. The mean of squares is summed in f64 and rounded
 /// to f32 (the value torch's f32 reduction approximates); the rest is f32 in torch's order.
 pub fn rms_norm(x: &[f32], m: usize, d: usize, eps: f32, weight: &[f32], out: &mut [f32]) {
-    assert_eq!(
-        x.len(),
-        m * d,
-        "rms_norm: x has {} elements, expected [{m}, {d}]",
-        x.len()
-    );
-    assert_eq!(
-        out.len(),
-        m * d,
-        "rms_norm: out has {} elements, expected [{m}, {d}]",
-        out.len()
-    );
-    assert_eq!(
-        weight.len(),
-        d,
-        "rms_norm: weight has {} elements, expected {d}",
-        weight.len()
-    );
+    crate::contract::rms_norm(x, m, d, weight, out);
     if m * d == 0 {
         return;
     }

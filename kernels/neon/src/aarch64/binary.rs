@@ -95,19 +95,8 @@ fn periodic_op<const MUL: bool>(a: &[f32], pattern: &[f32; 4], out: &mut [f32]) 
 /// `out[i, j] = a[i, j] ∘ b[j]`, `a` `[len / d, d]`, `b` `[d]`: the checks and messages of the
 /// generic `map_rows`.
 fn map_rows<const MUL: bool>(a: &[f32], b: &[f32], out: &mut [f32], what: &str) {
-    assert_eq!(
-        a.len(),
-        out.len(),
-        "{what}: a has {} elements but out has {}",
-        a.len(),
-        out.len()
-    );
+    edge_kernels::contract::broadcast(a, b, out, what);
     let d = b.len();
-    assert!(
-        (d == 0 && a.is_empty()) || (d > 0 && a.len().is_multiple_of(d)),
-        "{what}: b has {d} elements, which does not divide a's {} (b must be a suffix of a's shape)",
-        a.len()
-    );
     if a.is_empty() {
         return;
     }
@@ -178,30 +167,7 @@ pub(super) fn modulate(
     scale: &[f32],
     out: &mut [f32],
 ) {
-    assert_eq!(
-        x.len(),
-        m * d,
-        "modulate: x has {} elements, expected [{m}, {d}]",
-        x.len()
-    );
-    assert_eq!(
-        out.len(),
-        m * d,
-        "modulate: out has {} elements, expected [{m}, {d}]",
-        out.len()
-    );
-    assert_eq!(
-        shift.len(),
-        d,
-        "modulate: shift has {} elements, expected {d}",
-        shift.len()
-    );
-    assert_eq!(
-        scale.len(),
-        d,
-        "modulate: scale has {} elements, expected {d}",
-        scale.len()
-    );
+    edge_kernels::contract::modulate(x, m, d, shift, scale, out);
     if m * d == 0 {
         return;
     }
@@ -242,30 +208,7 @@ pub(super) fn gated_residual(
     gate: &[f32],
     out: &mut [f32],
 ) {
-    assert_eq!(
-        x.len(),
-        m * d,
-        "gated_residual: x has {} elements, expected [{m}, {d}]",
-        x.len()
-    );
-    assert_eq!(
-        y.len(),
-        m * d,
-        "gated_residual: y has {} elements, expected [{m}, {d}]",
-        y.len()
-    );
-    assert_eq!(
-        out.len(),
-        m * d,
-        "gated_residual: out has {} elements, expected [{m}, {d}]",
-        out.len()
-    );
-    assert_eq!(
-        gate.len(),
-        d,
-        "gated_residual: gate has {} elements, expected {d}",
-        gate.len()
-    );
+    edge_kernels::contract::gated_residual(x, y, m, d, gate, out);
     if m * d == 0 {
         return;
     }

@@ -64,59 +64,11 @@ pub(super) fn conv2d(
     {
         return edge_kernels::conv2d(p, x, w, bias, out, scratch);
     }
+    let wrow = edge_kernels::contract::conv2d(p, x, w, bias, out, scratch.len());
     let (oh, ow) = p.out_hw();
     let kk = p.cin * p.kh * p.kw;
     let npix = oh * ow;
-    assert_eq!(
-        x.len(),
-        p.cin * p.h * p.w,
-        "conv2d: x has {} elements, expected [{}, {}, {}]",
-        x.len(),
-        p.cin,
-        p.h,
-        p.w
-    );
-    assert_eq!(
-        out.len(),
-        p.cout * npix,
-        "conv2d: out has {} elements, expected [{}, {oh}, {ow}]",
-        out.len(),
-        p.cout
-    );
-    let wrow = match w.dtype.bytes_for(kk as u64) {
-        Some(b) => b as usize,
-        None => panic!(
-            "conv2d weight: a row of {kk} elements is not a whole number of {:?} blocks of {}",
-            w.dtype,
-            w.dtype.block_size()
-        ),
-    };
-    assert_eq!(
-        w.bytes.len(),
-        p.cout * wrow,
-        "conv2d: weight has {} bytes, expected [{}, {}, {}, {}] {:?}",
-        w.bytes.len(),
-        p.cout,
-        p.cin,
-        p.kh,
-        p.kw,
-        w.dtype
-    );
-    if let Some(b) = bias {
-        assert_eq!(
-            b.len(),
-            p.cout,
-            "conv2d: bias has {} elements, expected cout = {}",
-            b.len(),
-            p.cout
-        );
-    }
     let need = edge_kernels::conv2d_scratch_bytes(p, w.dtype);
-    assert!(
-        scratch.len() >= need,
-        "conv2d: scratch has {} bytes, needs {need} for {p:?}",
-        scratch.len()
-    );
     if p.cout == 0 || npix == 0 {
         return;
     }

@@ -122,13 +122,7 @@ fn map4<const GELU: bool>(x: &[f32], out: &mut [f32]) {
 
 /// Parallel driver shared by both activations; checks the lengths.
 fn unary<const GELU: bool>(x: &[f32], out: &mut [f32], what: &str) {
-    assert_eq!(
-        x.len(),
-        out.len(),
-        "{what}: x has {} elements but out has {}",
-        x.len(),
-        out.len()
-    );
+    edge_kernels::contract::unary(x, out, what);
     out.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
         // SAFETY: NEON is part of the aarch64 baseline, so the target feature is present.

@@ -244,55 +244,7 @@ fn linear(
     {
         return edge_kernels::linear(x, w, bias, out, m, k, n, scratch);
     }
-    assert_eq!(
-        x.len(),
-        m * k,
-        "linear: x has {} elements, expected m·k = {m}·{k}",
-        x.len()
-    );
-    assert_eq!(
-        out.len(),
-        m * n,
-        "linear: out has {} elements, expected m·n = {m}·{n}",
-        out.len()
-    );
-    let wrow = match w.dtype.bytes_for(k as u64) {
-        Some(b) => b as usize,
-        None => panic!(
-            "linear weight: a row of {k} elements is not a whole number of {:?} blocks of {}",
-            w.dtype,
-            w.dtype.block_size()
-        ),
-    };
-    assert_eq!(
-        w.bytes.len(),
-        n * wrow,
-        "linear: weight has {} bytes, expected [{n}, {k}] {:?} = {} bytes",
-        w.bytes.len(),
-        w.dtype,
-        n * wrow
-    );
-    if let Some(b) = bias {
-        assert_eq!(
-            b.len(),
-            n,
-            "linear: bias has {} elements, expected n = {n}",
-            b.len()
-        );
-    }
-    let need = edge_kernels::linear_scratch_bytes(w.dtype, m, k);
-    assert!(
-        scratch.len() >= need,
-        "linear: scratch has {} bytes, needs {need} for {:?} weights, m={m}, k={k}",
-        scratch.len(),
-        w.dtype
-    );
-    assert!(
-        w.layout == PackLayout::RowMajor || edge_kernels::pack::interleaves(w.dtype),
-        "linear: {:?} weights cannot be in layout {:?}",
-        w.dtype,
-        w.layout
-    );
+    edge_kernels::contract::linear(x, w, bias, out, m, k, n, scratch.len());
     if m == 0 || n == 0 {
         return;
     }

@@ -147,28 +147,7 @@ pub(super) fn layer_norm(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    assert_eq!(
-        x.len(),
-        m * d,
-        "layer_norm: x has {} elements, expected [{m}, {d}]",
-        x.len()
-    );
-    assert_eq!(
-        out.len(),
-        m * d,
-        "layer_norm: out has {} elements, expected [{m}, {d}]",
-        out.len()
-    );
-    for (name, v) in [("weight", weight), ("bias", bias)] {
-        if let Some(v) = v {
-            assert_eq!(
-                v.len(),
-                d,
-                "layer_norm: {name} has {} elements, expected {d}",
-                v.len()
-            );
-        }
-    }
+    edge_kernels::contract::layer_norm(x, m, d, weight, bias, out);
     if m * d == 0 {
         return;
     }
@@ -185,24 +164,7 @@ pub(super) fn layer_norm(
 /// `neon_rms_norm_f64x2`: the contract of [`edge_kernels::rms_norm`] (transformers
 /// `T5LayerNorm` over the last axis of `x` `[m, d]`; `weight` `[d]`).
 pub(super) fn rms_norm(x: &[f32], m: usize, d: usize, eps: f32, weight: &[f32], out: &mut [f32]) {
-    assert_eq!(
-        x.len(),
-        m * d,
-        "rms_norm: x has {} elements, expected [{m}, {d}]",
-        x.len()
-    );
-    assert_eq!(
-        out.len(),
-        m * d,
-        "rms_norm: out has {} elements, expected [{m}, {d}]",
-        out.len()
-    );
-    assert_eq!(
-        weight.len(),
-        d,
-        "rms_norm: weight has {} elements, expected {d}",
-        weight.len()
-    );
+    edge_kernels::contract::rms_norm(x, m, d, weight, out);
     if m * d == 0 {
         return;
     }
@@ -252,34 +214,7 @@ pub(super) fn group_norm(
     bias: &[f32],
     out: &mut [f32],
 ) {
-    assert!(
-        groups > 0 && c.is_multiple_of(groups),
-        "group_norm: {groups} groups do not divide {c} channels"
-    );
-    assert_eq!(
-        x.len(),
-        c * hw,
-        "group_norm: x has {} elements, expected [{c}, {hw}]",
-        x.len()
-    );
-    assert_eq!(
-        out.len(),
-        c * hw,
-        "group_norm: out has {} elements, expected [{c}, {hw}]",
-        out.len()
-    );
-    assert_eq!(
-        weight.len(),
-        c,
-        "group_norm: weight has {} elements, expected {c}",
-        weight.len()
-    );
-    assert_eq!(
-        bias.len(),
-        c,
-        "group_norm: bias has {} elements, expected {c}",
-        bias.len()
-    );
+    edge_kernels::contract::group_norm(x, c, hw, groups, weight, bias, out);
     let cg = c / groups;
     if cg * hw == 0 {
         return;
