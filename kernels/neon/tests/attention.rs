@@ -21,27 +21,13 @@
 //! In addition, on rows that are not fully masked the difference must stay below
 //! `1e-5 · V` (the scores' ulps there are those of |s| ≤ ~40).
 
+mod common;
+use common::Rng;
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use edge_kernels::{AttentionParams, KernelTable};
 use edge_kernels_neon::{best, variants};
-
-/// xorshift64* in [-1, 1).
-struct Rng(u64);
-
-impl Rng {
-    fn next_f32(&mut self) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let v = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
-        ((v >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.next_f32() * scale).collect()
-    }
-}
 
 const U: f64 = 1.0 / (1u64 << 24) as f64;
 

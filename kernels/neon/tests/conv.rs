@@ -13,27 +13,13 @@
 //! kk ≤ 117); rounding errors of random data add up like a random walk, ~`√kk · 2⁻²⁴` ≈ 3e-6, and
 //! the largest ratio measured here is printed (`--nocapture`) and stays far below 1e-5.
 
+mod common;
+use common::Rng;
+
 use edge_kernels::{quant, Conv2dParams, KernelTable, WeightRef};
 use edge_kernels_neon::variants;
 use edge_schema::DType;
 use zerocopy::IntoBytes;
-
-/// xorshift64* in [-1, 1).
-struct Rng(u64);
-
-impl Rng {
-    fn next_f32(&mut self) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let v = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
-        ((v >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.next_f32() * scale).collect()
-    }
-}
 
 /// `(cin, h, w, cout, k, stride, [top, bottom, left, right])`.
 type Case = (usize, usize, usize, usize, usize, usize, [usize; 4]);

@@ -25,6 +25,9 @@
 //! (both absent);
 //! `EDGE_NEON_EXPECT=i8mm|dotprod|base` makes `reports_and_checks_the_chosen_path` assert the choice.
 
+mod common;
+use common::Rng;
+
 use edge_kernels::{pack, quant, KernelTable, WeightRef};
 use edge_kernels_neon::{
     best, features, linear_layout_variant_name, linear_variant_name, variants,
@@ -32,23 +35,6 @@ use edge_kernels_neon::{
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 use zerocopy::IntoBytes;
-
-/// xorshift64* in [-1, 1).
-struct Rng(u64);
-
-impl Rng {
-    fn next_f32(&mut self) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let v = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
-        ((v >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.next_f32() * scale).collect()
-    }
-}
 
 /// Weight bytes in a 4-byte-aligned buffer (`F32` weights are viewed in place by the generic
 /// kernel).

@@ -6,24 +6,10 @@
 //! f32 rounding: bound `|neon − generic| ≤ 2⁻²² · |generic| + 1e-7` (two ulps, plus an absolute
 //! floor near zero where a rounding of the mean subtraction shows).
 
+mod common;
+use common::Rng;
+
 use edge_kernels_neon::variants;
-
-/// xorshift64* in [-1, 1).
-struct Rng(u64);
-
-impl Rng {
-    fn next_f32(&mut self) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let v = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
-        ((v >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    fn vec(&mut self, n: usize, scale: f32, shift: f32) -> Vec<f32> {
-        (0..n).map(|_| self.next_f32() * scale + shift).collect()
-    }
-}
 
 fn close(what: &str, got: &[f32], want: &[f32]) {
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
@@ -40,9 +26,9 @@ fn layer_norm_matches_generic() {
     let g = edge_kernels::generic();
     let mut rng = Rng(11);
     for (m, d) in [(1, 1), (3, 3), (5, 7), (17, 64), (33, 100), (2, 1153)] {
-        let x = rng.vec(m * d, 3.0, 1.5);
-        let w = rng.vec(d, 1.0, 1.0);
-        let b = rng.vec(d, 0.5, 0.0);
+        let x = rng.vec_shifted(m * d, 3.0, 1.5);
+        let w = rng.vec_shifted(d, 1.0, 1.0);
+        let b = rng.vec_shifted(d, 0.5, 0.0);
         for (wo, bo) in [
             (Some(&w[..]), Some(&b[..])),
             (None, None),
@@ -68,8 +54,8 @@ fn rms_norm_matches_generic() {
     let g = edge_kernels::generic();
     let mut rng = Rng(12);
     for (m, d) in [(1, 1), (3, 3), (5, 7), (17, 64), (33, 100), (2, 1153)] {
-        let x = rng.vec(m * d, 3.0, 0.5);
-        let w = rng.vec(d, 1.0, 1.0);
+        let x = rng.vec_shifted(m * d, 3.0, 0.5);
+        let w = rng.vec_shifted(d, 1.0, 1.0);
         let mut want = vec![0.0f32; m * d];
         (g.rms_norm.run)(&x, m, d, 1e-6, &w, &mut want);
         for (label, t) in variants() {
@@ -105,9 +91,9 @@ fn group_norm_matches_generic() {
         (96, 32),
     ] {
         for hw in [1, 3, 17, 65] {
-            let x = rng.vec(c * hw, 3.0, 1.5);
-            let w = rng.vec(c, 1.0, 1.0);
-            let b = rng.vec(c, 0.5, 0.0);
+            let x = rng.vec_shifted(c * hw, 3.0, 1.5);
+            let w = rng.vec_shifted(c, 1.0, 1.0);
+            let b = rng.vec_shifted(c, 0.5, 0.0);
             let mut want = vec![0.0f32; c * hw];
             (g.group_norm.run)(&x, c, hw, groups, 1e-6, &w, &b, &mut want);
             for (label, t) in variants() {
@@ -139,9 +125,9 @@ fn group_norm_thread_count_does_not_change_results() {
     let g = edge_kernels::generic();
     let mut rng = Rng(14);
     let (c, hw, groups) = (40, 1031, 4);
-    let x = rng.vec(c * hw, 2.0, -0.7);
-    let w = rng.vec(c, 1.0, 1.0);
-    let b = rng.vec(c, 0.5, 0.0);
+    let x = rng.vec_shifted(c * hw, 2.0, -0.7);
+    let w = rng.vec_shifted(c, 1.0, 1.0);
+    let b = rng.vec_shifted(c, 0.5, 0.0);
     let mut want = vec![0.0f32; c * hw];
     (g.group_norm.run)(&x, c, hw, groups, 1e-5, &w, &b, &mut want);
     for (label, t) in variants() {
