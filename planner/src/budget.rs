@@ -41,34 +41,6 @@ impl std::str::FromStr for SegmentMode {
     }
 }
 
-/// Parses sizes like `1.5G`, `800M`, `64K` or plain bytes (binary units).
-pub fn parse_size(s: &str, flag: &str) -> Result<u64> {
-    let t = s.trim();
-    let err = |why: &str| {
-        PlanError::Invalid(format!(
-            "{flag} `{s}`: {why} (expected a size like 1.5G or 800M)"
-        ))
-    };
-    let (num, mult) = match t.chars().last() {
-        Some(c) if c.is_ascii_alphabetic() => {
-            let m: u64 = match c.to_ascii_uppercase() {
-                'K' => 1 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                _ => return Err(err("unknown unit")),
-            };
-            (&t[..t.len() - 1], m)
-        }
-        _ => (t, 1),
-    };
-    let v: f64 = num.trim().parse().map_err(|_| err("not a number"))?;
-    if !(v.is_finite() && v > 0.0) {
-        return Err(err("must be positive"));
-    }
-    Ok((v * mult as f64) as u64)
-}
-
 fn tensors_of(stage: &Stage, first: usize, end: usize) -> Vec<u32> {
     let mut ts = Vec::new();
     for step in stage.steps.get(first..end).unwrap_or(&[]) {

@@ -22,7 +22,7 @@ pub struct TileRequest {
     pub size: Option<(u32, u32)>,
     /// `--vae-relative-tile-size X[xY]`: ≤ 1 a fraction of each axis, > 1 a tile count.
     pub relative: Option<(f32, f32)>,
-    /// `--vae-tile-overlap`: fraction of a tile shared with its neighbour (clamped to 0…0.5).
+    /// `--vae-tile-overlap`: fraction of a tile shared with its neighbour (0…0.5).
     pub overlap: Option<f32>,
 }
 
@@ -66,14 +66,15 @@ pub fn parse_relative(s: &str) -> Result<(f32, f32)> {
     }
 }
 
-/// Validates an overlap: NaN or negative values are errors; values above 0.5 are clamped.
+/// Validates an overlap: anything but a number in 0…0.5 is an error (a tile cannot share more
+/// than half of itself with each neighbour).
 pub fn validate_overlap(o: f32) -> Result<f32> {
-    if !o.is_finite() || o < 0.0 {
+    if !(0.0..=0.5).contains(&o) {
         return Err(PlanError::Invalid(format!(
-            "--vae-tile-overlap {o}: must be a finite number in 0…0.5"
+            "--vae-tile-overlap {o}: must be a number in 0…0.5"
         )));
     }
-    Ok(o.min(0.5))
+    Ok(o)
 }
 
 /// Tile side (latent pixels) along an axis of `len` latent pixels for a relative request `r`.
@@ -188,10 +189,11 @@ mod tests {
         // Below the minimum, or not a multiple of the VAE factor.
         assert!(explicit_tiling(512, 512, 8, &r(Some((24, 64)), None, None)).is_err());
         assert!(explicit_tiling(512, 512, 8, &r(Some((36, 64)), None, None)).is_err());
-        // Bad overlaps; large ones are clamped.
+        // Bad overlaps: negative, NaN, above one half.
         assert!(explicit_tiling(512, 512, 8, &r(Some((64, 64)), None, Some(-0.1))).is_err());
         assert!(explicit_tiling(512, 512, 8, &r(Some((64, 64)), None, Some(f32::NAN))).is_err());
-        let t = explicit_tiling(512, 512, 8, &r(Some((64, 64)), None, Some(0.9)))
+        assert!(explicit_tiling(512, 512, 8, &r(Some((64, 64)), None, Some(0.9))).is_err());
+        let t = explicit_tiling(512, 512, 8, &r(Some((64, 64)), None, Some(0.5)))
             .unwrap()
             .unwrap();
         assert_eq!(t.overlap_latent_w, 4);

@@ -4,7 +4,6 @@
 //! disk before the metadata (which records their digests) is known. Writes are atomic: a
 //! temporary file next to the target is renamed over it only once complete.
 
-use std::io::Write;
 use std::path::Path;
 
 use edge_schema::header::{Header, FORMAT_VERSION, HEADER_LEN, MAGIC, SECTION_ALIGN, TENSOR_ALIGN};
@@ -71,27 +70,15 @@ pub fn assemble(meta: &mut PlanMeta, table: &TensorTable) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Writes `bytes` to `path` atomically: a `tempfile` in the same folder, synced, then renamed
-/// over `path` (the temporary file is removed on any error), so a reader never sees a partial
-/// plan.
+/// Writes `bytes` to `path` with [`edge_schema::io::write_atomic`]: never a partial plan, a
+/// symbolic link followed, a device, pipe or directory refused.
 ///
 /// # Errors
-/// [`PlanError::Write`] naming `path` when the folder is not writable or the disk is full.
+/// [`PlanError::Write`] naming `path` when the folder is not writable, the disk is full or
+/// `path` is not a regular file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let err = |source| PlanError::Write {
+    edge_schema::io::write_atomic(path, bytes).map_err(|source| PlanError::Write {
         path: path.display().to_string(),
         source,
-    };
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".plan.tmp-")
-        .tempfile_in(dir)
-        .map_err(err)?;
-    tmp.write_all(bytes).map_err(err)?;
-    tmp.as_file().sync_all().map_err(err)?;
-    tmp.persist(path).map_err(|e| err(e.error))?;
-    Ok(())
+    })
 }

@@ -53,6 +53,8 @@ pub enum Error {
     Argument { flag: &'static str, reason: String },
     #[error("writing {path}: {reason}")]
     Output { path: String, reason: String },
+    #[error("sampling diverged: the latents hold NaN or infinity after step {step} (guidance scale {cfg_scale}; values far outside 1…20 overflow f32)")]
+    Diverged { step: usize, cfg_scale: f32 },
 }
 
 impl Error {

@@ -1,6 +1,5 @@
 //! Image post-processing and PNG output.
 
-use std::io::Write;
 use std::path::Path;
 
 use crate::error::{Error, Result};
@@ -21,8 +20,9 @@ pub fn to_rgb8(image: &[f32], width: usize, height: usize) -> Vec<u8> {
     out
 }
 
-/// Writes an RGB8 PNG with `text` as tEXt chunks (key, value), atomically: a temporary file
-/// in the same folder is renamed over `path` only once complete.
+/// Writes an RGB8 PNG with `text` as text chunks (key, value: tEXt when the value is Latin-1,
+/// iTXt (UTF-8) otherwise), atomically: a temporary file in the same folder is renamed over
+/// `path` only once complete.
 pub fn write_png(
     path: &Path,
     rgb: &[u8],
@@ -40,8 +40,14 @@ pub fn write_png(
         enc.set_color(png::ColorType::Rgb);
         enc.set_depth(png::BitDepth::Eight);
         for (k, v) in text {
-            enc.add_text_chunk((*k).to_string(), v.clone())
-                .map_err(|e| err(e.to_string()))?;
+            // tEXt holds Latin-1 only; prompts with other characters go in an iTXt (UTF-8)
+            // chunk under the same keyword.
+            if v.chars().all(|c| u32::from(c) <= 0xFF) {
+                enc.add_text_chunk((*k).to_string(), v.clone())
+            } else {
+                enc.add_itxt_chunk((*k).to_string(), v.clone())
+            }
+            .map_err(|e| err(e.to_string()))?;
         }
         let mut w = enc.write_header().map_err(|e| err(e.to_string()))?;
         w.write_image_data(rgb).map_err(|e| err(e.to_string()))?;
@@ -50,26 +56,52 @@ pub fn write_png(
     write_atomic(path, &buf)
 }
 
-/// Writes `bytes` to `path` through a `tempfile` in the same folder, synced, then renamed over
-/// `path` (removed on any error), so no partial output file is ever left.
+/// Writes `bytes` to `path` with [`edge_schema::io::write_atomic`]: no partial output file, a
+/// symbolic link followed, a device, pipe or directory refused.
 ///
 /// # Errors
 /// [`Error::Output`] naming `path` and the I/O failure.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let err = |e: std::io::Error| Error::Output {
+    edge_schema::io::write_atomic(path, bytes).map_err(|e| Error::Output {
         path: path.display().to_string(),
         reason: e.to_string(),
-    };
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".out.tmp-")
-        .tempfile_in(dir)
-        .map_err(err)?;
-    tmp.write_all(bytes).map_err(err)?;
-    tmp.as_file().sync_all().map_err(err)?;
-    tmp.persist(path).map_err(|e| err(e.error))?;
-    Ok(())
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    /// Any prompt can be stored: Latin-1 in tEXt, the rest (emoji, CJK, curly quotes) in iTXt;
+    /// both read back as written.
+    #[test]
+    fn text_chunks_hold_any_prompt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.png");
+        let prompts = [
+            ("latin", "café rouge".to_string()),
+            ("other", "a “red” 🔴 猫".to_string()),
+        ];
+        write_png(
+            &path,
+            &[0u8; 2 * 2 * 3],
+            2,
+            2,
+            &prompts
+                .iter()
+                .map(|(k, v)| (*k, v.clone()))
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let dec = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&path).unwrap()));
+        let reader = dec.read_info().unwrap();
+        let info = reader.info();
+        assert_eq!(info.uncompressed_latin1_text.len(), 1);
+        assert_eq!(info.uncompressed_latin1_text[0].keyword, "latin");
+        assert_eq!(info.uncompressed_latin1_text[0].text, "café rouge");
+        assert_eq!(info.utf8_text.len(), 1);
+        assert_eq!(info.utf8_text[0].keyword, "other");
+        assert_eq!(info.utf8_text[0].get_text().unwrap(), "a “red” 🔴 猫");
+    }
 }

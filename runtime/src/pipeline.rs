@@ -281,6 +281,12 @@ pub fn generate(
             }
         }
         sampler.step(i, &eps_c, &mut latents)?;
+        if latents.iter().any(|v| !v.is_finite()) {
+            return Err(Error::Diverged {
+                step: i + 1,
+                cfg_scale: params.cfg_scale,
+            });
+        }
         streamed_per_step.push(session.streamer().streamed_bytes() - streamed_before);
         progress(Progress::Step {
             done: i + 1,

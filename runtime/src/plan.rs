@@ -147,6 +147,14 @@ impl Plan {
             path: path.display().to_string(),
             source,
         };
+        // A FIFO would block in `open`, a directory or device is not a plan: only regular
+        // files are opened.
+        if !std::fs::metadata(path).map_err(io)?.is_file() {
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file (expected a .plan file)",
+            )));
+        }
         let file = std::fs::File::open(path).map_err(io)?;
         let map = map_file(&file).map_err(io)?;
         let mut plan = Plan::verify(Bytes::Mapped(map), trusted, Sections::OnFirstUse)

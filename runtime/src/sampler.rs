@@ -29,7 +29,7 @@ pub enum SamplerError {
     #[error("invalid scheduler config: {0}")]
     InvalidConfig(String),
     /// The requested number of inference steps is out of range.
-    #[error("{steps} inference steps requested; expected 1..={max} (num_train_timesteps)")]
+    #[error("{steps} inference steps requested (--steps); expected 1..={max} (the scheduler's num_train_timesteps)")]
     BadSteps { steps: usize, max: u32 },
     /// The config gives a noise schedule with an unusable value (e.g. betas whose cumulative
     /// product underflows to 0, making sigma infinite).

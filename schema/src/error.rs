@@ -4,7 +4,11 @@
 /// Why a plan (or a part of one) was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("not a plan file: bad magic {found:?} (expected {expected:?})")]
+    #[error(
+        "not a plan file: it starts with {:?}, expected {:?}",
+        String::from_utf8_lossy(found).escape_debug().to_string(),
+        String::from_utf8_lossy(expected)
+    )]
     BadMagic { found: [u8; 8], expected: [u8; 8] },
     #[error(
         "plan format version {found} is not supported (this runtime reads version {expected})"

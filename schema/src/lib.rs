@@ -11,6 +11,8 @@ pub mod blocks;
 pub mod dtype;
 pub mod error;
 pub mod header;
+#[cfg(feature = "io")]
+pub mod io;
 pub mod op;
 pub mod plan;
 pub mod scheduler;

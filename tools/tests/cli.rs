@@ -599,3 +599,76 @@ fn verify_runs_an_aarch64_plan_against_the_fixture() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A guidance scale that overflows f32 is refused once the latents stop being finite, naming
+/// the step and the scale, and no image is written.
+#[test]
+fn generate_diverging_guidance_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let png = t.path().join("out.png");
+    let o = generate(demo_plan(), &png, &["--cfg-scale", "1e38"]);
+    assert_refused(
+        "--cfg-scale 1e38",
+        &o,
+        &["diverged", "guidance scale"],
+        t.path(),
+    );
+}
+
+/// `-o` naming a directory or a device is refused and left as it was (a rename would replace
+/// `/dev/null` for every other program); a symbolic link is followed.
+#[test]
+fn generate_output_that_is_not_a_regular_file() {
+    let t = tempfile::tempdir().unwrap();
+    let dir_out = t.path().join("a-directory");
+    std::fs::create_dir(&dir_out).unwrap();
+    let o = generate(demo_plan(), &dir_out, &["--quiet"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not a regular file"));
+    assert!(dir_out.is_dir());
+    let o = generate(demo_plan(), Path::new("/dev/null"), &["--quiet"]);
+    assert!(!o.status.success(), "writing over /dev/null was accepted");
+    assert!(!std::fs::metadata("/dev/null").unwrap().is_file());
+    #[cfg(unix)]
+    {
+        let real = t.path().join("real.png");
+        std::fs::write(&real, b"old").unwrap();
+        let link = t.path().join("link.png");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let o = generate(demo_plan(), &link, &["--quiet"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(&std::fs::read(&real).unwrap()[..4], b"\x89PNG");
+    }
+}
+
+/// Prompts outside Latin-1 (curly quotes, emoji, CJK) generate an image; the parameters go in
+/// an iTXt chunk.
+#[test]
+fn generate_with_a_unicode_prompt() {
+    let t = tempfile::tempdir().unwrap();
+    let png = t.path().join("u.png");
+    let o = run(
+        EDGERUN,
+        &[
+            "generate",
+            "--plan",
+            s(demo_plan()),
+            "-p",
+            "a “red” circle 🔴 猫",
+            "-n",
+            "blurry — ugly",
+            "--steps",
+            "2",
+            "--quiet",
+            "-o",
+            s(&png),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.windows(4).any(|w| w == b"iTXt"), "no iTXt chunk");
+}

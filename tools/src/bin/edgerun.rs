@@ -6,7 +6,7 @@ use std::time::Instant;
 
 #[path = "../common.rs"]
 mod common;
-use common::one_line;
+use common::{one_line, parse_size, read_file};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -88,7 +88,7 @@ struct GenArgs {
 }
 
 fn read_latents(path: &Path, shape: &[usize]) -> Result<Vec<f32>> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let bytes = read_file(path, "--init-latents")?;
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|e| anyhow::anyhow!("{}: not a valid safetensors file: {e}", path.display()))?;
     let t = st.tensor("latents").map_err(|_| {
@@ -120,32 +120,6 @@ fn write_latents(path: &Path, data: &[f32], shape: &[usize]) -> Result<()> {
         safetensors::serialize([("latents", view)], None).map_err(|e| anyhow::anyhow!("{e}"))?;
     edge_runtime::image::write_atomic(path, &out)?;
     Ok(())
-}
-
-/// Parses `1.5G`, `800M`, `64K`, `1024` (bytes; binary units) into bytes.
-fn parse_size(s: &str, flag: &str) -> Result<u64> {
-    let t = s.trim();
-    let (num, mult) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m: u64 = match c.to_ascii_uppercase() {
-                'K' => 1 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                _ => bail!("{flag}: `{s}` has an unknown unit (expected K, M, G or T)"),
-            };
-            (&t[..i], m)
-        }
-        _ => (t, 1),
-    };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| anyhow::anyhow!("{flag}: `{s}` is not a size like 1.5G or 800M"))?;
-    if !(v.is_finite() && v > 0.0) {
-        bail!("{flag}: `{s}` must be a positive size");
-    }
-    Ok((v * mult as f64) as u64)
 }
 
 /// Bytes of the buffers the pipeline keeps outside the arena for one image: per condition
@@ -222,6 +196,12 @@ fn generate(a: GenArgs) -> Result<()> {
                 .collect();
             match pick.as_slice() {
                 [only] => (only.width, only.height),
+                [] => bail!(
+                    "-W/-H: no image size of the plan matches{}{}; the plan holds {}",
+                    w.map_or(String::new(), |w| format!(" width {w}")),
+                    h.map_or(String::new(), |h| format!(" height {h}")),
+                    available_sizes(meta)
+                ),
                 _ => bail!(
                     "-W/-H: give the image size; the plan holds {}",
                     available_sizes(meta)
