@@ -36,20 +36,18 @@
 //! `i8mm` but without `dotprod`); [`variant_name`] reports which.
 
 use std::arch::aarch64::{
-    int16x8_t, int32x4_t, int8x16_t, uint8x16_t, vaddq_f32, vaddq_s16, vaddq_s32, vaddvq_s32,
-    vandq_u8, vcombine_u8, vcvt_f32_f16, vcvtq_f32_s32, vdup_n_u8, vdupq_n_f32, vdupq_n_s32,
-    vdupq_n_s8, vdupq_n_u8, vget_low_s16, vget_low_s8, vld1_u16, vld1q_s16, vld1q_s8, vld1q_u8,
-    vmlal_high_n_s16, vmlal_high_s16, vmlal_n_s16, vmlal_s16, vmlaq_n_s32, vmull_high_s8,
-    vmull_s16, vmull_s8, vmulq_n_f32, vorrq_u8, vpadalq_s16, vreinterpret_f16_u16,
-    vreinterpretq_s8_u8, vshlq_u8, vshrq_n_u8, vst1q_f32, vsubq_s8, vtstq_u8,
+    int16x8_t, int8x16_t, uint8x16_t, vaddq_f32, vaddq_s16, vaddq_s32, vaddvq_s32, vandq_u8,
+    vcombine_u8, vcvtq_f32_s32, vdup_n_u8, vdupq_n_f32, vdupq_n_s32, vdupq_n_s8, vdupq_n_u8,
+    vget_low_s16, vget_low_s8, vld1q_s16, vld1q_s8, vld1q_u8, vmlal_high_n_s16, vmlal_high_s16,
+    vmlal_n_s16, vmlal_s16, vmlaq_n_s32, vmull_high_s8, vmull_s16, vmull_s8, vmulq_n_f32, vorrq_u8,
+    vpadalq_s16, vreinterpretq_s8_u8, vshlq_u8, vshrq_n_u8, vst1q_f32, vsubq_s8, vtstq_u8,
 };
-use std::arch::asm;
 
 use edge_kernels::quant::{activation_row_bytes, quantize_activation_row};
 use edge_schema::DType;
 use rayon::prelude::*;
 
-use super::quant::IntPath;
+use super::quant::{sdot, widen4, IntPath};
 
 /// Weight rows sharing one activation block.
 const COLS: usize = 4;
@@ -146,43 +144,6 @@ unsafe fn rd_u16(p: *const u8) -> u16 {
 unsafe fn rd_f32(p: *const u8) -> f32 {
     // SAFETY: 4 readable bytes at p (caller); read unaligned.
     f32::from_bits(u32::from_le(unsafe { p.cast::<u32>().read_unaligned() }))
-}
-
-/// Four f16 values (bits) widened to f32 with one `fcvtl` (exact, as the generic
-/// `fp16_to_fp32`).
-#[inline]
-#[target_feature(enable = "neon")]
-fn widen4(bits: [u16; 4]) -> [f32; 4] {
-    let mut out = [0.0f32; 4];
-    // SAFETY: `bits` holds 4 u16 (8 readable bytes), `out` 4 f32 (16 writable bytes).
-    unsafe {
-        vst1q_f32(
-            out.as_mut_ptr(),
-            vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(bits.as_ptr()))),
-        );
-    }
-    out
-}
-
-/// `acc + sdot(a, b)`: per 32-bit lane, the sum of four i8·i8 products.
-///
-/// # Safety
-/// The CPU implements `FEAT_DotProd`.
-#[inline]
-#[target_feature(enable = "neon,dotprod")]
-unsafe fn sdot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
-    // SAFETY: `sdot` only reads and writes the named vector registers (no memory, no flags);
-    // the caller guarantees the CPU implements it.
-    unsafe {
-        asm!(
-            "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
-            acc = inout(vreg) acc,
-            a = in(vreg) a,
-            b = in(vreg) b,
-            options(pure, nomem, nostack, preserves_flags)
-        );
-    }
-    acc
 }
 
 /// Loads 16 bytes at `p` as unsigned lanes.

@@ -80,7 +80,7 @@ unsafe fn scale_bits(p: *const u8) -> u16 {
 /// `GGML_FP16_TO_FP32`).
 #[inline]
 #[target_feature(enable = "neon")]
-fn widen4(bits: [u16; 4]) -> [f32; 4] {
+pub(super) fn widen4(bits: [u16; 4]) -> [f32; 4] {
     let mut out = [0.0f32; 4];
     // SAFETY: `bits` holds 4 u16 (8 readable bytes), `out` 4 f32 (16 writable bytes).
     unsafe {
@@ -110,7 +110,7 @@ fn block_dot_base(w0: int8x16_t, w1: int8x16_t, a0: int8x16_t, a1: int8x16_t) ->
 /// The CPU implements `FEAT_DotProd`.
 #[inline]
 #[target_feature(enable = "dotprod")]
-unsafe fn sdot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+pub(super) unsafe fn sdot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     // SAFETY: `sdot` only reads and writes the named vector registers (no memory, no flags);
     // the caller guarantees the CPU implements it. (`vdotq_s32` is not stable in Rust.)
     unsafe {
