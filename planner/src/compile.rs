@@ -956,7 +956,6 @@ fn write_compiled(mut c: Compiled, out: &Path) -> Result<Compiled> {
             )
         })
         .collect();
-    let bytes = crate::write::assemble(&mut c.meta, &c.table)?;
-    crate::write::write_atomic(out, &bytes)?;
+    crate::write::write_plan(&mut c.meta, &c.table, out)?;
     Ok(c)
 }

@@ -4,6 +4,7 @@
 //! disk before the metadata (which records their digests) is known. Writes are atomic: a
 //! temporary file next to the target is renamed over it only once complete.
 
+use std::io::Write;
 use std::path::Path;
 
 use edge_schema::header::{Header, FORMAT_VERSION, HEADER_LEN, MAGIC, SECTION_ALIGN, TENSOR_ALIGN};
@@ -17,31 +18,53 @@ fn align_up(x: u64, a: u64) -> u64 {
     x.div_ceil(a) * a
 }
 
-/// Lays out `table`'s sections, fills `meta.tensors` and `meta.sections`, and returns the
-/// complete plan file bytes.
-pub fn assemble(meta: &mut PlanMeta, table: &TensorTable) -> Result<Vec<u8>> {
+/// Zero bytes for padding.
+const ZEROS: [u8; 4096] = [0; 4096];
+
+/// Writes `n` zero bytes to `out`.
+fn pad(out: &mut dyn Write, mut n: u64) -> std::io::Result<()> {
+    while n > 0 {
+        let k = n.min(ZEROS.len() as u64) as usize;
+        out.write_all(&ZEROS[..k])?;
+        n -= k as u64;
+    }
+    Ok(())
+}
+
+/// A laid-out plan: everything but the weight bytes, which stay in the [`TensorTable`].
+struct Layout {
+    header: Header,
+    meta_bytes: Vec<u8>,
+}
+
+/// Lays out `table`'s sections (offsets relative to the weight region, each section
+/// page-aligned, each tensor 64-byte aligned), hashes each section as it would be written,
+/// fills `meta.tensors` and `meta.sections`, verifies and encodes the metadata and builds the
+/// header. Reads the weight bytes once; copies none.
+fn lay_out(meta: &mut PlanMeta, table: &TensorTable) -> Result<Layout> {
     let weights_offset = align_up(HEADER_LEN as u64, SECTION_ALIGN);
-    let mut weights: Vec<u8> = Vec::new();
     let mut entries = table.entries.clone();
     let mut sections = Vec::with_capacity(table.sections.len());
+    let mut pos = 0u64;
     for ids in &table.sections {
-        let start = align_up(weights.len() as u64, SECTION_ALIGN);
-        weights.resize(start as usize, 0);
+        let start = align_up(pos, SECTION_ALIGN);
+        pos = start;
+        let mut hasher = blake3::Hasher::new();
         for &t in ids {
-            let off = align_up(weights.len() as u64, TENSOR_ALIGN);
-            weights.resize(off as usize, 0);
+            let off = align_up(pos, TENSOR_ALIGN);
+            hasher.update(&ZEROS[..(off - pos) as usize]);
             entries[t as usize].offset = off - start;
-            weights.extend_from_slice(&table.data[t as usize]);
+            let data = &table.data[t as usize];
+            hasher.update(data);
+            pos = off + data.len() as u64;
         }
-        let end = weights.len() as u64;
         sections.push(SectionEntry {
             offset: start,
-            len: end - start,
-            digest: *blake3::hash(&weights[start as usize..]).as_bytes(),
+            len: pos - start,
+            digest: *hasher.finalize().as_bytes(),
         });
     }
-    let weights_len = align_up(weights.len() as u64, SECTION_ALIGN);
-    weights.resize(weights_len as usize, 0);
+    let weights_len = align_up(pos, SECTION_ALIGN);
     meta.tensors = entries;
     meta.sections = sections;
     edge_schema::verify::verify_meta(meta, weights_len)?;
@@ -62,12 +85,59 @@ pub fn assemble(meta: &mut PlanMeta, table: &TensorTable) -> Result<Vec<u8>> {
         header_digest: [0; 32],
     };
     header.header_digest = header.compute_digest();
-    let mut out = Vec::with_capacity(file_len as usize);
-    out.extend_from_slice(header.as_bytes());
-    out.resize(weights_offset as usize, 0);
-    out.extend_from_slice(&weights);
-    out.extend_from_slice(&meta_bytes);
+    Ok(Layout { header, meta_bytes })
+}
+
+/// Writes the plan file of `layout` and `table` to `out`: header, padding, the weight sections
+/// in the layout's order (tensor bytes straight from the table), the metadata.
+fn emit(
+    out: &mut dyn Write,
+    layout: &Layout,
+    meta: &PlanMeta,
+    table: &TensorTable,
+) -> std::io::Result<()> {
+    let h = &layout.header;
+    out.write_all(h.as_bytes())?;
+    pad(out, h.weights_offset.get() - HEADER_LEN as u64)?;
+    let mut pos = 0u64;
+    for (sec, ids) in meta.sections.iter().zip(&table.sections) {
+        pad(out, sec.offset - pos)?;
+        pos = sec.offset;
+        for &t in ids {
+            let off = sec.offset + meta.tensors[t as usize].offset;
+            pad(out, off - pos)?;
+            let data = &table.data[t as usize];
+            out.write_all(data)?;
+            pos = off + data.len() as u64;
+        }
+    }
+    pad(out, h.weights_len.get() - pos)?;
+    out.write_all(&layout.meta_bytes)
+}
+
+/// Lays out `table`'s sections, fills `meta.tensors` and `meta.sections`, and returns the
+/// complete plan file bytes (for tests and in-memory use; [`write_plan`] streams to a file).
+pub fn assemble(meta: &mut PlanMeta, table: &TensorTable) -> Result<Vec<u8>> {
+    let layout = lay_out(meta, table)?;
+    let mut out = Vec::with_capacity(layout.header.file_len.get() as usize);
+    emit(&mut out, &layout, meta, table)
+        .map_err(|e| PlanError::Internal(format!("writing a plan to memory: {e}")))?;
     Ok(out)
+}
+
+/// Lays out `table` as [`assemble`] does and writes the plan file to `path` atomically,
+/// streaming the weights from the table (the file's bytes are never held in memory at once).
+///
+/// # Errors
+/// Layout and verification errors as [`assemble`]; [`PlanError::Write`] naming `path`.
+pub fn write_plan(meta: &mut PlanMeta, table: &TensorTable, path: &Path) -> Result<()> {
+    let layout = lay_out(meta, table)?;
+    edge_schema::io::write_atomic_with(path, |out| emit(out, &layout, meta, table)).map_err(
+        |source| PlanError::Write {
+            path: path.display().to_string(),
+            source,
+        },
+    )
 }
 
 /// Writes `bytes` to `path` with [`edge_schema::io::write_atomic`]: never a partial plan, a
@@ -81,4 +151,39 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         path: path.display().to_string(),
         source,
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    /// The streamed file equals the in-memory assembly byte for byte, for a plan with
+    /// several sections (segments), interleaved packs and padding between tensors.
+    #[test]
+    fn streamed_plan_equals_assembled_plan() {
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/pixart-sigma-tiny");
+        let opts = crate::CompileOptions {
+            sizes: vec![(64, 64)],
+            policy: crate::pack::PackPolicy {
+                default: Some(edge_schema::DType::Q8_0),
+                rules: vec![],
+            },
+            target: edge_schema::plan::Target {
+                isa: edge_schema::plan::Isa::Aarch64,
+                features: vec!["neon".into()],
+            },
+            ..Default::default()
+        };
+        let c = crate::compile::compile_folder(&dir, &opts).unwrap();
+        let (mut m1, mut m2) = (c.meta.clone(), c.meta.clone());
+        let bytes = assemble(&mut m1, &c.table).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("s.plan");
+        write_plan(&mut m2, &c.table, &path).unwrap();
+        assert!(m1.sections.len() > 3);
+        assert_eq!(m1, m2);
+        assert_eq!(std::fs::read(&path).unwrap(), bytes);
+    }
 }

@@ -38,15 +38,28 @@ fn destination(path: &Path) -> std::io::Result<PathBuf> {
     }
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file in the destination's folder (created
-/// with the usual `0666 & ~umask` permissions), synced, then renamed over the destination, so a
-/// reader sees the old file or the whole new one. A symbolic link is followed (its target is
-/// replaced, the link kept); a destination that exists but is not a regular file is refused.
-/// The temporary file is removed on any error.
+/// Writes `bytes` to `path` atomically; see [`write_atomic_with`].
 ///
 /// # Errors
 /// The I/O error (folder not writable, disk full, destination not a regular file).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomic_with(path, |w| w.write_all(bytes))
+}
+
+/// Writes what `fill` writes to `path` atomically: into a temporary file in the destination's
+/// folder (created with the usual `0666 & ~umask` permissions, buffered), synced, then renamed
+/// over the destination, so a reader sees the old file or the whole new one and the content
+/// never has to be held in memory at once. A symbolic link is followed (its target is
+/// replaced, the link kept); a destination that exists but is not a regular file is refused.
+/// The temporary file is removed on any error, including one returned by `fill`.
+///
+/// # Errors
+/// The I/O error (folder not writable, disk full, destination not a regular file), or
+/// `fill`'s.
+pub fn write_atomic_with(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let dest = destination(path)?;
     let dir = dest
         .parent()
@@ -59,8 +72,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         use std::os::unix::fs::PermissionsExt;
         builder.permissions(std::fs::Permissions::from_mode(0o666));
     }
-    let mut tmp = builder.tempfile_in(dir)?;
-    tmp.write_all(bytes)?;
+    let tmp = builder.tempfile_in(dir)?;
+    let mut buffered = std::io::BufWriter::with_capacity(1 << 20, tmp);
+    fill(&mut buffered)?;
+    let tmp = buffered.into_inner().map_err(|e| e.into_error())?;
     tmp.as_file().sync_all()?;
     tmp.persist(&dest).map_err(|e| e.error)?;
     Ok(())
