@@ -8,22 +8,26 @@
 //! detected once), the quantized dot products use `sdot`, and with `i8mm` the `Q8_0`/`Q4_0` ones
 //! use `smmla` on 2 rows × 2 columns (the other quantized types keep their `sdot` kernels in the
 //! `i8mm` table); `Q8_0`/`Q4_0` weights repacked in `PackLayout::Interleaved4x8` are read by
-//! kernels that load each `smmla` weight operand (or `sdot` row pair) with one 16-byte load. The `silu` and `gelu_tanh` slots become four-lane NEON kernels with a
-//! polynomial `exp`; `layer_norm` and `rms_norm` compute their f64 statistics in NEON f64 lanes. The
+//! kernels that load each `smmla` weight operand (or `sdot` row pair) with one 16-byte load.
+//! The `silu` and `gelu_tanh` slots become four-lane NEON kernels with a polynomial `exp`;
+//! `layer_norm` and `rms_norm` compute their f64 statistics in NEON f64 lanes. The
 //! `attention` slot keeps the generic online softmax with its `q·k`, `exp` and `acc += w·v` in
 //! four lanes; `add`, `mul`, `modulate` and `gated_residual` are four-lane versions of the
 //! generic broadcast ops. `conv2d` is the generic tiled im2col with the `F32` 4×4 dot tile of
 //! `linear` (within the generic `conv2d_scratch_bytes`), `group_norm` computes its f64
 //! statistics in NEON f64 lanes and `upsample_nearest2x` doubles rows with NEON `zip`/stores.
-//! Every other slot stays generic. On every other architecture `best()` is `generic()`.
+//! Only the two scratch-size slots stay generic (the planner sizes the arena with them, and the
+//! NEON kernels fit in it). Argument checks are the generic ones ([`edge_kernels::contract`]).
+//! On every other architecture `best()` is `generic()`.
 //!
 //! Kernel names follow `{isa}_{op}_{dtype}_{tile}`; since one `linear` slot serves every weight
 //! type, its name uses the dtype `any` and [`linear_variant_name`] gives the kernel used per
 //! weight type.
 //!
 //! Numerics (each kernel is tested against its generic twin in `tests/`):
-//! - `F32`/`F16`/`BF16` weights (the halves widened exactly): four f32 lanes accumulated with fused multiply-add over `k` in steps
-//!   of 4, lanes summed with `faddv`, the `k % 4` tail added sequentially (fused), then the bias.
+//! - `F32`/`F16`/`BF16` weights (the halves widened exactly): four f32 lanes accumulated with
+//!   fused multiply-add over `k` in steps of 4, lanes summed with `faddv`, the `k % 4` tail
+//!   added sequentially (fused), then the bias.
 //!   The order is fixed per output element, so results do not depend on the thread count; they
 //!   differ from the generic kernel (8 unfused lanes) by f32 rounding only.
 //! - `Q8_0`/`Q4_0` weights, row-major or in `PackLayout::Interleaved4x8` (4 weight rows
