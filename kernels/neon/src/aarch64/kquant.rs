@@ -40,14 +40,14 @@ use std::arch::aarch64::{
     vcombine_u8, vcvtq_f32_s32, vdup_n_u8, vdupq_n_f32, vdupq_n_s32, vdupq_n_s8, vdupq_n_u8,
     vget_low_s16, vget_low_s8, vld1q_s16, vld1q_s8, vld1q_u8, vmlal_high_n_s16, vmlal_high_s16,
     vmlal_n_s16, vmlal_s16, vmlaq_n_s32, vmull_high_s8, vmull_s16, vmull_s8, vmulq_n_f32, vorrq_u8,
-    vpadalq_s16, vreinterpretq_s8_u8, vshlq_u8, vshrq_n_u8, vst1q_f32, vsubq_s8, vtstq_u8,
+    vreinterpretq_s8_u8, vshlq_u8, vshrq_n_u8, vst1q_f32, vsubq_s8, vtstq_u8,
 };
 
 use edge_kernels::quant::{activation_row_bytes, quantize_activation_row};
 use edge_schema::DType;
 use rayon::prelude::*;
 
-use super::quant::{sdot, widen4, IntPath};
+use super::quant::{block_dot_base, block_dot_sdot, sdot, widen4, IntPath};
 
 /// Weight rows sharing one activation block.
 const COLS: usize = 4;
@@ -816,29 +816,6 @@ impl Legacy for Q5_1 {
         let (h0, h1) = q5_high(qh);
         (d, m, s8(vorrq_u8(lo4(v), h0)), s8(vorrq_u8(hi4(v), h1)))
     }
-}
-
-/// Exact `Σ w[i]·a[i]` over two 16-lane halves: ARMv8.0 widening multiplies.
-#[inline]
-#[target_feature(enable = "neon")]
-fn block_dot_base(w0: int8x16_t, w1: int8x16_t, a0: int8x16_t, a1: int8x16_t) -> i32 {
-    let mut acc = vdupq_n_s32(0);
-    acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(w0), vget_low_s8(a0)));
-    acc = vpadalq_s16(acc, vmull_high_s8(w0, a0));
-    acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(w1), vget_low_s8(a1)));
-    acc = vpadalq_s16(acc, vmull_high_s8(w1, a1));
-    vaddvq_s32(acc)
-}
-
-/// Exact `Σ w[i]·a[i]` over two 16-lane halves with `sdot`.
-///
-/// # Safety
-/// The CPU implements `FEAT_DotProd`.
-#[inline]
-#[target_feature(enable = "neon,dotprod")]
-unsafe fn block_dot_sdot(w0: int8x16_t, w1: int8x16_t, a0: int8x16_t, a1: int8x16_t) -> i32 {
-    // SAFETY: FEAT_DotProd present (caller).
-    vaddvq_s32(unsafe { sdot(sdot(vdupq_n_s32(0), w0, a0), w1, a1) })
 }
 
 /// Dot products of `COLS` legacy weight rows with one `Q8_0`/`Q8_1` activation row; the f32

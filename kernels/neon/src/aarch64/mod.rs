@@ -41,7 +41,7 @@ fn base_table() -> KernelTable {
     let mut t = generic();
     t.linear = Kernel {
         name: LINEAR_BASE,
-        run: linear_base,
+        run: linear_on::<BASE>,
     };
     t.silu = Kernel {
         name: "neon_silu_f32_x4",
@@ -100,7 +100,7 @@ fn dotprod_table() -> Option<KernelTable> {
         let mut t = base_table();
         t.linear = Kernel {
             name: LINEAR_DOTPROD,
-            run: linear_dotprod,
+            run: linear_on::<DOTPROD>,
         };
         t
     })
@@ -112,7 +112,7 @@ fn i8mm_table() -> Option<KernelTable> {
         let mut t = base_table();
         t.linear = Kernel {
             name: LINEAR_I8MM,
-            run: linear_i8mm,
+            run: linear_on::<I8MM>,
         };
         t
     })
@@ -179,9 +179,11 @@ pub(crate) fn linear_variant_name(table: &KernelTable, dtype: DType) -> &'static
     }
 }
 
-/// `neon_linear_any_base`: [`edge_kernels::linear`]'s contract; NEON for `F32`, `F16`, `Q8_0`,
-/// `Q4_0` weights (ARMv8.0 integer dot products), the generic kernel for every other type.
-fn linear_base(
+/// `neon_linear_any_{base,dotprod,i8mm}`: [`edge_kernels::linear`]'s contract for every
+/// weight type, with the integer dot products of `PATH` ([`IntPath`] as `u8`: ARMv8.0,
+/// `sdot`, `smmla`). The `dotprod` and `i8mm` forms panic if the CPU lacks the feature; they
+/// are only put in a table when it is detected.
+fn linear_on<const PATH: u8>(
     x: &[f32],
     w: WeightRef<'_>,
     bias: Option<&[f32]>,
@@ -191,38 +193,18 @@ fn linear_base(
     n: usize,
     scratch: &mut [u8],
 ) {
-    linear(IntPath::Base, x, w, bias, out, m, k, n, scratch);
+    let path = match PATH {
+        BASE => IntPath::Base,
+        DOTPROD => IntPath::DotProd,
+        _ => IntPath::I8mm,
+    };
+    linear(path, x, w, bias, out, m, k, n, scratch);
 }
 
-/// `neon_linear_any_dotprod`: as [`linear_base`] with `sdot` for `Q8_0`/`Q4_0`. Panics if the
-/// CPU lacks `FEAT_DotProd` (it is only put in a table when detected).
-fn linear_dotprod(
-    x: &[f32],
-    w: WeightRef<'_>,
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-    m: usize,
-    k: usize,
-    n: usize,
-    scratch: &mut [u8],
-) {
-    linear(IntPath::DotProd, x, w, bias, out, m, k, n, scratch);
-}
-
-/// `neon_linear_any_i8mm`: as [`linear_base`] with `smmla` (2 rows × 2 columns) for
-/// `Q8_0`/`Q4_0`. Panics if the CPU lacks `FEAT_I8MM` (it is only put in a table when detected).
-fn linear_i8mm(
-    x: &[f32],
-    w: WeightRef<'_>,
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-    m: usize,
-    k: usize,
-    n: usize,
-    scratch: &mut [u8],
-) {
-    linear(IntPath::I8mm, x, w, bias, out, m, k, n, scratch);
-}
+/// [`linear_on`]'s `PATH` values.
+const BASE: u8 = 0;
+const DOTPROD: u8 = 1;
+const I8MM: u8 = 2;
 
 /// Checks the shapes exactly as [`edge_kernels::linear`] does, then dispatches on the weight
 /// type.

@@ -95,7 +95,7 @@ pub(super) fn widen4(bits: [u16; 4]) -> [f32; 4] {
 /// Exact `Σ a[i]·b[i]` over two 16-lane halves: ARMv8.0 widening multiplies.
 #[inline]
 #[target_feature(enable = "neon")]
-fn block_dot_base(w0: int8x16_t, w1: int8x16_t, a0: int8x16_t, a1: int8x16_t) -> i32 {
+pub(super) fn block_dot_base(w0: int8x16_t, w1: int8x16_t, a0: int8x16_t, a1: int8x16_t) -> i32 {
     let mut acc = vdupq_n_s32(0);
     acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(w0), vget_low_s8(a0)));
     acc = vpadalq_s16(acc, vmull_high_s8(w0, a0));
@@ -131,7 +131,12 @@ pub(super) unsafe fn sdot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int
 /// The CPU implements `FEAT_DotProd`.
 #[inline]
 #[target_feature(enable = "neon,dotprod")]
-unsafe fn block_dot_sdot(w0: int8x16_t, w1: int8x16_t, a0: int8x16_t, a1: int8x16_t) -> i32 {
+pub(super) unsafe fn block_dot_sdot(
+    w0: int8x16_t,
+    w1: int8x16_t,
+    a0: int8x16_t,
+    a1: int8x16_t,
+) -> i32 {
     // SAFETY: dotprod is available (caller).
     let acc = unsafe { sdot(sdot(vdupq_n_s32(0), w0, a0), w1, a1) };
     vaddvq_s32(acc)
