@@ -23,30 +23,10 @@ pub fn host_isa() -> Isa {
 }
 
 /// Whether this CPU has `feature` (names as `is_aarch64_feature_detected!` /
-/// `is_x86_feature_detected!` spell them); `None` for a name this runtime does not know.
+/// `is_x86_feature_detected!` spell them); `None` for a name this runtime does not know. Reads
+/// the process's one detection, [`edge_kernels::cpu::features`], which also picks the kernels.
 fn has_feature(feature: &str) -> Option<bool> {
-    #[cfg(target_arch = "aarch64")]
-    {
-        return match feature {
-            "neon" => Some(std::arch::is_aarch64_feature_detected!("neon")),
-            "dotprod" => Some(std::arch::is_aarch64_feature_detected!("dotprod")),
-            "i8mm" => Some(std::arch::is_aarch64_feature_detected!("i8mm")),
-            "fp16" => Some(std::arch::is_aarch64_feature_detected!("fp16")),
-            _ => None,
-        };
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        return match feature {
-            "avx2" => Some(std::arch::is_x86_feature_detected!("avx2")),
-            "fma" => Some(std::arch::is_x86_feature_detected!("fma")),
-            "f16c" => Some(std::arch::is_x86_feature_detected!("f16c")),
-            "avx512f" => Some(std::arch::is_x86_feature_detected!("avx512f")),
-            _ => None,
-        };
-    }
-    #[allow(unreachable_code)]
-    None
+    edge_kernels::cpu::features().has(feature)
 }
 
 /// Refuses a plan whose packs need CPU features this CPU lacks (on the plan's own ISA).

@@ -2,13 +2,14 @@
 
 use rayon::prelude::*;
 
-use crate::gemm::dot;
+use crate::expf::exp_f32;
+use crate::gemm::{F32Tile, GENERIC_TILE, MAX_TILE};
 
 /// Largest supported `head_dim` (the stack accumulator size). The VAE mid-block attention is
 /// single-head with `head_dim = channels` (512 in the SD VAE used by PixArt).
 pub const MAX_HEAD_DIM: usize = 512;
 /// Keys per tile of the online softmax.
-const KEY_TILE: usize = 64;
+pub const KEY_TILE: usize = 64;
 /// Query rows per task (they share each key/value tile while it is in cache).
 const QUERY_TILE: usize = 4;
 
@@ -55,7 +56,9 @@ pub struct AttentionParams {
 ///
 /// Keys are visited in tiles of 64 with an online softmax (running maximum and sum, rescaled
 /// when the maximum grows; Milakov & Gimelshein 2018, FlashAttention): the `[lq, lk]` score
-/// matrix is never stored and nothing is allocated. The order of every sum is fixed by the
+/// matrix is never stored and nothing is allocated. `q·k` is the crate's fixed-order dot
+/// product ([`F32Tile`]) and `exp` is [`crate::expf::exp_f32`], so SIMD twins can match it bit
+/// for bit. The order of every sum is fixed by the
 /// tile size, so the result is identical for any thread count. Parallel over blocks of 4 query
 /// rows (all heads of a row are in the same task because `out` rows interleave heads).
 pub fn attention(
@@ -66,6 +69,71 @@ pub fn attention(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
+    attention_with(&GENERIC_ATTENTION, p, q_src, kv_src, key_mask, bias, out)
+}
+
+/// The per-ISA pieces of the attention driver; the online softmax, its tiling and the order
+/// of every scalar step stay in [`attention_with`]. Each piece must give exactly the bits of
+/// the generic one (the SIMD twins are tested for it).
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionOps {
+    /// Name for logs.
+    pub name: &'static str,
+    /// `q·k` of one query row against `cols` keys, in the [`F32Tile`] order (called with a
+    /// single row of `x`).
+    pub scores: F32Tile,
+    /// `s[j] = exp_f32(s[j])` in place ([`crate::expf::exp_f32`]).
+    pub exp: fn(&mut [f32]),
+    /// `acc[d] = acc[d] + w · v[d]` (unfused) for every `d`; equal lengths.
+    pub axpy: fn(&mut [f32], f32, &[f32]),
+    /// `acc[d] = acc[d] · c` for every `d`.
+    pub scale: fn(&mut [f32], f32),
+}
+
+/// The portable pieces.
+pub const GENERIC_ATTENTION: AttentionOps = AttentionOps {
+    name: "generic_attention_f32",
+    scores: GENERIC_TILE,
+    exp: exp_slice,
+    axpy,
+    scale: scale_slice,
+};
+
+fn exp_slice(s: &mut [f32]) {
+    for v in s {
+        *v = exp_f32(*v);
+    }
+}
+
+fn axpy(acc: &mut [f32], w: f32, v: &[f32]) {
+    for (x, &vv) in acc.iter_mut().zip(v) {
+        *x += w * vv;
+    }
+}
+
+fn scale_slice(acc: &mut [f32], c: f32) {
+    for x in acc {
+        *x *= c;
+    }
+}
+
+/// [`attention`] with the per-ISA pieces `ops`: same shapes, checks and bits for any `ops` that
+/// honours the [`AttentionOps`] contract.
+pub fn attention_with(
+    ops: &AttentionOps,
+    p: &AttentionParams,
+    q_src: &[f32],
+    kv_src: &[f32],
+    key_mask: Option<&[f32]>,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    assert!(
+        (1..=MAX_TILE).contains(&ops.scores.cols),
+        "attention: score tile {} has {} columns, outside 1..={MAX_TILE}",
+        ops.scores.name,
+        ops.scores.cols
+    );
     crate::contract::attention(p, q_src, kv_src, key_mask, bias, out);
     let width = p.heads * p.head_dim;
     if p.lq == 0 || width == 0 {
@@ -76,13 +144,14 @@ pub fn attention(
         .for_each(|(t, rows)| {
             let i0 = t * QUERY_TILE;
             for h in 0..p.heads {
-                attend_rows(p, q_src, kv_src, key_mask, bias, h, i0, rows);
+                attend_rows(ops, p, q_src, kv_src, key_mask, bias, h, i0, rows);
             }
         });
 }
 
 /// Computes head `h` of the query rows `i0 .. i0 + rows.len() / width` into `rows`.
 fn attend_rows(
+    ops: &AttentionOps,
     p: &AttentionParams,
     q_src: &[f32],
     kv_src: &[f32],
@@ -103,39 +172,45 @@ fn attend_rows(
     let k_at = |j: usize| &kv_src[j * p.kv_stride + p.k_offset + h * hd..][..hd];
     let v_at = |j: usize| &kv_src[j * p.kv_stride + p.v_offset + h * hd..][..hd];
 
+    let tc = ops.scores.cols;
+    let mut dots = [0.0f32; MAX_TILE];
     for j0 in (0..p.lk).step_by(KEY_TILE) {
         let nk = KEY_TILE.min(p.lk - j0);
         for r in 0..nq {
             let i = i0 + r;
-            let q = q_at(i);
+            let q = [q_at(i)];
             let s = &mut scores[..nk];
-            for (jj, sj) in s.iter_mut().enumerate() {
-                let j = j0 + jj;
-                let mut v = p.scale * dot(q, k_at(j));
-                if let Some(b) = bias {
-                    v += b[(h * p.lq + i) * p.lk + j];
+            for c0 in (0..nk).step_by(tc) {
+                let ks: [&[f32]; MAX_TILE] =
+                    std::array::from_fn(|c| k_at(j0 + (c0 + c).min(nk - 1)));
+                (ops.scores.run)(&q, &ks[..tc], hd, &mut dots[..tc]);
+                for (c, sj) in s[c0..nk.min(c0 + tc)].iter_mut().enumerate() {
+                    let j = j0 + c0 + c;
+                    let mut v = p.scale * dots[c];
+                    if let Some(b) = bias {
+                        v += b[(h * p.lq + i) * p.lk + j];
+                    }
+                    if let Some(m) = key_mask {
+                        v += (1.0 - m[j]) * p.masked_value;
+                    }
+                    *sj = v;
                 }
-                if let Some(m) = key_mask {
-                    v += (1.0 - m[j]) * p.masked_value;
-                }
-                *sj = v;
             }
             let tile_max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let new_max = run_max[r].max(tile_max);
-            let correction = (run_max[r] - new_max).exp();
+            let correction = exp_f32(run_max[r] - new_max);
             let a = &mut acc[r][..hd];
             if correction != 1.0 {
-                for x in a.iter_mut() {
-                    *x *= correction;
-                }
+                (ops.scale)(a, correction);
             }
             let mut sum = run_sum[r] * correction;
-            for (jj, sj) in s.iter().enumerate() {
-                let w = (sj - new_max).exp();
+            for sj in s.iter_mut() {
+                *sj -= new_max;
+            }
+            (ops.exp)(s);
+            for (jj, &w) in s.iter().enumerate() {
                 sum += w;
-                for (x, &vv) in a.iter_mut().zip(v_at(j0 + jj)) {
-                    *x += w * vv;
-                }
+                (ops.axpy)(a, w, v_at(j0 + jj));
             }
             run_sum[r] = sum;
             run_max[r] = new_max;

@@ -4,7 +4,7 @@ use edge_schema::DType;
 use rayon::prelude::*;
 
 use crate::contract;
-use crate::gemm::{gemm_nt, Bias};
+use crate::gemm::{gemm_nt, Bias, F32Tile, GENERIC_TILE};
 use crate::weights::{convert_row, f32_view, f32_view_mut, WeightRef};
 
 /// Geometry of one 2-D convolution (torch `nn.Conv2d`, groups = 1, dilation = 1) with
@@ -108,6 +108,20 @@ pub fn conv2d(
     out: &mut [f32],
     scratch: &mut [u8],
 ) {
+    conv2d_with(&GENERIC_TILE, p, x, w, bias, out, scratch)
+}
+
+/// [`conv2d`] with the f32 register tile `tile` of the shared blocked GEMM driver (the SIMD
+/// crates pass their own [`F32Tile`]): same shapes, scratch, checks and bits as [`conv2d`].
+pub fn conv2d_with(
+    tile: &F32Tile,
+    p: &Conv2dParams,
+    x: &[f32],
+    w: WeightRef<'_>,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    scratch: &mut [u8],
+) {
     let wrow = contract::conv2d(p, x, w, bias, out, scratch.len());
     let (oh, ow) = p.out_hw();
     let kk = p.patch_len();
@@ -139,12 +153,12 @@ pub fn conv2d(
     let b = bias.map_or(Bias::None, Bias::PerRow);
     for p0 in (0..npix).step_by(pt) {
         let np = pt.min(npix - p0);
-        let tile = &mut col[..np * kk];
-        tile.par_chunks_mut(kk).enumerate().for_each(|(r, patch)| {
+        let cols = &mut col[..np * kk];
+        cols.par_chunks_mut(kk).enumerate().for_each(|(r, patch)| {
             let pix = p0 + r;
             im2col_patch(p, x, pix / ow, pix % ow, patch);
         });
-        gemm_nt(wf, p.cout, kk, tile, np, p0, npix, b, out);
+        gemm_nt(tile, wf, p.cout, kk, cols, np, p0, npix, b, out);
     }
 }
 

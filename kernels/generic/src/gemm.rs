@@ -66,13 +66,6 @@ fn dot_tile<const R: usize, const C: usize>(
     out
 }
 
-/// The dot product of `a` and `b` (equal lengths) in the crate's fixed order.
-#[inline]
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    dot_tile::<1, 1>(&[a], &[b], a.len())[0][0]
-}
-
 /// Runs the `xs.len() × ws.len()` tile (each 1..=4) and stores it in `out[..r][..c]`.
 fn tile_dyn(xs: &[&[f32]], ws: &[&[f32]], k: usize, out: &mut [[f32; TILE]; TILE]) {
     macro_rules! arm {
@@ -103,6 +96,51 @@ fn tile_dyn(xs: &[&[f32]], ws: &[&[f32]], k: usize, out: &mut [[f32; TILE]; TILE
         (1, 2) => arm!(1, 2),
         (1, 1) => arm!(1, 1),
         (r, c) => unreachable!("tile {r}x{c} outside 1..=4"),
+    }
+}
+
+/// Largest register tile side a [`F32Tile`] may declare.
+pub const MAX_TILE: usize = 8;
+
+/// [`F32Tile::run`]'s signature: `(xs, ws, k, out)`.
+pub type TileFn = fn(xs: &[&[f32]], ws: &[&[f32]], k: usize, out: &mut [f32]);
+
+/// A register-tile microkernel of the blocked f32 GEMM driver behind `linear` (`F32`, `F16`,
+/// `BF16` weights) and `conv2d`: the only per-ISA part of those kernels.
+///
+/// `run(xs, ws, k, out)` gets `rows` rows of `x` (or a single row, for matrix-vector shapes) and
+/// `cols` rows of `w`, slices of exactly `k` f32 each (at a ragged edge the driver repeats the
+/// last valid row, so a tile is otherwise full), and writes
+/// `out[r · ws.len() + c] = dot(xs[r], ws[c])` for every `r < xs.len()`, `c < ws.len()`, where `dot` is the crate's fixed order: eight unfused lane sums
+/// `acc[l] += x[8i + l] · w[8i + l]` over the whole 8-element chunks in increasing `i`, the
+/// lanes reduced as `((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))`, then the `k mod 8` tail
+/// added one product at a time in increasing index. Every implementation must give exactly these
+/// bits (the SIMD twins are tested for it), so the tile shape never changes a result.
+#[derive(Clone, Copy, Debug)]
+pub struct F32Tile {
+    /// Name for logs, `{isa}_{dtype}_{rows}x{cols}`.
+    pub name: &'static str,
+    /// Rows of `x` per tile, `1..=MAX_TILE`.
+    pub rows: usize,
+    /// Rows of `w` (output columns) per tile, `1..=MAX_TILE`.
+    pub cols: usize,
+    /// The microkernel.
+    pub run: TileFn,
+}
+
+/// The portable tile: 4 rows of `x` × 2 rows of `w`, eight lanes in plain Rust.
+pub const GENERIC_TILE: F32Tile = F32Tile {
+    name: "generic_f32_4x2",
+    rows: TILE_R,
+    cols: TILE_C,
+    run: generic_tile,
+};
+
+fn generic_tile(xs: &[&[f32]], ws: &[&[f32]], k: usize, out: &mut [f32]) {
+    let mut t = [[0.0f32; TILE]; TILE];
+    tile_dyn(xs, ws, k, &mut t);
+    for r in 0..xs.len() {
+        out[r * ws.len()..(r + 1) * ws.len()].copy_from_slice(&t[r][..ws.len()]);
     }
 }
 
@@ -143,12 +181,13 @@ fn row_block(m: usize) -> usize {
 /// Columns per task in the column-parallel path used when `m` is small.
 const COL_BLOCK: usize = 32;
 
-/// `out[i, j0 + jj] = dot(x[i, ..], w[jj, ..]) + bias` for `i < m`, `jj < nb`.
+/// `out[i, j0 + jj] = dot(x[i, ..], w[jj, ..]) + bias` for `i < m`, `jj < nb`, with `tile`.
 ///
 /// `x` is `[m, k]`, `w` is `[nb, k]` (rows of a torch `Linear.weight`), `out` is `[m, n]` and
 /// only columns `j0..j0 + nb` are written. Parallel over row blocks of `out`, or over column
-/// blocks of each row when `m < 8`.
+/// blocks of each row when `m < 8`; the split depends on the shapes only.
 pub(crate) fn gemm_nt(
+    tile: &F32Tile,
     x: &[f32],
     m: usize,
     k: usize,
@@ -161,57 +200,59 @@ pub(crate) fn gemm_nt(
 ) {
     debug_assert!(x.len() >= m * k && w.len() >= nb * k && out.len() >= m * n);
     debug_assert!(j0 + nb <= n);
+    let (tr, tc) = (tile.rows, tile.cols);
+    assert!(
+        (1..=MAX_TILE).contains(&tr) && (1..=MAX_TILE).contains(&tc),
+        "gemm: tile {} is {tr}x{tc}, outside 1..={MAX_TILE}",
+        tile.name
+    );
     if m == 0 || nb == 0 {
         return;
     }
     let out = &mut out[..m * n];
+    let wrow = |jj: usize| &w[jj.min(nb - 1) * k..][..k];
     if m < 8 {
+        let col_block = COL_BLOCK.next_multiple_of(tc);
         out.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
             let xs = [&x[i * k..(i + 1) * k]];
             row[j0..j0 + nb]
-                .par_chunks_mut(COL_BLOCK)
+                .par_chunks_mut(col_block)
                 .enumerate()
                 .for_each(|(cb, cols)| {
-                    let mut t = [[0.0f32; TILE]; TILE];
-                    for (jt, chunk) in cols.chunks_mut(TILE_C).enumerate() {
-                        let jj0 = cb * COL_BLOCK + jt * TILE_C;
-                        let ws: [&[f32]; TILE_C] = std::array::from_fn(|c| {
-                            let j = (jj0 + c).min(nb - 1);
-                            &w[j * k..(j + 1) * k]
-                        });
-                        tile_dyn(&xs, &ws[..chunk.len()], k, &mut t);
+                    let mut t = [0.0f32; MAX_TILE * MAX_TILE];
+                    for (jt, chunk) in cols.chunks_mut(tc).enumerate() {
+                        let jj0 = cb * col_block + jt * tc;
+                        let ws: [&[f32]; MAX_TILE] = std::array::from_fn(|c| wrow(jj0 + c));
+                        (tile.run)(&xs, &ws[..tc], k, &mut t[..tc]);
                         for (c, o) in chunk.iter_mut().enumerate() {
-                            *o = bias.apply(t[0][c], i, jj0 + c);
+                            *o = bias.apply(t[c], i, jj0 + c);
                         }
                     }
                 });
         });
         return;
     }
-    let rb = row_block(m);
+    let rb = row_block(m).next_multiple_of(tr);
     out.par_chunks_mut(rb * n)
         .enumerate()
         .for_each(|(b, rows_out)| {
             let i0 = b * rb;
             let rows = rows_out.len() / n;
-            let mut t = [[0.0f32; TILE]; TILE];
-            for jj0 in (0..nb).step_by(TILE_C) {
-                let nc = TILE_C.min(nb - jj0);
-                let ws: [&[f32]; TILE_C] = std::array::from_fn(|c| {
-                    let j = (jj0 + c).min(nb - 1);
-                    &w[j * k..(j + 1) * k]
-                });
-                for r0 in (0..rows).step_by(TILE_R) {
-                    let nr = TILE_R.min(rows - r0);
-                    let xs: [&[f32]; TILE_R] = std::array::from_fn(|r| {
+            let mut t = [0.0f32; MAX_TILE * MAX_TILE];
+            for jj0 in (0..nb).step_by(tc) {
+                let nc = tc.min(nb - jj0);
+                let ws: [&[f32]; MAX_TILE] = std::array::from_fn(|c| wrow(jj0 + c));
+                for r0 in (0..rows).step_by(tr) {
+                    let nr = tr.min(rows - r0);
+                    let xs: [&[f32]; MAX_TILE] = std::array::from_fn(|r| {
                         let i = i0 + (r0 + r).min(rows - 1);
                         &x[i * k..(i + 1) * k]
                     });
-                    tile_dyn(&xs[..nr], &ws[..nc], k, &mut t);
+                    (tile.run)(&xs[..tr], &ws[..tc], k, &mut t[..tr * tc]);
                     for r in 0..nr {
                         let row = &mut rows_out[(r0 + r) * n + j0 + jj0..][..nc];
                         for (c, o) in row.iter_mut().enumerate() {
-                            *o = bias.apply(t[r][c], i0 + r0 + r, jj0 + c);
+                            *o = bias.apply(t[r * tc + c], i0 + r0 + r, jj0 + c);
                         }
                     }
                 }

@@ -19,8 +19,10 @@
 mod attention;
 pub mod contract;
 mod conv;
+pub mod cpu;
 mod elementwise;
 mod embed;
+pub mod expf;
 mod gemm;
 mod layout;
 mod linear;
@@ -30,12 +32,19 @@ pub mod quant;
 mod table;
 mod weights;
 
-pub use attention::{attention, AttentionParams, MAX_HEAD_DIM};
-pub use conv::{conv2d, conv2d_scratch_bytes, Conv2dParams};
+pub use attention::{
+    attention, attention_with, AttentionOps, AttentionParams, GENERIC_ATTENTION, KEY_TILE,
+    MAX_HEAD_DIM,
+};
+pub use conv::{conv2d, conv2d_scratch_bytes, conv2d_with, Conv2dParams};
 pub use elementwise::{add, gated_residual, gelu_tanh, modulate, mul, scale, silu};
 pub use embed::{embedding, t5_position_bias, t5_relative_position_bucket, timestep_embedding};
+pub use gemm::{F32Tile, TileFn, GENERIC_TILE, MAX_TILE};
 pub use layout::{concat_axis, permute, slice_axis, upsample_nearest2x, MAX_RANK};
-pub use linear::{linear, linear_scratch_bytes};
+pub use linear::{
+    linear, linear_plain, linear_scratch_bytes, quant_panel_bytes, QUANT_PANEL_BLOCK_BYTES,
+    QUANT_PANEL_COLS,
+};
 pub use norm::{group_norm, layer_norm, rms_norm};
 pub use table::{
     generic, AttentionFn, BinaryFn, Conv2dFn, Conv2dScratchFn, GatedResidualFn, GroupNormFn,

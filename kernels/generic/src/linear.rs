@@ -5,24 +5,48 @@ use rayon::prelude::*;
 
 use edge_schema::plan::PackLayout;
 
-use crate::gemm::{gemm_nt, Bias};
+use crate::gemm::{gemm_nt, Bias, F32Tile, GENERIC_TILE};
 use crate::weights::{convert_row, f32_view, f32_view_mut, WeightRef};
 use crate::{contract, pack, quant};
 
 /// Weight rows converted to f32 at a time for `F16`/`BF16` weights.
 const PANEL: usize = 64;
 
+/// Weight columns (rows of `w`) that a blocked quantized `linear` kernel repacks at a time for
+/// the 32-element block types (`Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`): the scratch of
+/// [`linear_scratch_bytes`] holds one such panel after the quantized activations.
+pub const QUANT_PANEL_COLS: usize = 64;
+
+/// Bytes per weight column and 32-element block of a repacked quantized panel: 32 bytes of
+/// signed 8-bit values, the f32 block scale, an i32 correction term and the f32 block minimum.
+pub const QUANT_PANEL_BLOCK_BYTES: usize = 44;
+
 /// Scratch bytes [`linear`] needs for weights of type `w_dtype`, `m` activation rows and `k`
 /// input features: 0 for `F32`; `64·k·4` for `F16`/`BF16` (a panel of 64 weight rows converted
 /// to f32); `m · quant::activation_row_bytes(w_dtype, k)` for quantized types (each activation
-/// row quantized once, ggml's `vec_dot_type`).
+/// row quantized once, ggml's `vec_dot_type`), plus, for the 32-element block types,
+/// [`quant_panel_bytes`]`(k)` for the repacked weight panel that the SIMD twins use (the
+/// generic kernel leaves it unused; the planner sizes every plan for the fastest twin).
 pub fn linear_scratch_bytes(w_dtype: DType, m: usize, k: usize) -> usize {
     match w_dtype {
         DType::F32 => 0,
         DType::F16 | DType::BF16 => PANEL * k * 4,
-        d if d.is_quantized() => m * quant::activation_row_bytes(d, k),
+        d if d.is_quantized() => {
+            let panel = if d.block_size() == 32 {
+                quant_panel_bytes(k)
+            } else {
+                0
+            };
+            (m * quant::activation_row_bytes(d, k)).next_multiple_of(64) + panel
+        }
         other => panic!("linear_scratch_bytes: weights of type {other:?} are not supported"),
     }
+}
+
+/// Bytes of one repacked panel of [`QUANT_PANEL_COLS`] weight columns of `k` elements
+/// (`k / 32` blocks of [`QUANT_PANEL_BLOCK_BYTES`] per column).
+pub fn quant_panel_bytes(k: usize) -> usize {
+    QUANT_PANEL_COLS * (k / 32) * QUANT_PANEL_BLOCK_BYTES
 }
 
 /// `generic_linear_f32`: `out[i, j] = Σ_c x[i, c] · w[j, c] + bias[j]` (torch `nn.Linear`).
@@ -54,19 +78,67 @@ pub fn linear(
         return;
     }
     match w.dtype {
-        DType::F32 => {
-            let wf = f32_view(w.bytes, "linear weight (F32)");
-            let b = bias.map_or(Bias::None, Bias::PerCol);
-            gemm_nt(x, m, k, wf, n, 0, n, b, out);
+        DType::F32 | DType::F16 | DType::BF16 => {
+            plain(&GENERIC_TILE, x, w, wrow, bias, out, m, k, n, scratch)
         }
-        DType::F16 | DType::BF16 => linear_panels(x, w, wrow, bias, out, m, k, n, scratch),
         d if d.is_quantized() => linear_quant(x, w, wrow, bias, out, m, k, n, scratch),
         other => panic!("linear: weights of type {other:?} are not supported"),
     }
 }
 
+/// [`linear`] for `F32`, `F16` and `BF16` weights with the f32 register tile `tile` (the
+/// blocked GEMM driver that every ISA shares; the SIMD crates pass their own [`F32Tile`]).
+/// Same shapes, scratch, checks and bits as [`linear`] for any tile that honours the
+/// [`F32Tile`] contract.
+///
+/// Panics as [`linear`] does, and for a quantized weight type.
+pub fn linear_plain(
+    tile: &F32Tile,
+    x: &[f32],
+    w: WeightRef<'_>,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    scratch: &mut [u8],
+) {
+    let wrow = contract::linear(x, w, bias, out, m, k, n, scratch.len());
+    assert!(
+        matches!(w.dtype, DType::F32 | DType::F16 | DType::BF16),
+        "linear_plain: {:?} weights are not F32, F16 or BF16",
+        w.dtype
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    plain(tile, x, w, wrow, bias, out, m, k, n, scratch);
+}
+
+fn plain(
+    tile: &F32Tile,
+    x: &[f32],
+    w: WeightRef<'_>,
+    wrow: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    scratch: &mut [u8],
+) {
+    if w.dtype == DType::F32 {
+        let wf = f32_view(w.bytes, "linear weight (F32)");
+        let b = bias.map_or(Bias::None, Bias::PerCol);
+        gemm_nt(tile, x, m, k, wf, n, 0, n, b, out);
+    } else {
+        linear_panels(tile, x, w, wrow, bias, out, m, k, n, scratch);
+    }
+}
+
 /// F16/BF16: converts `PANEL` weight rows at a time to f32 in `scratch`, then runs the f32 tile.
 fn linear_panels(
+    tile: &F32Tile,
     x: &[f32],
     w: WeightRef<'_>,
     wrow: usize,
@@ -88,7 +160,7 @@ fn linear_panels(
             });
         }
         let b = bias.map_or(Bias::None, |b| Bias::PerCol(&b[j0..j0 + nb]));
-        gemm_nt(x, m, k, wp, nb, j0, n, b, out);
+        gemm_nt(tile, x, m, k, wp, nb, j0, n, b, out);
     }
 }
 

@@ -138,6 +138,63 @@ pub fn quantize_activation_row(w: DType, x: &[f32], out: &mut [u8]) {
     }
 }
 
+/// One weight block of a 32-element block type as the integer values its `vec_dot` multiplies:
+/// `(w, d, m)` with `w[j]` the signed value that ggml's generic dot product multiplies by
+/// activation element `j` (`Q8_0`: `qs[j]`; `Q4_0`: nibble − 8; `Q5_0`: 5-bit value − 16;
+/// `Q4_1`/`Q5_1`: the unsigned value), `d` the block scale and `m` the block minimum (`Q4_1`,
+/// `Q5_1`; 0 otherwise), both widened exactly from f16. `bytes` holds exactly one block.
+///
+/// Panics for any other type or a wrong length.
+pub fn block32_values(w: DType, bytes: &[u8]) -> ([i8; 32], f32, f32) {
+    assert_eq!(
+        Some(bytes.len() as u64),
+        w.bytes_for(32),
+        "block32_values: {} bytes is not one {w} block of 32",
+        bytes.len()
+    );
+    let h = |i: usize| fp16_to_fp32(u16::from_le_bytes([bytes[i], bytes[i + 1]]));
+    let mut v = [0i8; 32];
+    let nib = |v: &mut [i8; 32], qs: &[u8], off: i8| {
+        for j in 0..16 {
+            v[j] = (qs[j] & 0x0F) as i8 - off;
+            v[j + 16] = (qs[j] >> 4) as i8 - off;
+        }
+    };
+    let five = |v: &mut [i8; 32], qh: &[u8], qs: &[u8], off: i32| {
+        let mut q = [0u8; 16];
+        q.copy_from_slice(qs);
+        let vals = q5_values(&q, [qh[0], qh[1], qh[2], qh[3]]);
+        for j in 0..32 {
+            v[j] = (vals[j] - off) as i8;
+        }
+    };
+    match w {
+        DType::Q8_0 => {
+            for j in 0..32 {
+                v[j] = bytes[2 + j] as i8;
+            }
+            (v, h(0), 0.0)
+        }
+        DType::Q4_0 => {
+            nib(&mut v, &bytes[2..18], 8);
+            (v, h(0), 0.0)
+        }
+        DType::Q4_1 => {
+            nib(&mut v, &bytes[4..20], 0);
+            (v, h(0), h(2))
+        }
+        DType::Q5_0 => {
+            five(&mut v, &bytes[2..6], &bytes[6..22], 16);
+            (v, h(0), 0.0)
+        }
+        DType::Q5_1 => {
+            five(&mut v, &bytes[4..8], &bytes[8..24], 0);
+            (v, h(0), h(2))
+        }
+        other => panic!("block32_values: {other:?} is not a 32-element ggml block type"),
+    }
+}
+
 /// The dot product of one weight row (`k` elements of type `w`, `w_row` holding exactly
 /// `w.bytes_for(k)` bytes) with one activation row prepared by [`quantize_activation_row`]
 /// (`act_row`, exactly [`activation_row_bytes`]`(w, k)` bytes). Any alignment.

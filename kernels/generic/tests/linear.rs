@@ -235,9 +235,15 @@ fn quantized_identical_for_any_thread_count() {
 fn scratch_sizes() {
     assert_eq!(linear_scratch_bytes(DType::F32, 100, 64), 0);
     assert_eq!(linear_scratch_bytes(DType::F16, 100, 64), 64 * 64 * 4);
+    // Quantized activations (rounded up to 64 bytes), then one repacked panel of 64 weight
+    // columns for the 32-element block types (used by the SIMD twins).
     assert_eq!(
         linear_scratch_bytes(DType::Q8_0, 3, 64),
-        3 * quant::activation_row_bytes(DType::Q8_0, 64)
+        (3 * quant::activation_row_bytes(DType::Q8_0, 64)).next_multiple_of(64) + 64 * 2 * 44
+    );
+    assert_eq!(
+        linear_scratch_bytes(DType::Q4K, 3, 256),
+        (3 * quant::activation_row_bytes(DType::Q4K, 256)).next_multiple_of(64)
     );
 }
 

@@ -143,19 +143,11 @@ pub fn linear_layout_variant_name(
     }
 }
 
-/// CPU features that select a kernel variant, as detected at run time (all `false` off
-/// aarch64).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Features {
-    /// `FEAT_DotProd`: `sdot`/`udot` (`vdotq_s32`).
-    pub dotprod: bool,
-    /// `FEAT_I8MM`: `smmla`.
-    pub i8mm: bool,
-    /// `FEAT_FP16`: half-precision arithmetic (reported only; no kernel uses it yet).
-    pub fp16: bool,
-}
+/// CPU features that select a kernel variant: the process's one detection
+/// ([`edge_kernels::cpu::Features`]; the aarch64 fields are `false` elsewhere).
+pub use edge_kernels::cpu::Features;
 
-/// The features [`best`] bases its choice on, detected once per process.
+/// The features [`best`] bases its choice on ([`edge_kernels::cpu::features`]).
 pub fn features() -> Features {
     #[cfg(target_arch = "aarch64")]
     {
@@ -163,6 +155,6 @@ pub fn features() -> Features {
     }
     #[cfg(not(target_arch = "aarch64"))]
     {
-        Features::default()
+        edge_kernels::cpu::features()
     }
 }

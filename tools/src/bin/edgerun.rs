@@ -259,9 +259,8 @@ fn generate(a: GenArgs) -> Result<()> {
             );
         }
     }
-    let kernels = edge_kernels_neon::best();
+    let (table_label, kernels) = edge_kernels_cpu::best_labelled();
     if a.verbose {
-        let f = edge_kernels_neon::features();
         let names: Vec<String> = kernels
             .names()
             .iter()
@@ -269,10 +268,8 @@ fn generate(a: GenArgs) -> Result<()> {
             .map(|(slot, name)| format!("{slot}={name}"))
             .collect();
         eprintln!(
-            "kernels (cpu dotprod={} i8mm={} fp16={}): {}",
-            f.dotprod,
-            f.i8mm,
-            f.fp16,
+            "kernels {table_label} (cpu: {}): {}",
+            edge_kernels_cpu::features().summary(),
             names.join(" ")
         );
         let mut packs: Vec<(DType, PackLayout)> = Vec::new();
@@ -284,7 +281,7 @@ fn generate(a: GenArgs) -> Result<()> {
         let per_pack: Vec<String> = packs
             .iter()
             .map(|&(d, l)| {
-                let name = edge_kernels_neon::linear_layout_variant_name(&kernels, d, l);
+                let name = edge_kernels_cpu::linear_variant_name(&kernels, d, l);
                 format!(
                     "{}{} -> {name}",
                     d.name(),

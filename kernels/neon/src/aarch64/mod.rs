@@ -10,8 +10,6 @@ mod norm;
 mod quant;
 mod upsample;
 
-use std::sync::OnceLock;
-
 use edge_kernels::{generic, Kernel, KernelTable, WeightRef};
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
@@ -26,14 +24,9 @@ const LINEAR_DOTPROD: &str = "neon_linear_any_dotprod";
 /// Slot name of the `linear` kernel with `smmla` integer matrix products.
 const LINEAR_I8MM: &str = "neon_linear_any_i8mm";
 
-/// Detected once per process with `is_aarch64_feature_detected!`.
+/// The process's one detection ([`edge_kernels::cpu::features`]).
 pub(crate) fn features() -> Features {
-    static FEATURES: OnceLock<Features> = OnceLock::new();
-    *FEATURES.get_or_init(|| Features {
-        dotprod: std::arch::is_aarch64_feature_detected!("dotprod"),
-        i8mm: std::arch::is_aarch64_feature_detected!("i8mm"),
-        fp16: std::arch::is_aarch64_feature_detected!("fp16"),
-    })
+    edge_kernels::cpu::features()
 }
 
 /// `generic()` with the ARMv8.0 NEON slots.

@@ -1,0 +1,176 @@
+//! Throughput of the `linear` and `conv2d` slots of every kernel table this CPU can run
+//! (`edge_kernels_cpu::variants`: generic first), measured in the same run.
+//!
+//! `cargo run --release -p edge-kernels-cpu --example kbench [threads]` prints, per model-sized
+//! shape and table, the best time of repeated calls, GFLOP/s (2·m·k·n for linear,
+//! 2·cout·oh·ow·cin·kh·kw for conv2d) and the speed-up over the generic table.
+
+use std::time::Instant;
+
+use edge_kernels::{
+    conv2d_scratch_bytes, linear_scratch_bytes, quant, Conv2dParams, KernelTable, WeightRef,
+};
+use edge_schema::DType;
+
+/// 4-byte-aligned byte buffer.
+struct Buf(Vec<u32>, usize);
+
+impl Buf {
+    fn new(len: usize) -> Self {
+        Buf(vec![0; len.div_ceil(4)], len)
+    }
+    fn bytes(&self) -> &[u8] {
+        &zerocopy::IntoBytes::as_bytes(self.0.as_slice())[..self.1]
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        let n = self.1;
+        &mut zerocopy::IntoBytes::as_mut_bytes(self.0.as_mut_slice())[..n]
+    }
+}
+
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2_654_435_761).max(1);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s as f32 / u32::MAX as f32) - 0.5
+        })
+        .collect()
+}
+
+/// Best of a few runs, in seconds.
+fn time(mut f: impl FnMut()) -> f64 {
+    f();
+    let mut best = f64::INFINITY;
+    let start = Instant::now();
+    while start.elapsed().as_secs_f64() < 0.5 {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    best
+}
+
+fn bench_linear(tables: &[(&str, KernelTable)], dtype: DType, m: usize, k: usize, n: usize) {
+    let x = values(m * k, 1);
+    let w = values(n * k, 2);
+    let row = dtype.bytes_for(k as u64).unwrap_or(0) as usize;
+    let mut wb = Buf::new(n * row);
+    for j in 0..n {
+        quant::quantize_row(
+            dtype,
+            &w[j * k..(j + 1) * k],
+            &mut wb.bytes_mut()[j * row..(j + 1) * row],
+        );
+    }
+    let mut scratch = Buf::new(linear_scratch_bytes(dtype, m, k));
+    let mut out = vec![0.0f32; m * n];
+    let mut base = 0.0;
+    for (label, t) in tables {
+        let s = time(|| {
+            (t.linear.run)(
+                &x,
+                WeightRef::row_major(dtype, wb.bytes()),
+                None,
+                &mut out,
+                m,
+                k,
+                n,
+                scratch.bytes_mut(),
+            )
+        });
+        if base == 0.0 {
+            base = s;
+        }
+        let gflops = 2.0 * (m * k * n) as f64 / s / 1e9;
+        println!(
+            "linear {:>5} m={m:<5} k={k:<5} n={n:<5} {label:<12} {:9.3} ms {gflops:7.1} GFLOP/s  x{:.1}",
+            dtype.name(),
+            s * 1e3,
+            base / s
+        );
+    }
+}
+
+fn bench_conv(tables: &[(&str, KernelTable)], cin: usize, cout: usize, hw: usize, k: usize) {
+    let pad = k / 2;
+    let p = Conv2dParams {
+        cin,
+        h: hw,
+        w: hw,
+        cout,
+        kh: k,
+        kw: k,
+        stride_h: 1,
+        stride_w: 1,
+        pad_top: pad,
+        pad_bottom: pad,
+        pad_left: pad,
+        pad_right: pad,
+    };
+    let (oh, ow) = p.out_hw();
+    let x = values(cin * hw * hw, 3);
+    let w = values(cout * cin * k * k, 4);
+    let mut wb = Buf::new(w.len() * 4);
+    quant::quantize_row(DType::F32, &w, wb.bytes_mut());
+    let mut scratch = Buf::new(conv2d_scratch_bytes(&p, DType::F32));
+    let mut out = vec![0.0f32; cout * oh * ow];
+    let flops = 2.0 * (cout * oh * ow * cin * k * k) as f64;
+    let mut base = 0.0;
+    for (label, t) in tables {
+        let s = time(|| {
+            (t.conv2d.run)(
+                &p,
+                &x,
+                WeightRef::row_major(DType::F32, wb.bytes()),
+                None,
+                &mut out,
+                scratch.bytes_mut(),
+            )
+        });
+        if base == 0.0 {
+            base = s;
+        }
+        println!(
+            "conv2d f32 {cin:>3}->{cout:<3} {hw}x{hw} k{k} {label:<12} {:9.3} ms {:7.1} GFLOP/s  x{:.1}",
+            s * 1e3,
+            flops / s / 1e9,
+            base / s
+        );
+    }
+}
+
+fn main() {
+    if let Some(n) = std::env::args().nth(1).and_then(|a| a.parse().ok()) {
+        edge_kernels::init_threads(n);
+    }
+    println!(
+        "threads: {}; cpu: {}",
+        rayon::current_num_threads(),
+        edge_kernels_cpu::features().summary()
+    );
+    let tables = edge_kernels_cpu::variants();
+    for (m, k, n) in [
+        (16, 192, 768),
+        (300, 64, 64),
+        (256, 1152, 1152),
+        (1024, 1152, 4608),
+    ] {
+        for dtype in [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0] {
+            bench_linear(&tables, dtype, m, k, n);
+        }
+    }
+    for (cin, cout, hw, k) in [
+        (32, 32, 64, 3),
+        (64, 64, 64, 3),
+        (128, 128, 32, 3),
+        (64, 3, 64, 3),
+        (64, 64, 64, 1),
+        (512, 512, 32, 3),
+        (256, 256, 64, 3),
+    ] {
+        bench_conv(&tables, cin, cout, hw, k);
+    }
+}

@@ -1,0 +1,64 @@
+//! x86-64 kernels plugged into the generic kernel table: AVX2 and AVX-512 register tiles for the
+//! shared blocked f32 GEMM driver (`linear` with `F32`/`F16`/`BF16` weights and `conv2d`) and an
+//! AVX-512 VNNI panel kernel for the quantized 32-element block types.
+//!
+//! [`variants`] lists every table this CPU can run, from the features
+//! [`edge_kernels::cpu::features`] detected once per process: `avx2` (AVX2 present),
+//! `avx512` (AVX-512F), `avx512+vnni` (AVX-512F, BW and VNNI); the last one is the fastest.
+//! Slots this crate does not accelerate keep their generic kernels.
+//!
+//! Numerics: **bit-identical to the generic kernels** (tested in `tests/` on ragged sizes for
+//! every variant this CPU has).
+//! - f32 tiles: eight lanes per output element, `vmulps` then `vaddps` (never fused, because the
+//!   generic tile rounds the product), the generic pairwise lane reduction and sequential tail
+//!   ([`edge_kernels::F32Tile`] states the order). The AVX-512 tile holds two output columns
+//!   per zmm (one per 256-bit half), so it keeps the eight-lane order while using 16 lanes.
+//! - Quantized: exact integer block sums with `vpdpbusd` on repacked weight panels and the
+//!   generic per-block f32 scaling order (see `x86_64/qgemm.rs`). K-quants, interleaved packs
+//!   and matrices with fewer than 4 activation rows forward to the generic kernel.
+//!
+//! All `unsafe` code lives in `src/x86_64/`; off x86-64 the crate is `forbid(unsafe_code)` and
+//! [`variants`] is empty.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![cfg_attr(not(target_arch = "x86_64"), forbid(unsafe_code))]
+
+#[cfg(target_arch = "x86_64")]
+mod x86_64;
+
+use edge_kernels::cpu::Features;
+use edge_kernels::KernelTable;
+use edge_schema::plan::PackLayout;
+use edge_schema::DType;
+
+/// Every x86 table `features` allows, slowest first, each with a short label (`"avx2"`,
+/// `"avx512"`, `"avx512+vnni"`). Empty off x86-64 or on a CPU without AVX2.
+pub fn variants(features: &Features) -> Vec<(&'static str, KernelTable)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86_64::variants(features)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = features;
+        Vec::new()
+    }
+}
+
+/// The kernel that the `linear` slot of `table` runs for weights of type `dtype` in `layout`
+/// (`avx512_f32_6x8`, `avx512vnni_linear_q32_panel_4x32`, `generic_linear_f32` for types the
+/// slot forwards), or `None` when `table` is not one of this crate's.
+pub fn linear_variant_name(
+    table: &KernelTable,
+    dtype: DType,
+    layout: PackLayout,
+) -> Option<&'static str> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86_64::linear_variant_name(table, dtype, layout)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (table, dtype, layout);
+        None
+    }
+}

@@ -1,0 +1,293 @@
+//! Quantized `linear` for the 32-element ggml block types on AVX-512 VNNI: weights repacked
+//! panel by panel into the `vpdpbusd` layout, activations quantized once per row, exact integer
+//! block sums, and the generic kernel's f32 scaling order, so every output is bit-identical to
+//! [`edge_kernels::linear`].
+//!
+//! Method (the layout of tinyBLAS / ggml's repacked CPU kernels, not their code):
+//! - Each activation row is quantized with the generic `quantize_activation_row` (`Q8_0` for
+//!   `Q8_0`/`Q4_0`/`Q5_0` weights, `Q8_1` for `Q4_1`/`Q5_1`), then its quants are biased to
+//!   unsigned, `u = q + 128` (one XOR with 0x80), which `vpdpbusd` needs in its first operand.
+//! - Weights are repacked [`QUANT_PANEL_COLS`] columns at a time into scratch: per group of 16
+//!   columns and block, eight k-steps of `16 columns × 4 bytes` of signed values (the values
+//!   ggml's generic dot multiplies, [`quant::block32_values`]), then 16 f32 scales, 16 i32
+//!   corrections `−128 · Σ w` and 16 f32 minimums. One block-group is 704 bytes.
+//! - The integer block sum `Σ u·w − 128·Σ w = Σ q·w` is exact in i32 (|sum| ≤ 32·128·127), as is
+//!   its conversion to f32 (< 2²⁴). The f32 terms are then formed and added per block in the
+//!   generic order: `Q8_0`, `Q5_0`: `sumi · (dw · da)`; `Q4_0`: `(sumi · dw) · da`; `Q4_1`,
+//!   `Q5_1`: `(dw · da) · sumi + mw · sa`; `sumf` starts at 0 and takes the blocks in order, then
+//!   the bias is added. IEEE multiplication is commutative, so lane order does not matter.
+
+use std::arch::x86_64::*;
+
+use edge_kernels::{quant, WeightRef, QUANT_PANEL_BLOCK_BYTES, QUANT_PANEL_COLS};
+use edge_schema::DType;
+use rayon::prelude::*;
+
+/// Columns per zmm group.
+const GROUP: usize = 16;
+/// Bytes of one block of one 16-column group in the panel.
+const GROUP_BLOCK: usize = GROUP * QUANT_PANEL_BLOCK_BYTES;
+/// Offsets inside a group block.
+const SCALE_AT: usize = 512;
+const CORR_AT: usize = 576;
+const MIN_AT: usize = 640;
+/// Activation rows per register tile.
+const R: usize = 4;
+
+/// How the f32 term of a block is formed (the generic `vec_dot` of each type).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scaling {
+    /// `sumi · (dw · da)` (`Q8_0`, `Q5_0`).
+    SumiTimesScales,
+    /// `(sumi · dw) · da` (`Q4_0`).
+    SumiThenScales,
+    /// `(dw · da) · sumi + mw · sa` (`Q4_1`, `Q5_1`).
+    WithMin,
+}
+
+fn scaling(d: DType) -> Option<Scaling> {
+    match d {
+        DType::Q8_0 | DType::Q5_0 => Some(Scaling::SumiTimesScales),
+        DType::Q4_0 => Some(Scaling::SumiThenScales),
+        DType::Q4_1 | DType::Q5_1 => Some(Scaling::WithMin),
+        _ => None,
+    }
+}
+
+/// Whether [`linear`] handles weights of this type in this layout (row-major 32-element block
+/// types); the caller forwards every other case to the generic kernel.
+pub(crate) fn handles(w: &WeightRef<'_>, m: usize, k: usize) -> bool {
+    scaling(w.dtype).is_some()
+        && w.layout == edge_schema::plan::PackLayout::RowMajor
+        && m >= R
+        && k >= 32
+}
+
+/// The `linear` slot for `handles()` cases, after `edge_kernels::contract::linear` passed.
+///
+/// Callers guarantee AVX-512F, AVX-512BW and AVX-512 VNNI (checked when the table was built).
+pub(crate) fn linear(
+    x: &[f32],
+    w: WeightRef<'_>,
+    wrow: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    scratch: &mut [u8],
+) {
+    let Some(kind) = scaling(w.dtype) else {
+        unreachable!("qgemm::linear called for {:?}", w.dtype)
+    };
+    let nb = k / 32;
+    let bb = wrow / nb;
+    let arow = quant::activation_row_bytes(w.dtype, k);
+    let ablock = arow / nb;
+    let qoff = ablock - 32;
+    let act_len = (m * arow).next_multiple_of(64);
+    let (acts, rest) = scratch.split_at_mut(act_len);
+    let panel = &mut rest[..edge_kernels::quant_panel_bytes(k)];
+    let acts = &mut acts[..m * arow];
+    acts.par_chunks_mut(arow)
+        .zip(x.par_chunks(k))
+        .for_each(|(dst, src)| {
+            quant::quantize_activation_row(w.dtype, src, dst);
+            for blk in dst.chunks_exact_mut(ablock) {
+                for q in &mut blk[qoff..] {
+                    *q ^= 0x80;
+                }
+            }
+        });
+    let acts = &*acts;
+    let rows_per_task = (m / 8).next_multiple_of(R).clamp(R, 64);
+    for p0 in (0..n).step_by(QUANT_PANEL_COLS) {
+        let ncols = QUANT_PANEL_COLS.min(n - p0);
+        let groups = ncols.div_ceil(GROUP);
+        let panel = &mut panel[..groups * nb * GROUP_BLOCK];
+        panel
+            .par_chunks_mut(nb * GROUP_BLOCK)
+            .enumerate()
+            .for_each(|(g, dst)| pack_group(w, wrow, bb, n, p0 + g * GROUP, dst));
+        let panel = &*panel;
+        out.par_chunks_mut(rows_per_task * n)
+            .enumerate()
+            .for_each(|(t, rows_out)| {
+                let i0 = t * rows_per_task;
+                let rows = rows_out.len() / n;
+                let mut res = [[0f32; 2 * GROUP]; R];
+                for r0 in (0..rows).step_by(R) {
+                    let ap: [&[u8]; R] = std::array::from_fn(|r| {
+                        let i = i0 + (r0 + r).min(rows - 1);
+                        &acts[i * arow..(i + 1) * arow]
+                    });
+                    for g0 in (0..groups).step_by(2) {
+                        let pair = (groups - g0).min(2);
+                        let pg = &panel[g0 * nb * GROUP_BLOCK..(g0 + pair) * nb * GROUP_BLOCK];
+                        tile(kind, &ap, ablock, qoff, pg, pair, nb, &mut res);
+                        for r in 0..R.min(rows - r0) {
+                            let base = (r0 + r) * n + p0 + g0 * GROUP;
+                            let valid = (ncols - g0 * GROUP).min(pair * GROUP);
+                            for (c, o) in rows_out[base..base + valid].iter_mut().enumerate() {
+                                let s = res[r][c];
+                                *o = match bias {
+                                    Some(b) => s + b[p0 + g0 * GROUP + c],
+                                    None => s,
+                                };
+                            }
+                        }
+                    }
+                }
+            });
+    }
+}
+
+/// Repacks columns `j0..j0 + 16` (zeros past `n`) of the row-major weight into `dst`
+/// (`nb` group blocks of [`GROUP_BLOCK`] bytes).
+fn pack_group(w: WeightRef<'_>, wrow: usize, bb: usize, n: usize, j0: usize, dst: &mut [u8]) {
+    for (b, gb) in dst.chunks_exact_mut(GROUP_BLOCK).enumerate() {
+        for c in 0..GROUP {
+            let j = j0 + c;
+            let (v, d, mn) = if j < n {
+                quant::block32_values(w.dtype, &w.bytes[j * wrow + b * bb..][..bb])
+            } else {
+                ([0i8; 32], 0.0, 0.0)
+            };
+            for s in 0..8 {
+                for e in 0..4 {
+                    gb[(s * GROUP + c) * 4 + e] = v[s * 4 + e] as u8;
+                }
+            }
+            let sum: i32 = v.iter().map(|&q| i32::from(q)).sum();
+            gb[SCALE_AT + 4 * c..][..4].copy_from_slice(&d.to_le_bytes());
+            gb[CORR_AT + 4 * c..][..4].copy_from_slice(&(-128 * sum).to_le_bytes());
+            gb[MIN_AT + 4 * c..][..4].copy_from_slice(&mn.to_le_bytes());
+        }
+    }
+}
+
+/// `res[r][c]` = the block-summed dot product of activation row `acts[r]` with panel column
+/// `c` (`pair` groups of 16 columns in `pg`).
+#[allow(clippy::too_many_arguments)]
+fn tile(
+    kind: Scaling,
+    acts: &[&[u8]; R],
+    ablock: usize,
+    qoff: usize,
+    pg: &[u8],
+    pair: usize,
+    nb: usize,
+    res: &mut [[f32; 2 * GROUP]; R],
+) {
+    assert!(acts.iter().all(|a| a.len() == nb * ablock) && qoff + 32 == ablock);
+    assert!(pg.len() == pair * nb * GROUP_BLOCK && (pair == 1 || pair == 2));
+    // SAFETY: the kernel table holds this kernel only when AVX-512F/BW and VNNI were detected
+    // (`crate::x86_64::table`); every pointer offset below stays inside `acts[r]` (block `b`
+    // of `nb`, bytes `qoff..qoff + 32`, the f16 scale at 0 and, for Q8_1, the sum at 2) and
+    // inside `pg` (group `g < pair`, block `b < nb`, bytes `0..GROUP_BLOCK`), as asserted above.
+    unsafe {
+        match (kind, pair) {
+            (Scaling::SumiTimesScales, 2) => qtile::<2, 0>(acts, ablock, qoff, pg, nb, res),
+            (Scaling::SumiTimesScales, _) => qtile::<1, 0>(acts, ablock, qoff, pg, nb, res),
+            (Scaling::SumiThenScales, 2) => qtile::<2, 1>(acts, ablock, qoff, pg, nb, res),
+            (Scaling::SumiThenScales, _) => qtile::<1, 1>(acts, ablock, qoff, pg, nb, res),
+            (Scaling::WithMin, 2) => qtile::<2, 2>(acts, ablock, qoff, pg, nb, res),
+            (Scaling::WithMin, _) => qtile::<1, 2>(acts, ablock, qoff, pg, nb, res),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    // SAFETY: the caller passes a pointer to two readable bytes.
+    quant::fp16_to_fp32(u16::from_le_bytes(unsafe { [*p, *p.add(1)] }))
+}
+
+/// `G` groups of 16 columns × `R` rows; `KIND` 0, 1, 2 = [`Scaling`] in declaration order.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn qtile<const G: usize, const KIND: u8>(
+    acts: &[&[u8]; R],
+    ablock: usize,
+    qoff: usize,
+    pg: &[u8],
+    nb: usize,
+    res: &mut [[f32; 2 * GROUP]; R],
+) {
+    let ap: [*const u8; R] = [
+        acts[0].as_ptr(),
+        acts[1].as_ptr(),
+        acts[2].as_ptr(),
+        acts[3].as_ptr(),
+    ];
+    let mut gp = [pg.as_ptr(); G];
+    for g in 0..G {
+        // SAFETY: group `g < G = pair` starts `g · nb · GROUP_BLOCK` bytes into `pg`.
+        gp[g] = unsafe { pg.as_ptr().add(g * nb * GROUP_BLOCK) };
+    }
+    let mut facc = [[_mm512_setzero_ps(); G]; R];
+    for b in 0..nb {
+        // SAFETY: offsets as stated in `tile`: block `b < nb` of every group and row.
+        unsafe {
+            let mut blk = [gp[0]; G];
+            let mut iacc = [[_mm512_setzero_si512(); G]; R];
+            for g in 0..G {
+                blk[g] = gp[g].add(b * GROUP_BLOCK);
+                let corr = _mm512_loadu_si512(blk[g].add(CORR_AT) as *const __m512i);
+                for r in 0..R {
+                    iacc[r][g] = corr;
+                }
+            }
+            let mut aq = [ap[0]; R];
+            for r in 0..R {
+                aq[r] = ap[r].add(b * ablock + qoff);
+            }
+            for s in 0..8 {
+                let mut wv = [_mm512_setzero_si512(); G];
+                for g in 0..G {
+                    wv[g] = _mm512_loadu_si512(blk[g].add(s * 64) as *const __m512i);
+                }
+                for r in 0..R {
+                    let a = _mm512_set1_epi32((aq[r].add(s * 4) as *const i32).read_unaligned());
+                    for g in 0..G {
+                        iacc[r][g] = _mm512_dpbusd_epi32(iacc[r][g], a, wv[g]);
+                    }
+                }
+            }
+            let mut sc = [_mm512_setzero_ps(); G];
+            let mut mn = [_mm512_setzero_ps(); G];
+            for g in 0..G {
+                sc[g] = _mm512_loadu_ps(blk[g].add(SCALE_AT) as *const f32);
+                if KIND == 2 {
+                    mn[g] = _mm512_loadu_ps(blk[g].add(MIN_AT) as *const f32);
+                }
+            }
+            for r in 0..R {
+                let ab = ap[r].add(b * ablock);
+                let da = _mm512_set1_ps(f16_at(ab));
+                let sa = if KIND == 2 {
+                    _mm512_set1_ps(f16_at(ab.add(2)))
+                } else {
+                    _mm512_setzero_ps()
+                };
+                for g in 0..G {
+                    let f = _mm512_cvtepi32_ps(iacc[r][g]);
+                    let term = match KIND {
+                        0 => _mm512_mul_ps(f, _mm512_mul_ps(sc[g], da)),
+                        1 => _mm512_mul_ps(_mm512_mul_ps(f, sc[g]), da),
+                        _ => _mm512_add_ps(
+                            _mm512_mul_ps(_mm512_mul_ps(sc[g], da), f),
+                            _mm512_mul_ps(mn[g], sa),
+                        ),
+                    };
+                    facc[r][g] = _mm512_add_ps(facc[r][g], term);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        for g in 0..G {
+            // SAFETY: `res[r]` holds 32 f32 and `g < G ≤ 2`.
+            unsafe { _mm512_storeu_ps(res[r].as_mut_ptr().add(g * GROUP), facc[r][g]) };
+        }
+    }
+}

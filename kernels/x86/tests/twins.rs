@@ -1,0 +1,289 @@
+//! Every x86 table ([`edge_kernels_x86::variants`]: `avx2`, `avx512`, `avx512+vnni`, as this CPU
+//! allows) against the generic kernels on random inputs with ragged shapes: `linear` for every
+//! weight type (the accelerated ones and the forwarded ones) and `conv2d`, all **bit-identical**
+//! (`to_bits` equality of every output element).
+//!
+//! A path this CPU lacks is skipped with a message on stderr, never silently;
+//! `EDGE_X86_EXPECT=avx2|avx512|avx512+vnni` makes `reports_the_paths_this_cpu_has` fail unless
+//! that path is present (CI sets it on its AVX-512 VNNI machines).
+
+use edge_kernels::cpu::features;
+use edge_kernels::WeightRef;
+use edge_kernels::{conv2d_scratch_bytes, linear_scratch_bytes, quant, Conv2dParams, KernelTable};
+use edge_schema::DType;
+use zerocopy::IntoBytes;
+
+/// xorshift64* in [-1, 1).
+struct Rng(u64);
+
+impl Rng {
+    fn f32(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let r = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        ((r >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f32() * scale).collect()
+    }
+}
+
+fn tables() -> Vec<(&'static str, KernelTable)> {
+    let v = edge_kernels_x86::variants(&features());
+    for want in ["avx2", "avx512", "avx512+vnni"] {
+        if !v.iter().any(|(n, _)| *n == want) {
+            eprintln!(
+                "skipped: this CPU has no {want} path ({})",
+                features().summary()
+            );
+        }
+    }
+    v
+}
+
+/// Weights quantized row by row into a 4-byte-aligned buffer of exactly `n` rows.
+fn weights(dtype: DType, w: &[f32], n: usize, k: usize) -> (Vec<u32>, usize) {
+    let row = dtype.bytes_for(k as u64).expect("whole blocks") as usize;
+    let mut buf = vec![0u32; (n * row).div_ceil(4)];
+    for (src, dst) in w
+        .chunks(k)
+        .zip(buf.as_mut_bytes()[..n * row].chunks_mut(row))
+    {
+        quant::quantize_row(dtype, src, dst);
+    }
+    (buf, n * row)
+}
+
+fn run_linear(
+    t: &KernelTable,
+    x: &[f32],
+    w: WeightRef<'_>,
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Vec<f32> {
+    let mut scratch = vec![0u64; linear_scratch_bytes(w.dtype, m, k).div_ceil(8)];
+    let mut out = vec![f32::NAN; m * n];
+    (t.linear.run)(x, w, bias, &mut out, m, k, n, scratch.as_mut_bytes());
+    out
+}
+
+fn assert_bits(label: &str, what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(
+            g.to_bits(),
+            w.to_bits(),
+            "{label} {what}: element {i}: {g} vs generic {w}"
+        );
+    }
+}
+
+#[test]
+fn linear_matches_generic_bit_for_bit() {
+    let generic = edge_kernels::generic();
+    let plain = [
+        (1, 1, 1),
+        (1, 7, 9),
+        (2, 9, 17),
+        (4, 8, 3),
+        (5, 33, 8),
+        (9, 100, 13),
+        (13, 64, 70),
+        (70, 23, 19),
+    ];
+    let blocks = [
+        (4, 32, 16),
+        (4, 32, 1),
+        (5, 64, 17),
+        (8, 96, 64),
+        (9, 160, 65),
+        (13, 64, 130),
+        (37, 96, 33),
+        (70, 256, 7),
+        (3, 64, 20),
+        (1, 32, 3),
+    ];
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    for (label, t) in tables() {
+        for dtype in [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::Q8_0,
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q4K,
+            DType::Q6K,
+        ] {
+            let shapes: Vec<(usize, usize, usize)> = match dtype.block_size() {
+                1 => plain.to_vec(),
+                32 => blocks.to_vec(),
+                _ => vec![(5, 256, 9), (12, 512, 17)],
+            };
+            for (m, k, n) in shapes {
+                let x = rng.vec(m * k, 2.0);
+                let w = rng.vec(n * k, 0.5);
+                let bias = rng.vec(n, 1.0);
+                let (buf, len) = weights(dtype, &w, n, k);
+                let wr = WeightRef::row_major(dtype, &buf.as_bytes()[..len]);
+                for b in [None, Some(bias.as_slice())] {
+                    let want = run_linear(&generic, &x, wr, b, m, k, n);
+                    let got = run_linear(&t, &x, wr, b, m, k, n);
+                    let what = format!("linear {dtype:?} m={m} k={k} n={n} bias={}", b.is_some());
+                    assert_bits(label, &what, &got, &want);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn linear_extremes_match_generic() {
+    // Saturated quants (|q| = 127 and the −128 a foreign GGUF may hold), zero blocks and large
+    // magnitudes: the integer sums must stay exact.
+    let generic = edge_kernels::generic();
+    let (m, k, n) = (6, 128, 40);
+    let mut x = vec![0f32; m * k];
+    for (i, v) in x.iter_mut().enumerate() {
+        *v = match i % 5 {
+            0 => 1e4,
+            1 => -1e4,
+            2 => 0.0,
+            _ => (i as f32).sin(),
+        };
+    }
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| if i % 3 == 0 { -3.0 } else { 3.0 })
+        .collect();
+    for (label, t) in tables() {
+        let (mut buf, len) = weights(DType::Q8_0, &w, n, k);
+        // Block 0 of row 0: every quant −128.
+        buf.as_mut_bytes()[2..34].fill(0x80);
+        let wr = WeightRef::row_major(DType::Q8_0, &buf.as_bytes()[..len]);
+        let want = run_linear(&generic, &x, wr, None, m, k, n);
+        let got = run_linear(&t, &x, wr, None, m, k, n);
+        assert_bits(label, "linear Q8_0 extremes", &got, &want);
+    }
+}
+
+#[test]
+fn conv2d_matches_generic_bit_for_bit() {
+    let generic = edge_kernels::generic();
+    let mut rng = Rng(0xD1B5_4A32_D192_ED03);
+    let cases = [
+        (3, 9, 7, 5, 3, 1, 1),
+        (4, 8, 8, 13, 3, 1, 1),
+        (5, 11, 6, 7, 1, 1, 0),
+        (8, 10, 10, 9, 3, 2, 1),
+        (16, 5, 9, 4, 3, 1, 0),
+    ];
+    for (label, t) in tables() {
+        for &(cin, h, w, cout, kk, stride, pad) in &cases {
+            let p = Conv2dParams {
+                cin,
+                h,
+                w,
+                cout,
+                kh: kk,
+                kw: kk,
+                stride_h: stride,
+                stride_w: stride,
+                pad_top: pad,
+                pad_bottom: pad,
+                pad_left: pad,
+                pad_right: pad,
+            };
+            let (oh, ow) = p.out_hw();
+            let x = rng.vec(cin * h * w, 1.5);
+            let wt = rng.vec(cout * cin * kk * kk, 0.3);
+            let bias = rng.vec(cout, 0.5);
+            for dtype in [DType::F32, DType::F16] {
+                let (buf, len) = weights(dtype, &wt, cout, cin * kk * kk);
+                let wr = WeightRef::row_major(dtype, &buf.as_bytes()[..len]);
+                let run = |t: &KernelTable| {
+                    let mut scratch = vec![0u64; conv2d_scratch_bytes(&p, dtype).div_ceil(8)];
+                    let mut out = vec![f32::NAN; cout * oh * ow];
+                    (t.conv2d.run)(&p, &x, wr, Some(&bias), &mut out, scratch.as_mut_bytes());
+                    out
+                };
+                assert_bits(
+                    label,
+                    &format!("conv2d {dtype:?} {p:?}"),
+                    &run(&t),
+                    &run(&generic),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn reports_the_paths_this_cpu_has() {
+    let names: Vec<&str> = tables().iter().map(|(n, _)| *n).collect();
+    eprintln!("cpu: {}; x86 tables: {names:?}", features().summary());
+    if let Ok(want) = std::env::var("EDGE_X86_EXPECT") {
+        assert!(
+            names.contains(&want.as_str()),
+            "EDGE_X86_EXPECT={want} but this CPU's x86 tables are {names:?} ({})",
+            features().summary()
+        );
+    }
+}
+
+#[test]
+fn attention_matches_generic_bit_for_bit() {
+    use edge_kernels::AttentionParams;
+    let generic = edge_kernels::generic();
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    // (lq, lk, heads, head_dim, mask, bias)
+    let cases = [
+        (1, 1, 1, 1, false, false),
+        (3, 5, 2, 7, true, false),
+        (5, 70, 3, 8, false, true),
+        (9, 65, 2, 17, true, true),
+        (6, 130, 1, 72, true, false),
+        (4, 64, 2, 33, false, false),
+    ];
+    for (label, t) in tables() {
+        for &(lq, lk, heads, hd, use_mask, use_bias) in &cases {
+            let d = heads * hd;
+            let p = AttentionParams {
+                lq,
+                lk,
+                heads,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                q_stride: d,
+                q_offset: 0,
+                kv_stride: 2 * d,
+                k_offset: 0,
+                v_offset: d,
+                masked_value: -10000.0,
+            };
+            let q = rng.vec(lq * d, 3.0);
+            let kv = rng.vec(lk * 2 * d, 3.0);
+            let mask: Vec<f32> = (0..lk)
+                .map(|j| if j % 3 == 1 { 0.0 } else { 1.0 })
+                .collect();
+            let bias = rng.vec(heads * lq * lk, 2.0);
+            let run = |t: &KernelTable| {
+                let mut out = vec![f32::NAN; lq * d];
+                (t.attention.run)(
+                    &p,
+                    &q,
+                    &kv,
+                    use_mask.then_some(mask.as_slice()),
+                    use_bias.then_some(bias.as_slice()),
+                    &mut out,
+                );
+                out
+            };
+            assert_bits(label, &format!("attention {p:?}"), &run(&t), &run(&generic));
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! One arithmetic on every CPU target: whole fixture pipelines (T5, denoiser with guidance, VAE
+//! decode) run with every x86 SIMD kernel table this CPU has give **byte-identical** final
+//! latents and PNG pixels to the generic kernels, for plans as published (f32), `f16`, `q8_0`
+//! and `q4_0` matrices, square and non-square sizes, both samplers, PixArt-Σ and PixArt-α.
+//! A table this CPU lacks is reported on stderr (see `kernels/x86/tests/twins.rs`).
+
+use edge_e2e::*;
+use edge_planner::pack::PackPolicy;
+use edge_runtime::sampler::SamplingMethod;
+use edge_runtime::{GenerateParams, Plan, Session};
+use edge_schema::DType;
+
+fn plan(name: &str, quant: Option<DType>) -> Plan {
+    let opts = edge_planner::CompileOptions {
+        sizes: vec![(64, 64), (64, 96)],
+        policy: PackPolicy {
+            default: quant,
+            rules: Vec::new(),
+        },
+        ..Default::default()
+    };
+    let mut c = edge_planner::compile_folder(&fixture(name), &opts).expect("compiles");
+    let bytes = edge_planner::write::assemble(&mut c.meta, &c.table).expect("assemble");
+    Plan::from_bytes(&bytes).expect("plan verifies")
+}
+
+fn run(
+    plan: &Plan,
+    table: edge_kernels::KernelTable,
+    noise: &[f32],
+    (w, h): (u32, u32),
+    method: SamplingMethod,
+) -> (Vec<f32>, Vec<u8>) {
+    let mut s = Session::new(plan, table, None).unwrap();
+    let params = GenerateParams {
+        prompt: "a lovely cat".into(),
+        negative_prompt: String::new(),
+        steps: 3,
+        cfg_scale: 4.5,
+        method,
+        seed: 0,
+        width: w,
+        height: h,
+        init_latents: Some(noise.to_vec()),
+    };
+    let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();
+    (out.latents, out.rgb)
+}
+
+fn identical(name: &str, quant: Option<DType>) {
+    let tables = edge_kernels_x86::variants(&edge_kernels::cpu::features());
+    if tables.is_empty() {
+        eprintln!(
+            "skipped: no x86 SIMD table on this CPU ({})",
+            edge_kernels::cpu::features().summary()
+        );
+        return;
+    }
+    let p = plan(name, quant);
+    for (size, method) in [
+        ((64, 64), SamplingMethod::DpmPp2m),
+        ((64, 96), SamplingMethod::Euler),
+    ] {
+        let n = 4 * (size.0 as usize / 8) * (size.1 as usize / 8);
+        let noise: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+            .collect();
+        let (lat0, rgb0) = run(&p, edge_kernels::generic(), &noise, size, method);
+        for (label, t) in &tables {
+            let (lat, rgb) = run(&p, *t, &noise, size, method);
+            let what = format!("{name} {quant:?} {size:?} {method:?} {label}");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            assert_eq!(
+                bits(&lat),
+                bits(&lat0),
+                "{what}: final latents differ from generic"
+            );
+            assert_eq!(rgb, rgb0, "{what}: PNG pixels differ from generic");
+        }
+    }
+}
+
+#[test]
+fn sigma_f32_plan_is_byte_identical() {
+    identical("pixart-sigma-tiny", None);
+}
+
+#[test]
+fn sigma_q8_0_plan_is_byte_identical() {
+    identical("pixart-sigma-tiny", Some(DType::Q8_0));
+}
+
+#[test]
+fn sigma_f16_plan_is_byte_identical() {
+    identical("pixart-sigma-tiny", Some(DType::F16));
+}
+
+#[test]
+fn alpha_q4_0_plan_is_byte_identical() {
+    identical("pixart-alpha-tiny", Some(DType::Q4_0));
+}
+
+#[test]
+fn alpha_f32_plan_is_byte_identical() {
+    identical("pixart-alpha-tiny", None);
+}
