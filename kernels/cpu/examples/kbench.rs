@@ -142,6 +142,115 @@ fn bench_conv(tables: &[(&str, KernelTable)], cin: usize, cout: usize, hw: usize
     }
 }
 
+/// Times `f` on every table; prints ms, a rate (`per` units per call, named `unit`) and the
+/// speed-up over the first table.
+fn bench_each(
+    tables: &[(&str, KernelTable)],
+    what: &str,
+    per: f64,
+    unit: &str,
+    mut f: impl FnMut(&KernelTable),
+) {
+    let mut base = 0.0;
+    for (label, t) in tables {
+        let s = time(|| f(t));
+        if base == 0.0 {
+            base = s;
+        }
+        println!(
+            "{what:<44} {label:<12} {:9.3} ms {:7.1} {unit}  x{:.1}",
+            s * 1e3,
+            per / s / 1e9,
+            base / s
+        );
+    }
+}
+
+fn bench_other(tables: &[(&str, KernelTable)]) {
+    // PixArt-Σ XL at 512x512: 1024 image tokens, hidden 1152, 16 heads of 72, 300 text tokens.
+    let (l, d, heads, hd, lt) = (1024, 1152, 16, 72, 300);
+    let qkv = values(l * 3 * d, 5);
+    let kv = values(lt * 2 * d, 6);
+    let mut out = vec![0f32; l * d];
+    let p = edge_kernels::AttentionParams {
+        lq: l,
+        lk: l,
+        heads,
+        head_dim: hd,
+        scale: 1.0 / (hd as f32).sqrt(),
+        q_stride: 3 * d,
+        q_offset: 0,
+        kv_stride: 3 * d,
+        k_offset: d,
+        v_offset: 2 * d,
+        masked_value: -10000.0,
+    };
+    let flops = 4.0 * (l * l * heads * hd) as f64;
+    bench_each(
+        tables,
+        "attention self 1024x1024 16x72",
+        flops,
+        "GFLOP/s",
+        |t| (t.attention.run)(&p, &qkv, &qkv, None, None, &mut out),
+    );
+    let pc = edge_kernels::AttentionParams {
+        lk: lt,
+        kv_stride: 2 * d,
+        k_offset: 0,
+        v_offset: d,
+        ..p
+    };
+    let mask = vec![1f32; lt];
+    let flops = 4.0 * (l * lt * heads * hd) as f64;
+    bench_each(
+        tables,
+        "attention cross 1024x300 16x72 masked",
+        flops,
+        "GFLOP/s",
+        |t| (t.attention.run)(&pc, &qkv, &kv, Some(&mask), None, &mut out),
+    );
+    let x = values(l * 4 * d, 7);
+    let mut y = vec![0f32; l * 4 * d];
+    let n = (l * 4 * d) as f64;
+    bench_each(tables, "gelu_tanh 1024x4608", n, "Gelem/s", |t| {
+        (t.gelu_tanh.run)(&x, &mut y)
+    });
+    bench_each(tables, "silu 1024x4608", n, "Gelem/s", |t| {
+        (t.silu.run)(&x, &mut y)
+    });
+    let xs = &x[..l * d];
+    let ys = &mut y[..l * d];
+    let n = (l * d) as f64;
+    bench_each(
+        tables,
+        "layer_norm 1024x1152 (no affine)",
+        n,
+        "Gelem/s",
+        |t| (t.layer_norm.run)(xs, l, d, 1e-6, None, None, ys),
+    );
+    let sh = values(d, 8);
+    let sc = values(d, 9);
+    bench_each(tables, "modulate 1024x1152", n, "Gelem/s", |t| {
+        (t.modulate.run)(xs, l, d, &sh, &sc, ys)
+    });
+    let r = values(l * d, 10);
+    bench_each(tables, "gated_residual 1024x1152", n, "Gelem/s", |t| {
+        (t.gated_residual.run)(xs, &r, l, d, &sh, ys)
+    });
+    let (c, hw) = (512, 64 * 64);
+    let g = values(c * hw, 11);
+    let gw = values(c, 12);
+    let gb = values(c, 13);
+    let mut go = vec![0f32; c * hw];
+    bench_each(
+        tables,
+        "group_norm 512x64x64, 32 groups",
+        (c * hw) as f64,
+        "Gelem/s",
+        |t| (t.group_norm.run)(&g, c, hw, 32, 1e-6, &gw, &gb, &mut go),
+    );
+}
+
 fn main() {
     if let Some(n) = std::env::args().nth(1).and_then(|a| a.parse().ok()) {
         edge_kernels::init_threads(n);
@@ -152,6 +261,7 @@ fn main() {
         edge_kernels_cpu::features().summary()
     );
     let tables = edge_kernels_cpu::variants();
+    bench_other(&tables);
     for (m, k, n) in [
         (16, 192, 768),
         (300, 64, 64),

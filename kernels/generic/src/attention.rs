@@ -3,7 +3,7 @@
 use rayon::prelude::*;
 
 use crate::expf::exp_f32;
-use crate::gemm::{F32Tile, GENERIC_TILE, MAX_TILE};
+use crate::gemm::{GENERIC_TILE, MAX_TILE};
 
 /// Largest supported `head_dim` (the stack accumulator size). The VAE mid-block attention is
 /// single-head with `head_dim = channels` (512 in the SD VAE used by PixArt).
@@ -11,7 +11,7 @@ pub const MAX_HEAD_DIM: usize = 512;
 /// Keys per tile of the online softmax.
 pub const KEY_TILE: usize = 64;
 /// Query rows per task (they share each key/value tile while it is in cache).
-const QUERY_TILE: usize = 4;
+pub const QUERY_TILE: usize = 4;
 
 /// Where queries, keys and values lie in their source buffers, and the score formula.
 ///
@@ -57,7 +57,7 @@ pub struct AttentionParams {
 /// Keys are visited in tiles of 64 with an online softmax (running maximum and sum, rescaled
 /// when the maximum grows; Milakov & Gimelshein 2018, FlashAttention): the `[lq, lk]` score
 /// matrix is never stored and nothing is allocated. `q·k` is the crate's fixed-order dot
-/// product ([`F32Tile`]) and `exp` is [`crate::expf::exp_f32`], so SIMD twins can match it bit
+/// product ([`F32Tile`](crate::F32Tile)) and `exp` is [`crate::expf::exp_f32`], so SIMD twins can match it bit
 /// for bit. The order of every sum is fixed by the
 /// tile size, so the result is identical for any thread count. Parallel over blocks of 4 query
 /// rows (all heads of a row are in the same task because `out` rows interleave heads).
@@ -72,49 +72,218 @@ pub fn attention(
     attention_with(&GENERIC_ATTENTION, p, q_src, kv_src, key_mask, bias, out)
 }
 
-/// The per-ISA pieces of the attention driver; the online softmax, its tiling and the order
-/// of every scalar step stay in [`attention_with`]. Each piece must give exactly the bits of
-/// the generic one (the SIMD twins are tested for it).
+/// The per-ISA part of the attention driver: up to [`QUERY_TILE`] query rows of one head
+/// against one key tile (the online softmax step of each row). Tiling, the parallel split and
+/// the final division stay in [`attention_with`]. A SIMD `block_tile` must give, for every row,
+/// exactly the bits of [`generic_row_tile`] (tested).
 #[derive(Clone, Copy, Debug)]
 pub struct AttentionOps {
     /// Name for logs.
     pub name: &'static str,
-    /// `q·k` of one query row against `cols` keys, in the [`F32Tile`] order (called with a
-    /// single row of `x`).
-    pub scores: F32Tile,
-    /// `s[j] = exp_f32(s[j])` in place ([`crate::expf::exp_f32`]).
-    pub exp: fn(&mut [f32]),
-    /// `acc[d] = acc[d] + w · v[d]` (unfused) for every `d`; equal lengths.
-    pub axpy: fn(&mut [f32], f32, &[f32]),
-    /// `acc[d] = acc[d] · c` for every `d`.
-    pub scale: fn(&mut [f32], f32),
+    /// The step for rows `0..b.nq` of the block; row `r`'s state is `acc[r][..head_dim]`,
+    /// `run_max[r]`, `run_sum[r]`.
+    pub block_tile: BlockTileFn,
 }
 
-/// The portable pieces.
+/// [`AttentionOps::block_tile`]'s signature.
+pub type BlockTileFn = fn(b: &QueryBlock<'_>, st: &mut BlockState);
+
+/// Query rows `i0 .. i0 + nq` of head `h` and the key tile `j0 .. j0 + nk` they meet.
+#[derive(Clone, Copy, Debug)]
+pub struct QueryBlock<'a> {
+    /// The attention's geometry.
+    pub p: &'a AttentionParams,
+    /// The query source.
+    pub q_src: &'a [f32],
+    /// The key/value source.
+    pub kv_src: &'a [f32],
+    /// The key mask `[lk]`, if any.
+    pub key_mask: Option<&'a [f32]>,
+    /// The additive bias `[heads, lq, lk]`, if any.
+    pub bias: Option<&'a [f32]>,
+    /// Head.
+    pub h: usize,
+    /// First query row.
+    pub i0: usize,
+    /// Query rows (1..=[`QUERY_TILE`]).
+    pub nq: usize,
+    /// First key of the tile.
+    pub j0: usize,
+    /// Keys in the tile (1..=[`KEY_TILE`]).
+    pub nk: usize,
+}
+
+impl<'a> QueryBlock<'a> {
+    /// Row `r` (`< nq`) as a [`KeyTile`].
+    pub fn row(&self, r: usize) -> KeyTile<'a> {
+        let p = self.p;
+        let i = self.i0 + r;
+        KeyTile {
+            p,
+            q: &self.q_src[i * p.q_stride + p.q_offset + self.h * p.head_dim..][..p.head_dim],
+            kv_src: self.kv_src,
+            h: self.h,
+            j0: self.j0,
+            nk: self.nk,
+            bias: self.bias.map(|b| &b[(self.h * p.lq + i) * p.lk..][..p.lk]),
+            key_mask: self.key_mask,
+        }
+    }
+}
+
+/// The running state of the block's rows and its score scratch.
+#[derive(Debug)]
+pub struct BlockState {
+    /// Per row, `Σ_j w_j · v_j` so far (first `head_dim` elements), rescaled to the row's
+    /// current maximum.
+    pub acc: [[f32; MAX_HEAD_DIM]; QUERY_TILE],
+    /// Per row, the largest score so far (−∞ before the first tile).
+    pub run_max: [f32; QUERY_TILE],
+    /// Per row, `Σ_j w_j` so far.
+    pub run_sum: [f32; QUERY_TILE],
+    /// Per row, the tile's scores (then weights).
+    pub scores: [[f32; KEY_TILE]; QUERY_TILE],
+}
+
+impl BlockState {
+    fn new() -> Self {
+        BlockState {
+            acc: [[0.0; MAX_HEAD_DIM]; QUERY_TILE],
+            run_max: [f32::NEG_INFINITY; QUERY_TILE],
+            run_sum: [0.0; QUERY_TILE],
+            scores: [[0.0; KEY_TILE]; QUERY_TILE],
+        }
+    }
+
+    /// Row `r`'s state, for [`generic_row_tile`].
+    pub fn row(&mut self, r: usize, head_dim: usize) -> (RowState<'_>, &mut [f32; KEY_TILE]) {
+        (
+            RowState {
+                acc: &mut self.acc[r][..head_dim],
+                run_max: &mut self.run_max[r],
+                run_sum: &mut self.run_sum[r],
+            },
+            &mut self.scores[r],
+        )
+    }
+}
+
+/// One query row of one head and the key tile `j0 .. j0 + nk` it meets.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyTile<'a> {
+    /// The attention's geometry.
+    pub p: &'a AttentionParams,
+    /// The query row of head `h`, `[head_dim]`.
+    pub q: &'a [f32],
+    /// The key/value source.
+    pub kv_src: &'a [f32],
+    /// Head.
+    pub h: usize,
+    /// First key of the tile.
+    pub j0: usize,
+    /// Keys in the tile (1..=[`KEY_TILE`]).
+    pub nk: usize,
+    /// This row's additive bias `[lk]` (`bias[h, i, ..]`), if any.
+    pub bias: Option<&'a [f32]>,
+    /// The key mask `[lk]`, if any.
+    pub key_mask: Option<&'a [f32]>,
+}
+
+impl KeyTile<'_> {
+    /// Key `j` of head `h`, `[head_dim]`.
+    #[inline]
+    pub fn key(&self, j: usize) -> &[f32] {
+        let p = self.p;
+        &self.kv_src[j * p.kv_stride + p.k_offset + self.h * p.head_dim..][..p.head_dim]
+    }
+
+    /// Value `j` of head `h`, `[head_dim]`.
+    #[inline]
+    pub fn value(&self, j: usize) -> &[f32] {
+        let p = self.p;
+        &self.kv_src[j * p.kv_stride + p.v_offset + self.h * p.head_dim..][..p.head_dim]
+    }
+
+    /// The score of key `j` from its dot product with the query:
+    /// `scale·dot + bias[j] + (1 − mask[j])·masked_value`, in that order.
+    #[inline]
+    pub fn score(&self, j: usize, dot: f32) -> f32 {
+        let mut v = self.p.scale * dot;
+        if let Some(b) = self.bias {
+            v += b[j];
+        }
+        if let Some(m) = self.key_mask {
+            v += (1.0 - m[j]) * self.p.masked_value;
+        }
+        v
+    }
+}
+
+/// The running state of one query row: `acc` `[head_dim]` (unnormalised output), the running
+/// maximum score and the running sum of weights.
+#[derive(Debug)]
+pub struct RowState<'a> {
+    /// `Σ_j w_j · v_j` so far, rescaled to the current maximum.
+    pub acc: &'a mut [f32],
+    /// Largest score so far (−∞ before the first tile).
+    pub run_max: &'a mut f32,
+    /// `Σ_j w_j` so far.
+    pub run_sum: &'a mut f32,
+}
+
+/// The portable step: [`generic_row_tile`] for each row of the block.
 pub const GENERIC_ATTENTION: AttentionOps = AttentionOps {
     name: "generic_attention_f32",
-    scores: GENERIC_TILE,
-    exp: exp_slice,
-    axpy,
-    scale: scale_slice,
+    block_tile: generic_block_tile,
 };
 
-fn exp_slice(s: &mut [f32]) {
-    for v in s {
-        *v = exp_f32(*v);
+fn generic_block_tile(b: &QueryBlock<'_>, st: &mut BlockState) {
+    for r in 0..b.nq {
+        let t = b.row(r);
+        let (mut row, scores) = st.row(r, b.p.head_dim);
+        generic_row_tile(&t, &mut row, scores);
     }
 }
 
-fn axpy(acc: &mut [f32], w: f32, v: &[f32]) {
-    for (x, &vv) in acc.iter_mut().zip(v) {
-        *x += w * vv;
+/// The online softmax step that defines the bits: scores `s_j` ([`KeyTile::score`] of the
+/// [`F32Tile`](crate::F32Tile)-order dot product), `m' = max(m, max_j s_j)`, `c = exp_f32(m − m')`, `acc ·= c`
+/// (skipped when `c = 1`), `sum = sum·c`, then for each key in order `w = exp_f32(s_j − m')`,
+/// `sum += w`, `acc += w·v_j` (unfused).
+pub fn generic_row_tile(t: &KeyTile<'_>, st: &mut RowState<'_>, scores: &mut [f32]) {
+    let hd = t.p.head_dim;
+    let tc = GENERIC_TILE.cols;
+    let mut dots = [0.0f32; MAX_TILE];
+    let s = &mut scores[..t.nk];
+    for c0 in (0..t.nk).step_by(tc) {
+        let ks: [&[f32]; MAX_TILE] = std::array::from_fn(|c| t.key(t.j0 + (c0 + c).min(t.nk - 1)));
+        (GENERIC_TILE.run)(&[t.q], &ks[..tc], hd, &mut dots[..tc]);
+        for (c, sj) in s[c0..t.nk.min(c0 + tc)].iter_mut().enumerate() {
+            *sj = t.score(t.j0 + c0 + c, dots[c]);
+        }
     }
+    let new_max = tile_max(*st.run_max, s);
+    let correction = exp_f32(*st.run_max - new_max);
+    if correction != 1.0 {
+        for x in st.acc.iter_mut() {
+            *x *= correction;
+        }
+    }
+    let mut sum = *st.run_sum * correction;
+    for (jj, sj) in s.iter().enumerate() {
+        let w = exp_f32(sj - new_max);
+        sum += w;
+        for (x, &vv) in st.acc.iter_mut().zip(t.value(t.j0 + jj)) {
+            *x += w * vv;
+        }
+    }
+    *st.run_sum = sum;
+    *st.run_max = new_max;
 }
 
-fn scale_slice(acc: &mut [f32], c: f32) {
-    for x in acc {
-        *x *= c;
-    }
+/// `max(run_max, max_j s_j)` folded in index order with `f32::max` (NaN scores are skipped).
+#[inline]
+pub fn tile_max(run_max: f32, s: &[f32]) -> f32 {
+    run_max.max(s.iter().copied().fold(f32::NEG_INFINITY, f32::max))
 }
 
 /// [`attention`] with the per-ISA pieces `ops`: same shapes, checks and bits for any `ops` that
@@ -128,12 +297,6 @@ pub fn attention_with(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    assert!(
-        (1..=MAX_TILE).contains(&ops.scores.cols),
-        "attention: score tile {} has {} columns, outside 1..={MAX_TILE}",
-        ops.scores.name,
-        ops.scores.cols
-    );
     crate::contract::attention(p, q_src, kv_src, key_mask, bias, out);
     let width = p.heads * p.head_dim;
     if p.lq == 0 || width == 0 {
@@ -164,62 +327,26 @@ fn attend_rows(
     let hd = p.head_dim;
     let width = p.heads * hd;
     let nq = rows.len() / width;
-    let mut acc = [[0.0f32; MAX_HEAD_DIM]; QUERY_TILE];
-    let mut run_max = [f32::NEG_INFINITY; QUERY_TILE];
-    let mut run_sum = [0.0f32; QUERY_TILE];
-    let mut scores = [0.0f32; KEY_TILE];
-    let q_at = |i: usize| &q_src[i * p.q_stride + p.q_offset + h * hd..][..hd];
-    let k_at = |j: usize| &kv_src[j * p.kv_stride + p.k_offset + h * hd..][..hd];
-    let v_at = |j: usize| &kv_src[j * p.kv_stride + p.v_offset + h * hd..][..hd];
-
-    let tc = ops.scores.cols;
-    let mut dots = [0.0f32; MAX_TILE];
+    let mut st = BlockState::new();
     for j0 in (0..p.lk).step_by(KEY_TILE) {
-        let nk = KEY_TILE.min(p.lk - j0);
-        for r in 0..nq {
-            let i = i0 + r;
-            let q = [q_at(i)];
-            let s = &mut scores[..nk];
-            for c0 in (0..nk).step_by(tc) {
-                let ks: [&[f32]; MAX_TILE] =
-                    std::array::from_fn(|c| k_at(j0 + (c0 + c).min(nk - 1)));
-                (ops.scores.run)(&q, &ks[..tc], hd, &mut dots[..tc]);
-                for (c, sj) in s[c0..nk.min(c0 + tc)].iter_mut().enumerate() {
-                    let j = j0 + c0 + c;
-                    let mut v = p.scale * dots[c];
-                    if let Some(b) = bias {
-                        v += b[(h * p.lq + i) * p.lk + j];
-                    }
-                    if let Some(m) = key_mask {
-                        v += (1.0 - m[j]) * p.masked_value;
-                    }
-                    *sj = v;
-                }
-            }
-            let tile_max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let new_max = run_max[r].max(tile_max);
-            let correction = exp_f32(run_max[r] - new_max);
-            let a = &mut acc[r][..hd];
-            if correction != 1.0 {
-                (ops.scale)(a, correction);
-            }
-            let mut sum = run_sum[r] * correction;
-            for sj in s.iter_mut() {
-                *sj -= new_max;
-            }
-            (ops.exp)(s);
-            for (jj, &w) in s.iter().enumerate() {
-                sum += w;
-                (ops.axpy)(a, w, v_at(j0 + jj));
-            }
-            run_sum[r] = sum;
-            run_max[r] = new_max;
-        }
+        let b = QueryBlock {
+            p,
+            q_src,
+            kv_src,
+            key_mask,
+            bias,
+            h,
+            i0,
+            nq,
+            j0,
+            nk: KEY_TILE.min(p.lk - j0),
+        };
+        (ops.block_tile)(&b, &mut st);
     }
     for r in 0..nq {
-        let inv = run_sum[r];
+        let inv = st.run_sum[r];
         let dst = &mut rows[r * width + h * hd..][..hd];
-        for (o, &a) in dst.iter_mut().zip(&acc[r][..hd]) {
+        for (o, &a) in dst.iter_mut().zip(&st.acc[r][..hd]) {
             *o = a / inv;
         }
     }

@@ -5,8 +5,10 @@
 
 use rayon::prelude::*;
 
+use crate::expf::{exp_f32, tanh_f32};
+
 /// Elements per task (rounded to whole rows where rows matter).
-const CHUNK: usize = 1 << 14;
+pub const CHUNK: usize = 1 << 14;
 
 fn rows_per_task(d: usize) -> usize {
     (CHUNK / d.max(1)).max(1)
@@ -43,21 +45,35 @@ fn map_rows(a: &[f32], b: &[f32], out: &mut [f32], what: &str, f: impl Fn(f32, f
         });
 }
 
-/// `generic_silu_f32`: `out = x · sigmoid(x) = x / (1 + exp(−x))` (torch `nn.SiLU`).
-/// `x` and `out` have the same length (any shape).
+/// `generic_silu_f32`: `out = x · sigmoid(x) = x / (1 + exp(−x))` (torch `nn.SiLU`), with
+/// the kernels' `exp` ([`exp_f32`]). `x` and `out` have the same length (any shape).
 pub fn silu(x: &[f32], out: &mut [f32]) {
-    map_unary(x, out, "silu", |v| v / (1.0 + (-v).exp()));
+    map_unary(x, out, "silu", silu_f32);
+}
+
+/// One element of [`silu`]: `v / (1 + exp_f32(−v))`.
+#[inline]
+pub fn silu_f32(v: f32) -> f32 {
+    v / (1.0 + exp_f32(-v))
+}
+
+/// `√(2/π)` as [`gelu_tanh`] uses it.
+pub const GELU_SQRT_2_OVER_PI: f32 = 0.797_884_6;
+/// The cubic coefficient of [`gelu_tanh`].
+pub const GELU_KAPPA: f32 = 0.044715;
+
+/// One element of [`gelu_tanh`]: `(0.5·v)·(1 + tanh_f32(√(2/π)·(v + κ·((v·v)·v))))`.
+#[inline]
+pub fn gelu_tanh_f32(v: f32) -> f32 {
+    let inner = GELU_SQRT_2_OVER_PI * (v + GELU_KAPPA * (v * v * v));
+    0.5 * v * (1.0 + tanh_f32(inner))
 }
 
 /// `generic_gelu_tanh_f32`: `out = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` (torch
-/// `GELU(approximate="tanh")`, transformers `gelu_new`), evaluated in f32.
+/// `GELU(approximate="tanh")`, transformers `gelu_new`), evaluated in f32 with the kernels'
+/// `tanh` ([`tanh_f32`]) as [`gelu_tanh_f32`] writes it out.
 pub fn gelu_tanh(x: &[f32], out: &mut [f32]) {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    const KAPPA: f32 = 0.044715;
-    map_unary(x, out, "gelu_tanh", |v| {
-        let inner = SQRT_2_OVER_PI * (v + KAPPA * (v * v * v));
-        0.5 * v * (1.0 + inner.tanh())
-    });
+    map_unary(x, out, "gelu_tanh", gelu_tanh_f32);
 }
 
 /// `generic_scale_f32`: `out = x · factor`.

@@ -60,3 +60,15 @@ pub fn exp_f32(x: f32) -> f32 {
     let n1 = ni >> 1;
     (p * pow2i(n1)) * pow2i(ni - n1)
 }
+
+/// `tanh(u)` in the kernels' one arithmetic: `a = |u|`, `t = 1 − 2 / (exp_f32(2a) + 1)`, then the
+/// sign bit of `u` copied onto `t` (so `tanh(−0) = −0`, large `|u|` gives exactly ±1, NaN stays
+/// NaN). The absolute error is a few ulp of 1 (the subtraction cancels for small `|u|`, where
+/// the relative error grows; the activations that use it add `1 + tanh`).
+#[inline]
+pub fn tanh_f32(u: f32) -> f32 {
+    let a = u.abs();
+    let e = exp_f32(2.0 * a);
+    let t = 1.0 - 2.0 / (e + 1.0);
+    t.copysign(u)
+}

@@ -33,11 +33,15 @@ mod table;
 mod weights;
 
 pub use attention::{
-    attention, attention_with, AttentionOps, AttentionParams, GENERIC_ATTENTION, KEY_TILE,
-    MAX_HEAD_DIM,
+    attention, attention_with, generic_row_tile, tile_max, AttentionOps, AttentionParams,
+    BlockState, BlockTileFn, KeyTile, QueryBlock, RowState, GENERIC_ATTENTION, KEY_TILE,
+    MAX_HEAD_DIM, QUERY_TILE,
 };
 pub use conv::{conv2d, conv2d_scratch_bytes, conv2d_with, Conv2dParams};
-pub use elementwise::{add, gated_residual, gelu_tanh, modulate, mul, scale, silu};
+pub use elementwise::{
+    add, gated_residual, gelu_tanh, gelu_tanh_f32, modulate, mul, scale, silu, silu_f32,
+    GELU_KAPPA, GELU_SQRT_2_OVER_PI,
+};
 pub use embed::{embedding, t5_position_bias, t5_relative_position_bucket, timestep_embedding};
 pub use gemm::{F32Tile, TileFn, GENERIC_TILE, MAX_TILE};
 pub use layout::{concat_axis, permute, slice_axis, upsample_nearest2x, MAX_RANK};
@@ -52,6 +56,12 @@ pub use table::{
     UpsampleFn,
 };
 pub use weights::WeightRef;
+
+/// Elements per task of the element-wise kernels (each output element depends only on its own
+/// inputs, so SIMD twins may split the same way or any other).
+pub fn elementwise_chunk() -> usize {
+    elementwise::CHUNK
+}
 
 /// Builds rayon's global thread pool with `n` threads (0 = rayon's default, one per core).
 ///

@@ -43,3 +43,31 @@ fn edges() {
         );
     }
 }
+
+#[test]
+fn tanh_and_activations_stay_close_to_f64() {
+    use edge_kernels::expf::tanh_f32;
+    let mut worst_tanh = 0f64;
+    let mut worst_gelu = 0f64;
+    let mut worst_silu = 0f64;
+    for i in -200_000..=200_000 {
+        let x = i as f32 * 1e-4 * 3.0;
+        let xd = x as f64;
+        worst_tanh = worst_tanh.max((tanh_f32(x) as f64 - xd.tanh()).abs());
+        let inner = (2.0 / std::f64::consts::PI).sqrt() * (xd + 0.044715 * xd * xd * xd);
+        let g = 0.5 * xd * (1.0 + inner.tanh());
+        worst_gelu =
+            worst_gelu.max((edge_kernels::gelu_tanh_f32(x) as f64 - g).abs() / (1.0 + xd.abs()));
+        let s = xd / (1.0 + (-xd).exp());
+        worst_silu =
+            worst_silu.max((edge_kernels::silu_f32(x) as f64 - s).abs() / (1.0 + xd.abs()));
+    }
+    // A few ulp of 1 (2^-24 ≈ 6e-8).
+    assert!(worst_tanh < 4e-7, "tanh_f32: max abs error {worst_tanh:e}");
+    assert!(worst_gelu < 4e-7, "gelu_tanh_f32: max error {worst_gelu:e}");
+    assert!(worst_silu < 4e-7, "silu_f32: max error {worst_silu:e}");
+    assert_eq!(tanh_f32(-0.0).to_bits(), (-0.0f32).to_bits());
+    assert_eq!(tanh_f32(50.0), 1.0);
+    assert_eq!(tanh_f32(-50.0), -1.0);
+    assert!(tanh_f32(f32::NAN).is_nan());
+}

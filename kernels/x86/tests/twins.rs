@@ -287,3 +287,41 @@ fn attention_matches_generic_bit_for_bit() {
         }
     }
 }
+
+#[test]
+fn silu_and_gelu_match_generic_bit_for_bit() {
+    let generic = edge_kernels::generic();
+    let mut rng = Rng(0x1234_5678_9ABC_DEF1);
+    // Ragged lengths, a wide range, and the special values.
+    let mut x = rng.vec(40_000 + 13, 12.0);
+    x.extend([
+        0.0,
+        -0.0,
+        1e-8,
+        -1e-8,
+        88.0,
+        -88.0,
+        104.0,
+        -104.0,
+        1e30,
+        -1e30,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MIN_POSITIVE,
+        5e-39,
+    ]);
+    for (label, t) in tables() {
+        for n in [0, 1, 7, 8, 9, 15, 16, 17, 33, x.len()] {
+            let xs = &x[x.len() - n..];
+            let mut a = vec![0f32; n];
+            let mut b = vec![0f32; n];
+            (t.silu.run)(xs, &mut a);
+            (generic.silu.run)(xs, &mut b);
+            assert_bits(label, &format!("silu n={n}"), &a, &b);
+            (t.gelu_tanh.run)(xs, &mut a);
+            (generic.gelu_tanh.run)(xs, &mut b);
+            assert_bits(label, &format!("gelu_tanh n={n}"), &a, &b);
+        }
+    }
+}

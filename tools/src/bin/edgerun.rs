@@ -69,6 +69,11 @@ struct GenArgs {
     /// Worker threads (default: one per core).
     #[arg(short = 't', long = "threads", default_value_t = 0)]
     threads: usize,
+    /// Kernel table: `best` (default: the fastest this CPU has) or one of the labels `-v`
+    /// lists (`generic`, `avx2`, `avx512`, `avx512+vnni`, `neon`, `neon+dotprod`, …). Every x86
+    /// table gives the generic table's bytes.
+    #[arg(long = "kernels", default_value = "best")]
+    kernels: String,
     /// Initial noise: safetensors with one f32 tensor `latents` [1, 4, H/8, W/8] (replaces the seeded noise).
     #[arg(long = "init-latents")]
     init_latents: Option<PathBuf>,
@@ -259,7 +264,23 @@ fn generate(a: GenArgs) -> Result<()> {
             );
         }
     }
-    let (table_label, kernels) = edge_kernels_cpu::best_labelled();
+    let variants = edge_kernels_cpu::variants();
+    let (table_label, kernels) = if a.kernels == "best" {
+        edge_kernels_cpu::best_labelled()
+    } else {
+        match variants.iter().find(|(l, _)| *l == a.kernels) {
+            Some(&v) => v,
+            None => bail!(
+                "--kernels {}: this CPU's kernel tables are best, {}",
+                a.kernels,
+                variants
+                    .iter()
+                    .map(|(l, _)| *l)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    };
     if a.verbose {
         let names: Vec<String> = kernels
             .names()
@@ -268,7 +289,12 @@ fn generate(a: GenArgs) -> Result<()> {
             .map(|(slot, name)| format!("{slot}={name}"))
             .collect();
         eprintln!(
-            "kernels {table_label} (cpu: {}): {}",
+            "kernels {table_label} (tables: {}; cpu: {}): {}",
+            variants
+                .iter()
+                .map(|(l, _)| *l)
+                .collect::<Vec<_>>()
+                .join(", "),
             edge_kernels_cpu::features().summary(),
             names.join(" ")
         );

@@ -1,43 +1,176 @@
-//! The per-ISA pieces of the shared attention driver ([`edge_kernels::AttentionOps`]): the
-//! `q·k` scores through the f32 tiles, and `exp`, `acc += w·v` and `acc *= c` in AVX2 / AVX-512
-//! lanes, each the generic scalar operation per element in the same order (the polynomial
-//! `exp` of [`edge_kernels::expf`], unfused), so the attention output is bit-identical.
+//! The attention step ([`edge_kernels::AttentionOps::row_tile`]) in AVX2 / AVX-512 lanes:
+//! `q·k` through the f32 tiles' kernels, the polynomial `exp` of [`edge_kernels::expf`] on 8 /
+//! 16 lanes, and `acc ·= c`, `acc += w·v` lane-wise (unfused); the scalar parts (score
+//! epilogue, tile maximum, running sum) are the generic ones. Each lane does the generic scalar
+//! operation, so the attention output is bit-identical.
 
 use std::arch::x86_64::*;
 
-use edge_kernels::expf::{exp_f32, EXP_HI, EXP_LO, EXP_POLY, LN2_HI, LN2_LO, LOG2E};
-use edge_kernels::AttentionOps;
+use edge_kernels::expf::exp_f32;
+use edge_kernels::{
+    tile_max, AttentionOps, BlockState, KeyTile, QueryBlock, RowState, KEY_TILE, MAX_HEAD_DIM,
+    MAX_TILE, QUERY_TILE,
+};
 
 use super::tile;
+use super::vmath::{exp16, exp8};
 
-/// AVX2 pieces (ymm, scalar generic tails).
+/// AVX2 step: one row at a time.
 pub(crate) const AVX2: AttentionOps = AttentionOps {
     name: "avx2_attention_f32",
-    scores: tile::AVX2,
-    exp: exp_avx2,
-    axpy: axpy_avx2,
-    scale: scale_avx2,
+    block_tile: block_tile_avx2,
 };
 
-/// AVX-512 pieces (zmm, masked tails).
+/// AVX-512 step: the block's rows together, so each key and value row is loaded once per block.
 pub(crate) const AVX512: AttentionOps = AttentionOps {
-    name: "avx512_attention_f32",
-    scores: tile::AVX512,
-    exp: exp_avx512,
-    axpy: axpy_avx512,
-    scale: scale_avx512,
+    name: "avx512_attention_f32_4q",
+    block_tile: block_tile_avx512,
 };
 
+fn block_tile_avx2(b: &QueryBlock<'_>, st: &mut BlockState) {
+    for r in 0..b.nq {
+        let t = b.row(r);
+        let (mut row, scores) = st.row(r, b.p.head_dim);
+        row_tile_avx2(&t, &mut row, scores);
+    }
+}
+
+fn block_tile_avx512(b: &QueryBlock<'_>, st: &mut BlockState) {
+    let hd = b.p.head_dim;
+    assert!((1..=QUERY_TILE).contains(&b.nq) && (1..=KEY_TILE).contains(&b.nk));
+    assert!(hd <= MAX_HEAD_DIM);
+    // SAFETY: AVX-512F was detected before this step was put in a table
+    // (`crate::x86_64::avx512_table`); key and value rows come from `KeyTile::key`/`value`
+    // (bounds-checked slices of `head_dim` elements) and the state arrays are sized by the
+    // constants asserted above.
+    unsafe { block_avx512(b, st) }
+}
+
+/// [`block_tile_avx512`]: scores of 4 rows × 8 keys per tile call, then per row the generic
+/// scalar steps and the vector `exp`, then `acc[r] += w[r][j]·v[j]` over 16-lane chunks of the
+/// head with each value chunk loaded once for all rows (keys still in increasing order per
+/// element, so every row's sums are the generic ones).
+#[target_feature(enable = "avx512f")]
+unsafe fn block_avx512(b: &QueryBlock<'_>, st: &mut BlockState) {
+    let (hd, nq, nk) = (b.p.head_dim, b.nq, b.nk);
+    let rows: [KeyTile<'_>; QUERY_TILE] = std::array::from_fn(|r| b.row(r.min(nq - 1)));
+    let qs: [&[f32]; QUERY_TILE] = std::array::from_fn(|r| rows[r].q);
+    let tc = tile::AVX512.cols;
+    let mut dots = [0f32; QUERY_TILE * MAX_TILE];
+    for c0 in (0..nk).step_by(tc) {
+        let mut ks = [qs[0]; MAX_TILE];
+        for (c, k) in ks.iter_mut().enumerate().take(tc) {
+            *k = rows[0].key(b.j0 + (c0 + c).min(nk - 1));
+        }
+        // SAFETY: AVX-512F is enabled here; every row holds `hd` elements.
+        unsafe { tile::avx512_rc::<QUERY_TILE>(&qs, &ks[..tc], hd, &mut dots) };
+        for r in 0..nq {
+            for c in 0..tc.min(nk - c0) {
+                st.scores[r][c0 + c] = rows[r].score(b.j0 + c0 + c, dots[r * tc + c]);
+            }
+        }
+    }
+    for r in 0..nq {
+        let s = &mut st.scores[r][..nk];
+        let new_max = tile_max(st.run_max[r], s);
+        let correction = exp_f32(st.run_max[r] - new_max);
+        if correction != 1.0 {
+            scale_avx512(&mut st.acc[r][..hd], correction);
+        }
+        let mut sum = st.run_sum[r] * correction;
+        for sj in s.iter_mut() {
+            *sj -= new_max;
+        }
+        exp_avx512(s);
+        for &w in s.iter() {
+            sum += w;
+        }
+        st.run_sum[r] = sum;
+        st.run_max[r] = new_max;
+    }
+    let mut vp = [std::ptr::null::<f32>(); KEY_TILE];
+    for (jj, v) in vp.iter_mut().enumerate().take(nk) {
+        *v = rows[0].value(b.j0 + jj).as_ptr();
+    }
+    let mut d0 = 0;
+    while d0 < hd {
+        let m = mask((hd - d0).min(16));
+        let mut a = [_mm512_setzero_ps(); QUERY_TILE];
+        for r in 0..nq {
+            // SAFETY: the mask covers elements `d0..hd` of row `r`'s accumulator.
+            a[r] = unsafe { _mm512_maskz_loadu_ps(m, st.acc[r].as_ptr().add(d0)) };
+        }
+        for jj in 0..nk {
+            // SAFETY: `vp[jj]` points at a value row of `hd` elements; the mask stays below `hd`.
+            let v = unsafe { _mm512_maskz_loadu_ps(m, vp[jj].add(d0)) };
+            for r in 0..nq {
+                let w = _mm512_set1_ps(st.scores[r][jj]);
+                a[r] = _mm512_add_ps(a[r], _mm512_mul_ps(w, v));
+            }
+        }
+        for r in 0..nq {
+            // SAFETY: as for the load above.
+            unsafe { _mm512_mask_storeu_ps(st.acc[r].as_mut_ptr().add(d0), m, a[r]) };
+        }
+        d0 += 16;
+    }
+}
+
+fn row_tile_avx2(t: &KeyTile<'_>, st: &mut RowState<'_>, scores: &mut [f32]) {
+    assert!(t.nk >= 1 && scores.len() >= t.nk && st.acc.len() == t.p.head_dim);
+    // SAFETY: AVX2 was detected before this step was put in a table
+    // (`crate::x86_64::avx2_table`); every access below is through slices checked above or by
+    // `KeyTile::key`/`value`.
+    unsafe { row_tile_avx2_impl(t, st, scores) }
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn row_tile_avx2_impl(t: &KeyTile<'_>, st: &mut RowState<'_>, scores: &mut [f32]) {
+    let hd = t.p.head_dim;
+    let tc = tile::AVX2.cols;
+    let mut dots = [0f32; MAX_TILE];
+    let s = &mut scores[..t.nk];
+    for c0 in (0..t.nk).step_by(tc) {
+        let mut ks = [t.q; MAX_TILE];
+        for (c, k) in ks.iter_mut().enumerate().take(tc) {
+            *k = t.key(t.j0 + (c0 + c).min(t.nk - 1));
+        }
+        // SAFETY: AVX2 is enabled here; every row holds `hd` elements.
+        unsafe { tile::avx2_rc::<1>(&[t.q], &ks[..tc], hd, &mut dots) };
+        for (c, sj) in s[c0..t.nk.min(c0 + tc)].iter_mut().enumerate() {
+            *sj = t.score(t.j0 + c0 + c, dots[c]);
+        }
+    }
+    let new_max = tile_max(*st.run_max, s);
+    let correction = exp_f32(*st.run_max - new_max);
+    if correction != 1.0 {
+        scale_avx2(st.acc, correction);
+    }
+    let mut sum = *st.run_sum * correction;
+    for sj in s.iter_mut() {
+        *sj -= new_max;
+    }
+    exp_avx2(s);
+    for (jj, &w) in s.iter().enumerate() {
+        sum += w;
+        axpy_avx2(st.acc, w, t.value(t.j0 + jj));
+    }
+    *st.run_sum = sum;
+    *st.run_max = new_max;
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
 fn exp_avx2(s: &mut [f32]) {
     let full = s.len() - s.len() % 8;
-    // SAFETY: AVX2 was detected before this function was put in a table
-    // (`crate::x86_64::avx2_table`); loads and stores stay below `full ≤ s.len()`.
+    // SAFETY: AVX2 is enabled in this function; loads and stores stay below `full ≤ s.len()`.
     unsafe { exp8_run(s.as_mut_ptr(), full) };
     for v in &mut s[full..] {
         *v = exp_f32(*v);
     }
 }
 
+#[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn exp8_run(p: *mut f32, full: usize) {
     let mut i = 0;
@@ -48,50 +181,19 @@ unsafe fn exp8_run(p: *mut f32, full: usize) {
     }
 }
 
-/// [`exp_f32`] on 8 lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn exp8(x: __m256) -> __m256 {
-    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-        x,
-        _mm256_set1_ps(LOG2E),
-    ));
-    let r = _mm256_sub_ps(
-        _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(LN2_HI))),
-        _mm256_mul_ps(n, _mm256_set1_ps(LN2_LO)),
-    );
-    let mut p = _mm256_set1_ps(EXP_POLY[0]);
-    for &c in &EXP_POLY[1..] {
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
-    }
-    let one = _mm256_set1_ps(1.0);
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), one);
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), one);
-    let ni = _mm256_cvtps_epi32(n);
-    let n1 = _mm256_srai_epi32::<1>(ni);
-    let n2 = _mm256_sub_epi32(ni, n1);
-    let bias = _mm256_set1_epi32(127);
-    let s1 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n1, bias)));
-    let s2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n2, bias)));
-    let y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
-    let lo = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(EXP_LO));
-    let hi = _mm256_cmp_ps::<_CMP_GT_OQ>(x, _mm256_set1_ps(EXP_HI));
-    let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
-    let y = _mm256_blendv_ps(y, _mm256_setzero_ps(), lo);
-    let y = _mm256_blendv_ps(y, _mm256_set1_ps(f32::INFINITY), hi);
-    _mm256_blendv_ps(y, x, nan)
-}
-
 fn axpy_avx2(acc: &mut [f32], w: f32, v: &[f32]) {
     assert_eq!(acc.len(), v.len());
     let full = acc.len() - acc.len() % 8;
-    // SAFETY: AVX2 was detected (see `exp_avx2`); both slices hold `acc.len() ≥ full` elements.
+    // SAFETY: AVX2 is enabled in this function; both slices hold `acc.len() ≥ full` elements.
     unsafe { axpy8_run(acc.as_mut_ptr(), w, v.as_ptr(), full) };
     for (x, &vv) in acc[full..].iter_mut().zip(&v[full..]) {
         *x += w * vv;
     }
 }
 
+#[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn axpy8_run(a: *mut f32, w: f32, v: *const f32, full: usize) {
     let wv = _mm256_set1_ps(w);
@@ -109,15 +211,18 @@ unsafe fn axpy8_run(a: *mut f32, w: f32, v: *const f32, full: usize) {
     }
 }
 
+#[inline]
+#[target_feature(enable = "avx2")]
 fn scale_avx2(acc: &mut [f32], c: f32) {
     let full = acc.len() - acc.len() % 8;
-    // SAFETY: AVX2 was detected (see `exp_avx2`); `full ≤ acc.len()`.
+    // SAFETY: AVX2 is enabled in this function; `full ≤ acc.len()`.
     unsafe { scale8_run(acc.as_mut_ptr(), c, full) };
     for x in &mut acc[full..] {
         *x *= c;
     }
 }
 
+#[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn scale8_run(a: *mut f32, c: f32, full: usize) {
     let cv = _mm256_set1_ps(c);
@@ -134,12 +239,14 @@ fn mask(len: usize) -> __mmask16 {
     ((1u32 << len) - 1) as __mmask16
 }
 
+#[inline]
+#[target_feature(enable = "avx512f")]
 fn exp_avx512(s: &mut [f32]) {
-    // SAFETY: AVX-512F was detected before this function was put in a table
-    // (`crate::x86_64::avx512_table`); masked loads and stores touch only `s`.
+    // SAFETY: AVX-512F is enabled in this function; masked loads and stores touch only `s`.
     unsafe { exp16_run(s.as_mut_ptr(), s.len()) };
 }
 
+#[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn exp16_run(p: *mut f32, len: usize) {
     let mut i = 0;
@@ -154,68 +261,14 @@ unsafe fn exp16_run(p: *mut f32, len: usize) {
     }
 }
 
-/// [`exp_f32`] on 16 lanes.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn exp16(x: __m512) -> __m512 {
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-        _mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
-    );
-    let r = _mm512_sub_ps(
-        _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(LN2_HI))),
-        _mm512_mul_ps(n, _mm512_set1_ps(LN2_LO)),
-    );
-    let mut p = _mm512_set1_ps(EXP_POLY[0]);
-    for &c in &EXP_POLY[1..] {
-        p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(c));
-    }
-    let one = _mm512_set1_ps(1.0);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), one);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), one);
-    let ni = _mm512_cvtps_epi32(n);
-    let n1 = _mm512_srai_epi32::<1>(ni);
-    let n2 = _mm512_sub_epi32(ni, n1);
-    let bias = _mm512_set1_epi32(127);
-    let s1 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(n1, bias)));
-    let s2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(n2, bias)));
-    let y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
-    let lo = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(EXP_LO));
-    let hi = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(EXP_HI));
-    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
-    let y = _mm512_mask_mov_ps(y, lo, _mm512_setzero_ps());
-    let y = _mm512_mask_mov_ps(y, hi, _mm512_set1_ps(f32::INFINITY));
-    _mm512_mask_mov_ps(y, nan, x)
-}
-
-fn axpy_avx512(acc: &mut [f32], w: f32, v: &[f32]) {
-    assert_eq!(acc.len(), v.len());
-    // SAFETY: AVX-512F was detected (see `exp_avx512`); masked accesses stay inside both slices.
-    unsafe { axpy16_run(acc.as_mut_ptr(), w, v.as_ptr(), acc.len()) };
-}
-
-#[target_feature(enable = "avx512f")]
-unsafe fn axpy16_run(a: *mut f32, w: f32, v: *const f32, len: usize) {
-    let wv = _mm512_set1_ps(w);
-    let mut i = 0;
-    while i < len {
-        let m = mask((len - i).min(16));
-        // SAFETY: the mask covers only elements `i..len` of both slices.
-        unsafe {
-            let x = _mm512_add_ps(
-                _mm512_maskz_loadu_ps(m, a.add(i)),
-                _mm512_mul_ps(wv, _mm512_maskz_loadu_ps(m, v.add(i))),
-            );
-            _mm512_mask_storeu_ps(a.add(i), m, x);
-        }
-        i += 16;
-    }
-}
-
 fn scale_avx512(acc: &mut [f32], c: f32) {
-    // SAFETY: AVX-512F was detected (see `exp_avx512`); masked accesses stay inside `acc`.
+    // SAFETY: AVX-512F is enabled in this function; masked accesses stay inside `acc`.
     unsafe { scale16_run(acc.as_mut_ptr(), c, acc.len()) };
 }
 
+#[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn scale16_run(a: *mut f32, c: f32, len: usize) {
     let cv = _mm512_set1_ps(c);

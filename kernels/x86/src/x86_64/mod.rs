@@ -3,54 +3,74 @@
 mod attention;
 mod qgemm;
 mod tile;
+mod vmath;
 
 use edge_kernels::cpu::Features;
 use edge_kernels::{conv2d_with, generic, linear_plain, Kernel, KernelTable, WeightRef};
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 
-/// `avx2_linear_any`: `F32`/`F16`/`BF16` through the shared GEMM driver with the AVX2 tile;
-/// other weight types forward to the generic kernel.
-fn linear_avx2(
-    x: &[f32],
-    w: WeightRef<'_>,
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-    m: usize,
-    k: usize,
-    n: usize,
-    scratch: &mut [u8],
-) {
-    match w.dtype {
-        DType::F32 | DType::F16 | DType::BF16 => {
-            linear_plain(&tile::AVX2, x, w, bias, out, m, k, n, scratch)
-        }
-        _ => edge_kernels::linear(x, w, bias, out, m, k, n, scratch),
-    }
+/// What distinguishes the three x86 tables: the f32 tile, the attention step, and whether the
+/// VNNI panel kernel serves the quantized 32-element block types.
+trait Isa {
+    const SILU: Kernel<edge_kernels::UnaryFn>;
+    const GELU: Kernel<edge_kernels::UnaryFn>;
+    const TILE: edge_kernels::F32Tile;
+    const ATTENTION: edge_kernels::AttentionOps;
+    const VNNI: bool;
 }
 
-/// `avx512_linear_any`: as [`linear_avx2`] with the AVX-512 tile.
-fn linear_avx512(
-    x: &[f32],
-    w: WeightRef<'_>,
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-    m: usize,
-    k: usize,
-    n: usize,
-    scratch: &mut [u8],
-) {
-    match w.dtype {
-        DType::F32 | DType::F16 | DType::BF16 => {
-            linear_plain(&tile::AVX512, x, w, bias, out, m, k, n, scratch)
-        }
-        _ => edge_kernels::linear(x, w, bias, out, m, k, n, scratch),
-    }
+struct Avx2;
+struct Avx512;
+struct Avx512Vnni;
+
+impl Isa for Avx2 {
+    const SILU: Kernel<edge_kernels::UnaryFn> = Kernel {
+        name: "avx2_silu_f32_x8",
+        run: vmath::silu_avx2,
+    };
+    const GELU: Kernel<edge_kernels::UnaryFn> = Kernel {
+        name: "avx2_gelu_tanh_f32_x8",
+        run: vmath::gelu_avx2,
+    };
+    const TILE: edge_kernels::F32Tile = tile::AVX2;
+    const ATTENTION: edge_kernels::AttentionOps = attention::AVX2;
+    const VNNI: bool = false;
 }
 
-/// `avx512vnni_linear_any`: [`linear_avx512`] plus the VNNI panel kernel for row-major
-/// `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1` weights with at least 4 activation rows.
-fn linear_avx512_vnni(
+impl Isa for Avx512 {
+    const SILU: Kernel<edge_kernels::UnaryFn> = Kernel {
+        name: "avx512_silu_f32_x16",
+        run: vmath::silu_avx512,
+    };
+    const GELU: Kernel<edge_kernels::UnaryFn> = Kernel {
+        name: "avx512_gelu_tanh_f32_x16",
+        run: vmath::gelu_avx512,
+    };
+    const TILE: edge_kernels::F32Tile = tile::AVX512;
+    const ATTENTION: edge_kernels::AttentionOps = attention::AVX512;
+    const VNNI: bool = false;
+}
+
+impl Isa for Avx512Vnni {
+    const SILU: Kernel<edge_kernels::UnaryFn> = Kernel {
+        name: "avx512_silu_f32_x16",
+        run: vmath::silu_avx512,
+    };
+    const GELU: Kernel<edge_kernels::UnaryFn> = Kernel {
+        name: "avx512_gelu_tanh_f32_x16",
+        run: vmath::gelu_avx512,
+    };
+    const TILE: edge_kernels::F32Tile = tile::AVX512;
+    const ATTENTION: edge_kernels::AttentionOps = attention::AVX512;
+    const VNNI: bool = true;
+}
+
+/// `{avx2,avx512,avx512vnni}_linear_any`: `F32`/`F16`/`BF16` through the shared GEMM driver
+/// with `I`'s tile; with VNNI, row-major `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1` weights with at
+/// least 4 activation rows through the panel kernel; everything else forwards to the generic
+/// kernel.
+fn linear<I: Isa>(
     x: &[f32],
     w: WeightRef<'_>,
     bias: Option<&[f32]>,
@@ -60,17 +80,22 @@ fn linear_avx512_vnni(
     n: usize,
     scratch: &mut [u8],
 ) {
-    if !qgemm::handles(&w, m, k) {
-        return linear_avx512(x, w, bias, out, m, k, n, scratch);
-    }
-    let wrow = edge_kernels::contract::linear(x, w, bias, out, m, k, n, scratch.len());
-    if n == 0 {
+    if I::VNNI && qgemm::handles(&w, m, k) {
+        let wrow = edge_kernels::contract::linear(x, w, bias, out, m, k, n, scratch.len());
+        if n > 0 {
+            qgemm::linear(x, w, wrow, bias, out, m, k, n, scratch);
+        }
         return;
     }
-    qgemm::linear(x, w, wrow, bias, out, m, k, n, scratch);
+    match w.dtype {
+        DType::F32 | DType::F16 | DType::BF16 => {
+            linear_plain(&I::TILE, x, w, bias, out, m, k, n, scratch)
+        }
+        _ => edge_kernels::linear(x, w, bias, out, m, k, n, scratch),
+    }
 }
 
-fn attention_avx2(
+fn attention_on<I: Isa>(
     p: &edge_kernels::AttentionParams,
     q: &[f32],
     kv: &[f32],
@@ -78,21 +103,10 @@ fn attention_avx2(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    edge_kernels::attention_with(&attention::AVX2, p, q, kv, key_mask, bias, out)
+    edge_kernels::attention_with(&I::ATTENTION, p, q, kv, key_mask, bias, out)
 }
 
-fn attention_avx512(
-    p: &edge_kernels::AttentionParams,
-    q: &[f32],
-    kv: &[f32],
-    key_mask: Option<&[f32]>,
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-) {
-    edge_kernels::attention_with(&attention::AVX512, p, q, kv, key_mask, bias, out)
-}
-
-fn conv2d_avx2(
+fn conv2d_on<I: Isa>(
     p: &edge_kernels::Conv2dParams,
     x: &[f32],
     w: WeightRef<'_>,
@@ -100,18 +114,27 @@ fn conv2d_avx2(
     out: &mut [f32],
     scratch: &mut [u8],
 ) {
-    conv2d_with(&tile::AVX2, p, x, w, bias, out, scratch)
+    conv2d_with(&I::TILE, p, x, w, bias, out, scratch)
 }
 
-fn conv2d_avx512(
-    p: &edge_kernels::Conv2dParams,
-    x: &[f32],
-    w: WeightRef<'_>,
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-    scratch: &mut [u8],
-) {
-    conv2d_with(&tile::AVX512, p, x, w, bias, out, scratch)
+/// `generic()` with `I`'s slots.
+fn table<I: Isa>(linear_name: &'static str, conv_name: &'static str) -> KernelTable {
+    let mut t = generic();
+    t.linear = Kernel {
+        name: linear_name,
+        run: linear::<I>,
+    };
+    t.conv2d = Kernel {
+        name: conv_name,
+        run: conv2d_on::<I>,
+    };
+    t.attention = Kernel {
+        name: I::ATTENTION.name,
+        run: attention_on::<I>,
+    };
+    t.silu = I::SILU;
+    t.gelu_tanh = I::GELU;
+    t
 }
 
 /// Slot names of the three `linear` kernels.
@@ -120,54 +143,18 @@ const LINEAR_AVX512: &str = "avx512_linear_any";
 const LINEAR_AVX512_VNNI: &str = "avx512vnni_linear_any";
 
 fn avx2_table(f: &Features) -> Option<KernelTable> {
-    f.avx2.then(|| {
-        let mut t = generic();
-        t.linear = Kernel {
-            name: LINEAR_AVX2,
-            run: linear_avx2,
-        };
-        t.conv2d = Kernel {
-            name: "avx2_conv2d_f32_4x3",
-            run: conv2d_avx2,
-        };
-        t.attention = Kernel {
-            name: attention::AVX2.name,
-            run: attention_avx2,
-        };
-        t
-    })
+    f.avx2
+        .then(|| table::<Avx2>(LINEAR_AVX2, "avx2_conv2d_f32_4x3"))
 }
 
 fn avx512_table(f: &Features) -> Option<KernelTable> {
-    f.avx512f.then(|| {
-        let mut t = generic();
-        t.linear = Kernel {
-            name: LINEAR_AVX512,
-            run: linear_avx512,
-        };
-        t.conv2d = Kernel {
-            name: "avx512_conv2d_f32_6x8",
-            run: conv2d_avx512,
-        };
-        t.attention = Kernel {
-            name: attention::AVX512.name,
-            run: attention_avx512,
-        };
-        t
-    })
+    f.avx512f
+        .then(|| table::<Avx512>(LINEAR_AVX512, "avx512_conv2d_f32_6x8"))
 }
 
 fn avx512_vnni_table(f: &Features) -> Option<KernelTable> {
-    (f.avx512vnni && f.avx512bw)
-        .then(|| avx512_table(f))
-        .flatten()
-        .map(|mut t| {
-            t.linear = Kernel {
-                name: LINEAR_AVX512_VNNI,
-                run: linear_avx512_vnni,
-            };
-            t
-        })
+    (f.avx512f && f.avx512bw && f.avx512vnni)
+        .then(|| table::<Avx512Vnni>(LINEAR_AVX512_VNNI, "avx512_conv2d_f32_6x8"))
 }
 
 pub(crate) fn variants(f: &Features) -> Vec<(&'static str, KernelTable)> {

@@ -57,7 +57,12 @@ fn avx2_tile(xs: &[&[f32]], ws: &[&[f32]], k: usize, out: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx2")]
-unsafe fn avx2_rc<const R: usize>(xs: &[&[f32]], ws: &[&[f32]], k: usize, out: &mut [f32]) {
+pub(crate) unsafe fn avx2_rc<const R: usize>(
+    xs: &[&[f32]],
+    ws: &[&[f32]],
+    k: usize,
+    out: &mut [f32],
+) {
     const C: usize = 3;
     let full = k - k % 8;
     let mut acc = [[_mm256_setzero_ps(); C]; R];
@@ -106,7 +111,12 @@ fn avx512_tile(xs: &[&[f32]], ws: &[&[f32]], k: usize, out: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx512f")]
-unsafe fn avx512_rc<const R: usize>(xs: &[&[f32]], ws: &[&[f32]], k: usize, out: &mut [f32]) {
+pub(crate) unsafe fn avx512_rc<const R: usize>(
+    xs: &[&[f32]],
+    ws: &[&[f32]],
+    k: usize,
+    out: &mut [f32],
+) {
     const P: usize = 4;
     let full = k - k % 8;
     let mut acc = [[_mm512_setzero_ps(); P]; R];

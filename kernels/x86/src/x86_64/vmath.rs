@@ -1,0 +1,249 @@
+//! Vector forms of the kernels' one arithmetic for `exp`, `tanh`, SiLU and GELU
+//! ([`edge_kernels::expf`], [`edge_kernels::silu_f32`], [`edge_kernels::gelu_tanh_f32`]): each
+//! lane performs the scalar definition's operations in its order (no fused multiply-add), so
+//! results are bit-identical; and the `silu` / `gelu_tanh` slots built on them.
+
+use std::arch::x86_64::*;
+
+use edge_kernels::expf::{EXP_HI, EXP_LO, EXP_POLY, LN2_HI, LN2_LO, LOG2E};
+use edge_kernels::{gelu_tanh_f32, silu_f32, GELU_KAPPA, GELU_SQRT_2_OVER_PI};
+use rayon::prelude::*;
+
+/// [`exp_f32`] on 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn exp8(x: __m256) -> __m256 {
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        x,
+        _mm256_set1_ps(LOG2E),
+    ));
+    let r = _mm256_sub_ps(
+        _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(LN2_HI))),
+        _mm256_mul_ps(n, _mm256_set1_ps(LN2_LO)),
+    );
+    let mut p = _mm256_set1_ps(EXP_POLY[0]);
+    for &c in &EXP_POLY[1..] {
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
+    }
+    let one = _mm256_set1_ps(1.0);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), one);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), one);
+    let ni = _mm256_cvtps_epi32(n);
+    let n1 = _mm256_srai_epi32::<1>(ni);
+    let n2 = _mm256_sub_epi32(ni, n1);
+    let bias = _mm256_set1_epi32(127);
+    let s1 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n1, bias)));
+    let s2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n2, bias)));
+    let y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    let lo = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(EXP_LO));
+    let hi = _mm256_cmp_ps::<_CMP_GT_OQ>(x, _mm256_set1_ps(EXP_HI));
+    let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
+    let y = _mm256_blendv_ps(y, _mm256_setzero_ps(), lo);
+    let y = _mm256_blendv_ps(y, _mm256_set1_ps(f32::INFINITY), hi);
+    _mm256_blendv_ps(y, x, nan)
+}
+
+/// [`exp_f32`] on 16 lanes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn exp16(x: __m512) -> __m512 {
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
+    );
+    let r = _mm512_sub_ps(
+        _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(LN2_HI))),
+        _mm512_mul_ps(n, _mm512_set1_ps(LN2_LO)),
+    );
+    let mut p = _mm512_set1_ps(EXP_POLY[0]);
+    for &c in &EXP_POLY[1..] {
+        p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(c));
+    }
+    let one = _mm512_set1_ps(1.0);
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), one);
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), one);
+    let ni = _mm512_cvtps_epi32(n);
+    let n1 = _mm512_srai_epi32::<1>(ni);
+    let n2 = _mm512_sub_epi32(ni, n1);
+    let bias = _mm512_set1_epi32(127);
+    let s1 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(n1, bias)));
+    let s2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(n2, bias)));
+    let y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+    let lo = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(EXP_LO));
+    let hi = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(EXP_HI));
+    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+    let y = _mm512_mask_mov_ps(y, lo, _mm512_setzero_ps());
+    let y = _mm512_mask_mov_ps(y, hi, _mm512_set1_ps(f32::INFINITY));
+    _mm512_mask_mov_ps(y, nan, x)
+}
+
+/// [`edge_kernels::expf::tanh_f32`] on 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn tanh8(u: __m256) -> __m256 {
+    let sign = _mm256_set1_ps(-0.0);
+    let a = _mm256_andnot_ps(sign, u);
+    let e = exp8(_mm256_mul_ps(_mm256_set1_ps(2.0), a));
+    let one = _mm256_set1_ps(1.0);
+    let t = _mm256_sub_ps(
+        one,
+        _mm256_div_ps(_mm256_set1_ps(2.0), _mm256_add_ps(e, one)),
+    );
+    _mm256_or_ps(_mm256_andnot_ps(sign, t), _mm256_and_ps(sign, u))
+}
+
+/// [`edge_kernels::expf::tanh_f32`] on 16 lanes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn tanh16(u: __m512) -> __m512 {
+    let sign = _mm512_set1_epi32(i32::MIN);
+    let ui = _mm512_castps_si512(u);
+    let a = _mm512_castsi512_ps(_mm512_andnot_si512(sign, ui));
+    let e = exp16(_mm512_mul_ps(_mm512_set1_ps(2.0), a));
+    let one = _mm512_set1_ps(1.0);
+    let t = _mm512_sub_ps(
+        one,
+        _mm512_div_ps(_mm512_set1_ps(2.0), _mm512_add_ps(e, one)),
+    );
+    let ti = _mm512_castps_si512(t);
+    _mm512_castsi512_ps(_mm512_or_si512(
+        _mm512_andnot_si512(sign, ti),
+        _mm512_and_si512(sign, ui),
+    ))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn silu8(v: __m256) -> __m256 {
+    let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), v));
+    _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0), e))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn silu16(v: __m512) -> __m512 {
+    let neg = _mm512_castsi512_ps(_mm512_xor_si512(
+        _mm512_castps_si512(v),
+        _mm512_set1_epi32(i32::MIN),
+    ));
+    let e = exp16(neg);
+    _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0), e))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn gelu8(v: __m256) -> __m256 {
+    let cube = _mm256_mul_ps(_mm256_mul_ps(v, v), v);
+    let inner = _mm256_mul_ps(
+        _mm256_set1_ps(GELU_SQRT_2_OVER_PI),
+        _mm256_add_ps(v, _mm256_mul_ps(_mm256_set1_ps(GELU_KAPPA), cube)),
+    );
+    let half_v = _mm256_mul_ps(_mm256_set1_ps(0.5), v);
+    _mm256_mul_ps(half_v, _mm256_add_ps(_mm256_set1_ps(1.0), tanh8(inner)))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn gelu16(v: __m512) -> __m512 {
+    let cube = _mm512_mul_ps(_mm512_mul_ps(v, v), v);
+    let inner = _mm512_mul_ps(
+        _mm512_set1_ps(GELU_SQRT_2_OVER_PI),
+        _mm512_add_ps(v, _mm512_mul_ps(_mm512_set1_ps(GELU_KAPPA), cube)),
+    );
+    let half_v = _mm512_mul_ps(_mm512_set1_ps(0.5), v);
+    _mm512_mul_ps(half_v, _mm512_add_ps(_mm512_set1_ps(1.0), tanh16(inner)))
+}
+
+/// The lane function of a unary slot.
+#[derive(Clone, Copy)]
+enum Unary {
+    Silu,
+    Gelu,
+}
+
+impl Unary {
+    fn scalar(self, v: f32) -> f32 {
+        match self {
+            Unary::Silu => silu_f32(v),
+            Unary::Gelu => gelu_tanh_f32(v),
+        }
+    }
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn map8(f: Unary, x: &[f32], out: &mut [f32]) {
+    let full = x.len() - x.len() % 8;
+    let mut i = 0;
+    while i < full {
+        // SAFETY: `i + 8 <= full <= x.len() == out.len()`.
+        unsafe {
+            let v = _mm256_loadu_ps(x.as_ptr().add(i));
+            let y = match f {
+                Unary::Silu => silu8(v),
+                Unary::Gelu => gelu8(v),
+            };
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), y);
+        }
+        i += 8;
+    }
+    for (o, &v) in out[full..].iter_mut().zip(&x[full..]) {
+        *o = f.scalar(v);
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn map16(f: Unary, x: &[f32], out: &mut [f32]) {
+    let full = x.len() - x.len() % 16;
+    let mut i = 0;
+    while i < full {
+        // SAFETY: `i + 16 <= full <= x.len() == out.len()`.
+        unsafe {
+            let v = _mm512_loadu_ps(x.as_ptr().add(i));
+            let y = match f {
+                Unary::Silu => silu16(v),
+                Unary::Gelu => gelu16(v),
+            };
+            _mm512_storeu_ps(out.as_mut_ptr().add(i), y);
+        }
+        i += 16;
+    }
+    for (o, &v) in out[full..].iter_mut().zip(&x[full..]) {
+        *o = f.scalar(v);
+    }
+}
+
+fn map(f: Unary, wide: bool, x: &[f32], out: &mut [f32], what: &str) {
+    edge_kernels::contract::unary(x, out, what);
+    out.par_chunks_mut(edge_kernels::elementwise_chunk())
+        .zip(x.par_chunks(edge_kernels::elementwise_chunk()))
+        .for_each(|(o, x)| {
+            // SAFETY: the tables that hold these slots are built only after AVX2 (`wide`:
+            // AVX-512F) was detected (`crate::x86_64`); `o` and `x` have equal lengths.
+            unsafe {
+                if wide {
+                    map16(f, x, o)
+                } else {
+                    map8(f, x, o)
+                }
+            }
+        });
+}
+
+/// `avx2_silu_f32_x8`.
+pub(crate) fn silu_avx2(x: &[f32], out: &mut [f32]) {
+    map(Unary::Silu, false, x, out, "silu")
+}
+
+/// `avx512_silu_f32_x16`.
+pub(crate) fn silu_avx512(x: &[f32], out: &mut [f32]) {
+    map(Unary::Silu, true, x, out, "silu")
+}
+
+/// `avx2_gelu_tanh_f32_x8`.
+pub(crate) fn gelu_avx2(x: &[f32], out: &mut [f32]) {
+    map(Unary::Gelu, false, x, out, "gelu_tanh")
+}
+
+/// `avx512_gelu_tanh_f32_x16`.
+pub(crate) fn gelu_avx512(x: &[f32], out: &mut [f32]) {
+    map(Unary::Gelu, true, x, out, "gelu_tanh")
+}
