@@ -11,6 +11,7 @@ pub mod error;
 pub mod image;
 pub mod pipeline;
 pub mod plan;
+pub mod profile;
 pub mod rng;
 pub mod sampler;
 pub mod session;

@@ -28,6 +28,7 @@ pub struct Session<'p> {
     arena: Vec<u64>,
     kernels: KernelTable,
     streamer: crate::stream::Streamer,
+    profile: Option<crate::profile::Profile>,
 }
 
 impl std::fmt::Debug for Session<'_> {
@@ -175,7 +176,18 @@ impl<'p> Session<'p> {
             arena: vec![0u64; words],
             kernels,
             streamer: crate::stream::Streamer::new(plan.meta(), plan.meta().budget, needed),
+            profile: None,
         })
+    }
+
+    /// Starts (`true`, with an empty table) or stops timing every step per stage kind and op.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(crate::profile::Profile::default);
+    }
+
+    /// The per-op table collected since [`Session::set_profiling`]`(true)`, if profiling.
+    pub fn profile(&self) -> Option<&crate::profile::Profile> {
+        self.profile.as_ref()
     }
 
     /// Lowers (never raises) the weight + arena budget the session streams weights under.
@@ -257,7 +269,15 @@ impl<'p> Session<'p> {
                 plan.section_checked(sec as usize)?;
             }
             for step in &stage.steps[seg.first_step as usize..seg.end_step as usize] {
-                self.run_step(stage, step)?;
+                if self.profile.is_some() {
+                    let t = std::time::Instant::now();
+                    self.run_step(stage, step)?;
+                    if let Some(p) = self.profile.as_mut() {
+                        p.record(stage, step, t.elapsed());
+                    }
+                } else {
+                    self.run_step(stage, step)?;
+                }
             }
         }
         let arena = self.arena.as_bytes();

@@ -3,7 +3,8 @@
 //!
 //! `cargo run --release -p edge-kernels-cpu --example kbench [threads]` prints, per model-sized
 //! shape and table, the best time of repeated calls, GFLOP/s (2·m·k·n for linear,
-//! 2·cout·oh·ow·cin·kh·kw for conv2d) and the speed-up over the generic table.
+//! 2·cout·oh·ow·cin·kh·kw for conv2d) and the speed-up over the generic table. A second
+//! argument keeps only the benchmarks whose label contains it (`kbench 2 attention`).
 
 use std::time::Instant;
 
@@ -40,6 +41,11 @@ fn values(n: usize, seed: u32) -> Vec<f32> {
         .collect()
 }
 
+/// `kbench [threads] [filter]`: only the benchmarks whose label contains `filter`.
+fn wanted(what: &str) -> bool {
+    std::env::args().nth(2).is_none_or(|f| what.contains(&f))
+}
+
 /// Best of a few runs, in seconds.
 fn time(mut f: impl FnMut()) -> f64 {
     f();
@@ -54,6 +60,9 @@ fn time(mut f: impl FnMut()) -> f64 {
 }
 
 fn bench_linear(tables: &[(&str, KernelTable)], dtype: DType, m: usize, k: usize, n: usize) {
+    if !wanted(&format!("linear {}", dtype.name())) {
+        return;
+    }
     let x = values(m * k, 1);
     let w = values(n * k, 2);
     let row = dtype.bytes_for(k as u64).unwrap_or(0) as usize;
@@ -95,6 +104,9 @@ fn bench_linear(tables: &[(&str, KernelTable)], dtype: DType, m: usize, k: usize
 }
 
 fn bench_conv(tables: &[(&str, KernelTable)], cin: usize, cout: usize, hw: usize, k: usize) {
+    if !wanted("conv2d") {
+        return;
+    }
     let pad = k / 2;
     let p = Conv2dParams {
         cin,
@@ -151,6 +163,9 @@ fn bench_each(
     unit: &str,
     mut f: impl FnMut(&KernelTable),
 ) {
+    if !wanted(what) {
+        return;
+    }
     let mut base = 0.0;
     for (label, t) in tables {
         let s = time(|| f(t));
@@ -267,6 +282,7 @@ fn main() {
         (300, 64, 64),
         (256, 1152, 1152),
         (1024, 1152, 4608),
+        (16, 4096, 10240),
     ] {
         for dtype in [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0] {
             bench_linear(&tables, dtype, m, k, n);

@@ -47,3 +47,11 @@ pub fn linear_variant_name(table: &KernelTable, dtype: DType, layout: PackLayout
     edge_kernels_x86::linear_variant_name(table, dtype, layout)
         .unwrap_or_else(|| edge_kernels_neon::linear_layout_variant_name(table, dtype, layout))
 }
+
+/// Peak throughput of one core ([`edge_kernels_x86::Peak`]; all `None` off x86-64 for now).
+pub use edge_kernels_x86::Peak;
+
+/// Measures [`Peak`] on the calling thread (`iters` ≈ 20 million: about 0.1 s).
+pub fn peak(iters: usize) -> Peak {
+    edge_kernels_x86::peak(&features(), iters)
+}

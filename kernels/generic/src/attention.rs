@@ -59,8 +59,9 @@ pub struct AttentionParams {
 /// matrix is never stored and nothing is allocated. `q·k` is the crate's fixed-order dot
 /// product ([`F32Tile`](crate::F32Tile)) and `exp` is [`crate::expf::exp_f32`], so SIMD twins can match it bit
 /// for bit. The order of every sum is fixed by the
-/// tile size, so the result is identical for any thread count. Parallel over blocks of 4 query
-/// rows (all heads of a row are in the same task because `out` rows interleave heads).
+/// tile size, so the result is identical for any thread count. Parallel over blocks of up to 32
+/// query rows (all heads of a row are in the same task because `out` rows interleave heads),
+/// each handled as blocks of 4 rows head by head.
 pub fn attention(
     p: &AttentionParams,
     q_src: &[f32],
@@ -302,12 +303,19 @@ pub fn attention_with(
     if p.lq == 0 || width == 0 {
         return;
     }
-    out.par_chunks_mut(QUERY_TILE * width)
+    // A task takes up to 32 query rows and walks the heads outermost, so one head's keys and
+    // values stay in cache while the task's blocks of QUERY_TILE rows meet them.
+    let task_rows = (p.lq / 8)
+        .next_multiple_of(QUERY_TILE)
+        .clamp(QUERY_TILE, 32);
+    out.par_chunks_mut(task_rows * width)
         .enumerate()
         .for_each(|(t, rows)| {
-            let i0 = t * QUERY_TILE;
             for h in 0..p.heads {
-                attend_rows(ops, p, q_src, kv_src, key_mask, bias, h, i0, rows);
+                for (b, block) in rows.chunks_mut(QUERY_TILE * width).enumerate() {
+                    let i0 = t * task_rows + b * QUERY_TILE;
+                    attend_rows(ops, p, q_src, kv_src, key_mask, bias, h, i0, block);
+                }
             }
         });
 }

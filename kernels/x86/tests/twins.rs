@@ -248,6 +248,8 @@ fn attention_matches_generic_bit_for_bit() {
         (9, 65, 2, 17, true, true),
         (6, 130, 1, 72, true, false),
         (4, 64, 2, 33, false, false),
+        (7, 67, 1, 130, true, false),
+        (8, 20, 1, 512, false, false),
     ];
     for (label, t) in tables() {
         for &(lq, lk, heads, hd, use_mask, use_bias) in &cases {

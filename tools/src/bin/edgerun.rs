@@ -28,6 +28,40 @@ struct Cli {
 enum Cmd {
     /// Generate an image from a prompt.
     Generate(GenArgs),
+    /// Time the stages of a plan and profile its ops against this machine's measured peaks.
+    Bench(BenchArgs),
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// The plan file (from `edgeplan compile`).
+    #[arg(long)]
+    plan: PathBuf,
+    /// Image width in pixels (default: the plan's only size).
+    #[arg(short = 'W', long = "width")]
+    width: Option<u32>,
+    /// Image height in pixels (default: the plan's only size).
+    #[arg(short = 'H', long = "height")]
+    height: Option<u32>,
+    /// Stage to time: all, t5, denoiser or vae.
+    #[arg(long, default_value = "all")]
+    stage: String,
+    /// Denoiser evaluations (NFE) to time.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Worker threads (default: one per core).
+    #[arg(short = 't', long = "threads", default_value_t = 0)]
+    threads: usize,
+    /// Kernel table: `best` or a label `edgerun generate -v` lists.
+    #[arg(long = "kernels", default_value = "best")]
+    kernels: String,
+    /// The prompt the text encoder runs on.
+    #[arg(
+        short = 'p',
+        long = "prompt",
+        default_value = "a large red circle on a blue background"
+    )]
+    prompt: String,
 }
 
 #[derive(clap::Args)]
@@ -171,27 +205,13 @@ fn peak_rss_kib() -> Option<u64> {
         .ok()
 }
 
-fn generate(a: GenArgs) -> Result<()> {
-    let t0 = Instant::now();
-    let method: SamplingMethod = a
-        .sampling_method
-        .parse()
-        .map_err(|e| anyhow::anyhow!("--sampling-method: {e}"))?;
-    if a.steps == 0 {
-        bail!("--steps: must be at least 1");
-    }
-    edge_kernels::init_threads(a.threads);
-    let plan = match &a.trusted_key {
-        Some(k) => {
-            let key = edge_runtime::TrustedKey::from_file(k)?;
-            Plan::open_signed(&a.plan, &key)?
-        }
-        None => Plan::open(&a.plan)?,
-    };
-    let meta = plan.meta();
-    edge_runtime::target::check(&meta.target)
-        .with_context(|| format!("plan {}", a.plan.display()))?;
-    let (width, height) = match (a.width, a.height, meta.sizes.as_slice()) {
+/// The plan size `-W`/`-H` name (either may be left out when only one size matches).
+fn pick_size(
+    meta: &edge_schema::plan::PlanMeta,
+    w: Option<u32>,
+    h: Option<u32>,
+) -> Result<(u32, u32, &edge_schema::plan::ImageSize)> {
+    let (width, height) = match (w, h, meta.sizes.as_slice()) {
         (Some(w), Some(h), _) => (w, h),
         (None, None, [only]) => (only.width, only.height),
         (w, h, sizes) => {
@@ -220,6 +240,54 @@ fn generate(a: GenArgs) -> Result<()> {
             available_sizes(meta)
         )
     })?;
+    Ok((width, height, size))
+}
+
+/// The kernel table `--kernels` names (`best` or a label of `edge_kernels_cpu::variants`).
+fn pick_kernels(label: &str) -> Result<(&'static str, edge_kernels::KernelTable)> {
+    if label == "best" {
+        return Ok(edge_kernels_cpu::best_labelled());
+    }
+    let variants = edge_kernels_cpu::variants();
+    match variants.iter().find(|(l, _)| *l == label) {
+        Some(&v) => Ok(v),
+        None => bail!(
+            "--kernels {label}: this CPU's kernel tables are best, {}",
+            table_labels()
+        ),
+    }
+}
+
+/// The labels of this CPU's kernel tables, comma-separated.
+fn table_labels() -> String {
+    edge_kernels_cpu::variants()
+        .iter()
+        .map(|(l, _)| *l)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn generate(a: GenArgs) -> Result<()> {
+    let t0 = Instant::now();
+    let method: SamplingMethod = a
+        .sampling_method
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--sampling-method: {e}"))?;
+    if a.steps == 0 {
+        bail!("--steps: must be at least 1");
+    }
+    edge_kernels::init_threads(a.threads);
+    let plan = match &a.trusted_key {
+        Some(k) => {
+            let key = edge_runtime::TrustedKey::from_file(k)?;
+            Plan::open_signed(&a.plan, &key)?
+        }
+        None => Plan::open(&a.plan)?,
+    };
+    let meta = plan.meta();
+    edge_runtime::target::check(&meta.target)
+        .with_context(|| format!("plan {}", a.plan.display()))?;
+    let (width, height, size) = pick_size(meta, a.width, a.height)?;
     let den = &meta.stages[size.denoiser_stage as usize];
     let lshape: Vec<usize> = std::iter::once(1)
         .chain(
@@ -264,23 +332,7 @@ fn generate(a: GenArgs) -> Result<()> {
             );
         }
     }
-    let variants = edge_kernels_cpu::variants();
-    let (table_label, kernels) = if a.kernels == "best" {
-        edge_kernels_cpu::best_labelled()
-    } else {
-        match variants.iter().find(|(l, _)| *l == a.kernels) {
-            Some(&v) => v,
-            None => bail!(
-                "--kernels {}: this CPU's kernel tables are best, {}",
-                a.kernels,
-                variants
-                    .iter()
-                    .map(|(l, _)| *l)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        }
-    };
+    let (table_label, kernels) = pick_kernels(&a.kernels)?;
     if a.verbose {
         let names: Vec<String> = kernels
             .names()
@@ -290,11 +342,7 @@ fn generate(a: GenArgs) -> Result<()> {
             .collect();
         eprintln!(
             "kernels {table_label} (tables: {}; cpu: {}): {}",
-            variants
-                .iter()
-                .map(|(l, _)| *l)
-                .collect::<Vec<_>>()
-                .join(", "),
+            table_labels(),
             edge_kernels_cpu::features().summary(),
             names.join(" ")
         );
@@ -438,10 +486,167 @@ fn generate(a: GenArgs) -> Result<()> {
     Ok(())
 }
 
+/// Seconds of `f`.
+fn timed<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, f64)> {
+    let t = Instant::now();
+    let v = f()?;
+    Ok((v, t.elapsed().as_secs_f64()))
+}
+
+/// Bytes per second of summing a 256 MiB buffer on every thread at once (read bandwidth).
+fn memory_bandwidth() -> f64 {
+    use rayon::prelude::*;
+    let buf = vec![1u64; 32 << 20];
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let s: u64 = buf.par_chunks(1 << 16).map(|c| c.iter().sum::<u64>()).sum();
+        std::hint::black_box(s);
+        best = best.max((buf.len() * 8) as f64 / t.elapsed().as_secs_f64());
+    }
+    best
+}
+
+fn bench(a: BenchArgs) -> Result<()> {
+    use edge_schema::plan::StageKind;
+    let which = a.stage.as_str();
+    if !["all", "t5", "denoiser", "vae"].contains(&which) {
+        bail!("--stage {which}: expected all, t5, denoiser or vae");
+    }
+    if a.reps == 0 {
+        bail!("--reps: must be at least 1");
+    }
+    edge_kernels::init_threads(a.threads);
+    let threads = rayon::current_num_threads();
+    let plan = Plan::open(&a.plan)?;
+    let meta = plan.meta();
+    edge_runtime::target::check(&meta.target)
+        .with_context(|| format!("plan {}", a.plan.display()))?;
+    let (width, height, size) = pick_size(meta, a.width, a.height)?;
+    let (label, kernels) = pick_kernels(&a.kernels)?;
+    println!(
+        "plan {} at {width}x{height}; kernels {label}; {threads} threads; cpu: {}",
+        a.plan.display(),
+        edge_kernels_cpu::features().summary()
+    );
+    // Peaks measured in this run, per thread (run on one thread; the pool's threads are alike).
+    let pk = edge_kernels_cpu::peak(20_000_000);
+    let bw = memory_bandwidth();
+    let fmt_peak =
+        |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{:.1} GOP/s", v / 1e9));
+    println!(
+        "peak per thread: f32 mul+add {}, int8 dot {}; memory read (all threads) {:.1} GB/s",
+        fmt_peak(pk.f32_ops),
+        fmt_peak(pk.int8_ops),
+        bw / 1e9
+    );
+    let mut s = Session::new(&plan, kernels, None)?;
+    s.set_profiling(true);
+    let tok = edge_runtime::tokenizer::Tokenizer::new(&meta.tokenizer)?;
+    let run_t5 = which == "all" || which == "t5" || which == "denoiser";
+    let ((hidden, mask, _), t5_s) = timed(|| {
+        Ok(edge_runtime::pipeline::encode_text(
+            &mut s, &tok, &a.prompt,
+        )?)
+    })?;
+    let (cond, kv_s) = timed(|| Ok(edge_runtime::pipeline::condition(&mut s, hidden, mask)?))?;
+    if run_t5 {
+        println!("t5 encode (one prompt): {t5_s:.3} s; cross-attention K/V: {kv_s:.3} s");
+    }
+    let den = &meta.stages[size.denoiser_stage as usize];
+    let n = den.values[den.inputs[0] as usize]
+        .shape
+        .iter()
+        .product::<u64>() as usize;
+    let latent: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919 % 2001) as f32 / 1000.0) - 1.0)
+        .collect();
+    let mut eps = vec![0f32; n];
+    if which == "all" || which == "denoiser" {
+        let mut times = Vec::new();
+        for _ in 0..a.reps {
+            let ((), t) = timed(|| {
+                Ok(edge_runtime::pipeline::denoise(
+                    &mut s, size, &latent, 500.0, &cond, &mut eps,
+                )?)
+            })?;
+            times.push(t);
+        }
+        times.sort_by(f64::total_cmp);
+        println!(
+            "denoiser NFE ({} runs): median {:.3} s, min {:.3} s",
+            a.reps,
+            times[times.len() / 2],
+            times[0]
+        );
+    }
+    if which == "all" || which == "vae" {
+        let lat: Vec<f32> = latent.iter().map(|v| v * 0.5).collect();
+        let (_, t) = timed(|| Ok(edge_runtime::pipeline::decode_latents(&mut s, size, &lat)?))?;
+        println!("vae decode: {t:.3} s");
+    }
+    let Some(prof) = s.profile() else {
+        return Ok(());
+    };
+    for kind in [
+        StageKind::TextEncoder,
+        StageKind::CrossKv,
+        StageKind::Denoiser,
+        StageKind::VaeDecoder,
+    ] {
+        let rows: Vec<_> = prof.rows.iter().filter(|r| r.stage == kind).collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let total: f64 = rows.iter().map(|r| r.time.as_secs_f64()).sum();
+        println!("\n{kind:?}: {total:.3} s in ops");
+        println!(
+            "  {:<20} {:>7} {:>10} {:>7} {:>11} {:>9} {:>10}",
+            "op", "calls", "time s", "share", "GFLOP/s", "of peak", "GB/s out"
+        );
+        let mut rows = rows;
+        rows.sort_by_key(|r| std::cmp::Reverse(r.time));
+        for r in rows {
+            let t = r.time.as_secs_f64();
+            let rate = r.flops / t;
+            // Quantized matmuls run on the int8 dot peak, the rest on the f32 one.
+            let peak = match r.weights {
+                Some(d) if d.is_quantized() => pk.int8_ops,
+                _ => pk.f32_ops,
+            };
+            let of_peak = match (r.flops > 0.0, peak) {
+                (true, Some(p)) => format!("{:.0}%", 100.0 * rate / (p * threads as f64)),
+                _ => "-".into(),
+            };
+            let gflops = if r.flops > 0.0 {
+                format!("{:.1}", rate / 1e9)
+            } else {
+                "-".into()
+            };
+            let name = match r.weights {
+                Some(d) => format!("{} {}", r.op, d.name()),
+                None => r.op.to_string(),
+            };
+            println!(
+                "  {:<20} {:>7} {:>10.3} {:>6.1}% {:>11} {:>9} {:>10.1}",
+                name,
+                r.calls,
+                t,
+                100.0 * t / total,
+                gflops,
+                of_peak,
+                r.bytes_out / t / 1e9
+            );
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Generate(a) => generate(a),
+        Cmd::Bench(a) => bench(a),
     };
     if let Err(e) = r {
         eprintln!("error: {}", one_line(&e));

@@ -92,27 +92,75 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, st: &mut BlockState) {
     for (jj, v) in vp.iter_mut().enumerate().take(nk) {
         *v = rows[0].value(b.j0 + jj).as_ptr();
     }
-    let mut d0 = 0;
-    while d0 < hd {
-        let m = mask((hd - d0).min(16));
-        let mut a = [_mm512_setzero_ps(); QUERY_TILE];
-        for r in 0..nq {
-            // SAFETY: the mask covers elements `d0..hd` of row `r`'s accumulator.
-            a[r] = unsafe { _mm512_maskz_loadu_ps(m, st.acc[r].as_ptr().add(d0)) };
-        }
-        for jj in 0..nk {
-            // SAFETY: `vp[jj]` points at a value row of `hd` elements; the mask stays below `hd`.
-            let v = unsafe { _mm512_maskz_loadu_ps(m, vp[jj].add(d0)) };
-            for r in 0..nq {
-                let w = _mm512_set1_ps(st.scores[r][jj]);
-                a[r] = _mm512_add_ps(a[r], _mm512_mul_ps(w, v));
+    let vp = &vp[..nk];
+    // Groups of up to 5 × 16 head channels: the group's accumulators of every row stay in
+    // registers while the keys pass in order.
+    for d0 in (0..hd).step_by(GROUP_LANES) {
+        let lanes = (hd - d0).min(GROUP_LANES);
+        // SAFETY: AVX-512F is enabled here; `vp` holds value rows of `hd` elements and the
+        // accumulators hold `MAX_HEAD_DIM ≥ hd`; the masks stay below `hd`.
+        unsafe {
+            match (nq, lanes.div_ceil(16)) {
+                (4, 5) => acc_group::<4, 5>(st, vp, d0, lanes),
+                (4, 4) => acc_group::<4, 4>(st, vp, d0, lanes),
+                (4, 3) => acc_group::<4, 3>(st, vp, d0, lanes),
+                (4, 2) => acc_group::<4, 2>(st, vp, d0, lanes),
+                (4, _) => acc_group::<4, 1>(st, vp, d0, lanes),
+                (3, _) => acc_group::<3, 5>(st, vp, d0, lanes),
+                (2, _) => acc_group::<2, 5>(st, vp, d0, lanes),
+                _ => acc_group::<1, 5>(st, vp, d0, lanes),
             }
         }
-        for r in 0..nq {
-            // SAFETY: as for the load above.
-            unsafe { _mm512_mask_storeu_ps(st.acc[r].as_mut_ptr().add(d0), m, a[r]) };
+    }
+}
+
+/// Head channels per register group of the value pass.
+const GROUP_LANES: usize = 80;
+
+/// `acc[r][d0 + d] += w[r][j] · v[j][d0 + d]` for the first `NQ` rows, `d < lanes ≤ 16·NC`, keys
+/// `j` in order (unfused, the generic per-element sequence).
+///
+/// # Safety
+/// AVX-512F must be present; every `vp[j]` must point at `d0 + lanes` readable f32.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn acc_group<const NQ: usize, const NC: usize>(
+    st: &mut BlockState,
+    vp: &[*const f32],
+    d0: usize,
+    lanes: usize,
+) {
+    let mut m = [0 as __mmask16; NC];
+    for (c, mc) in m.iter_mut().enumerate() {
+        *mc = mask(lanes.saturating_sub(16 * c).min(16));
+    }
+    let mut a = [[_mm512_setzero_ps(); NC]; NQ];
+    for r in 0..NQ {
+        for c in 0..NC {
+            // SAFETY: masked to `d0 + 16c + lane < d0 + lanes ≤ MAX_HEAD_DIM`.
+            a[r][c] = unsafe { _mm512_maskz_loadu_ps(m[c], st.acc[r].as_ptr().add(d0 + 16 * c)) };
         }
-        d0 += 16;
+    }
+    for (jj, &v) in vp.iter().enumerate() {
+        let mut w = [_mm512_setzero_ps(); NQ];
+        for r in 0..NQ {
+            w[r] = _mm512_set1_ps(st.scores[r][jj]);
+        }
+        for c in 0..NC {
+            // SAFETY: masked to the `lanes` channels of value row `jj` from `d0`.
+            let vv = unsafe { _mm512_maskz_loadu_ps(m[c], v.add(d0 + 16 * c)) };
+            for r in 0..NQ {
+                a[r][c] = _mm512_add_ps(a[r][c], _mm512_mul_ps(w[r], vv));
+            }
+        }
+    }
+    for r in 0..NQ {
+        for c in 0..NC {
+            // SAFETY: as for the load.
+            unsafe {
+                _mm512_mask_storeu_ps(st.acc[r].as_mut_ptr().add(d0 + 16 * c), m[c], a[r][c])
+            };
+        }
     }
 }
 

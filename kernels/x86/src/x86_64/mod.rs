@@ -1,6 +1,7 @@
 //! The x86-64 kernel tables, built from the features `edge_kernels::cpu` detected.
 
 mod attention;
+pub(crate) mod peak;
 mod qgemm;
 mod tile;
 mod vmath;

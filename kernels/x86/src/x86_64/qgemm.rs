@@ -145,6 +145,9 @@ pub(crate) fn linear(
 /// Repacks columns `j0..j0 + 16` (zeros past `n`) of the row-major weight into `dst`
 /// (`nb` group blocks of [`GROUP_BLOCK`] bytes).
 fn pack_group(w: WeightRef<'_>, wrow: usize, bb: usize, n: usize, j0: usize, dst: &mut [u8]) {
+    if w.dtype == DType::Q8_0 {
+        return pack_group_q8_0(w.bytes, wrow, n, j0, dst);
+    }
     for (b, gb) in dst.chunks_exact_mut(GROUP_BLOCK).enumerate() {
         for c in 0..GROUP {
             let j = j0 + c;
@@ -162,6 +165,36 @@ fn pack_group(w: WeightRef<'_>, wrow: usize, bb: usize, n: usize, j0: usize, dst
             gb[SCALE_AT + 4 * c..][..4].copy_from_slice(&d.to_le_bytes());
             gb[CORR_AT + 4 * c..][..4].copy_from_slice(&(-128 * sum).to_le_bytes());
             gb[MIN_AT + 4 * c..][..4].copy_from_slice(&mn.to_le_bytes());
+        }
+    }
+}
+
+/// [`pack_group`] for `Q8_0` (34-byte blocks: f16 scale, 32 quants): the quants are copied four
+/// bytes at a time, the same bytes [`quant::block32_values`] gives.
+fn pack_group_q8_0(bytes: &[u8], wrow: usize, n: usize, j0: usize, dst: &mut [u8]) {
+    for (b, gb) in dst.chunks_exact_mut(GROUP_BLOCK).enumerate() {
+        let (qs, tail) = gb.split_at_mut(SCALE_AT);
+        for c in 0..GROUP {
+            let j = j0 + c;
+            let (d, sum) = if j < n {
+                let blk = &bytes[j * wrow + b * 34..][..34];
+                for s in 0..8 {
+                    qs[(s * GROUP + c) * 4..][..4].copy_from_slice(&blk[2 + 4 * s..6 + 4 * s]);
+                }
+                let sum: i32 = blk[2..].iter().map(|&q| i32::from(q as i8)).sum();
+                (
+                    quant::fp16_to_fp32(u16::from_le_bytes([blk[0], blk[1]])),
+                    sum,
+                )
+            } else {
+                for s in 0..8 {
+                    qs[(s * GROUP + c) * 4..][..4].fill(0);
+                }
+                (0.0, 0)
+            };
+            tail[4 * c..][..4].copy_from_slice(&d.to_le_bytes());
+            tail[CORR_AT - SCALE_AT + 4 * c..][..4].copy_from_slice(&(-128 * sum).to_le_bytes());
+            tail[MIN_AT - SCALE_AT + 4 * c..][..4].copy_from_slice(&0f32.to_le_bytes());
         }
     }
 }

@@ -3,8 +3,9 @@
 //!
 //! `vmulps` then `vaddps` per lane (never `vfmadd`), so each lane computes
 //! `acc[l] = acc[l] + x[8i + l] · w[8i + l]` with the product rounded, as the generic tile does.
-//! The lanes are reduced as `((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))` and the
-//! `k mod 8` tail is added one product at a time, in scalar code shared by both tiles.
+//! The lanes are reduced as `((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))` with in-register
+//! shuffles (each addition keeps the generic operand order), and the `k mod 8` tail is added
+//! one product at a time, in scalar code shared by both tiles.
 
 use std::arch::x86_64::*;
 
@@ -27,9 +28,24 @@ pub(crate) const AVX512: F32Tile = F32Tile {
     run: avx512_tile,
 };
 
-#[inline(always)]
-fn reduce8(a: &[f32]) -> f32 {
-    ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+/// `((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))` of the 8 lanes, each sum with its
+/// operands in that order (lane 0 of each step adds the lane to its right).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn reduce8_avx2(v: __m256) -> f32 {
+    let t1 = _mm256_add_ps(v, _mm256_permute_ps::<0b10_11_00_01>(v));
+    let t2 = _mm256_add_ps(t1, _mm256_permute_ps::<0b01_00_11_10>(t1));
+    let t3 = _mm256_add_ps(t2, _mm256_permute2f128_ps::<0x01>(t2, t2));
+    _mm256_cvtss_f32(t3)
+}
+
+/// The same reduction for each 256-bit half of `v`: the result is in lanes 0 and 8.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn reduce8x2_avx512(v: __m512) -> __m512 {
+    let t1 = _mm512_add_ps(v, _mm512_permute_ps::<0b10_11_00_01>(v));
+    let t2 = _mm512_add_ps(t1, _mm512_permute_ps::<0b01_00_11_10>(t1));
+    _mm512_add_ps(t2, _mm512_shuffle_f32x4::<0b10_11_00_01>(t2, t2))
 }
 
 /// The scalar tail after the lane reduction: `s + Σ_{t ≥ full} x[t]·w[t]`, in increasing `t`.
@@ -85,12 +101,9 @@ pub(crate) unsafe fn avx2_rc<const R: usize>(
         }
         i += 8;
     }
-    let mut lanes = [0f32; 8];
     for r in 0..R {
         for c in 0..C {
-            // SAFETY: `lanes` holds 8 f32.
-            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc[r][c]) };
-            out[r * C + c] = tail(reduce8(&lanes), xs[r], ws[c], full, k);
+            out[r * C + c] = tail(reduce8_avx2(acc[r][c]), xs[r], ws[c], full, k);
         }
     }
 }
@@ -146,10 +159,10 @@ pub(crate) unsafe fn avx512_rc<const R: usize>(
     for r in 0..R {
         for p in 0..P {
             // SAFETY: `lanes` holds 16 f32.
-            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc[r][p]) };
+            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), reduce8x2_avx512(acc[r][p])) };
             for h in 0..2 {
                 let c = 2 * p + h;
-                out[r * 2 * P + c] = tail(reduce8(&lanes[8 * h..]), xs[r], ws[c], full, k);
+                out[r * 2 * P + c] = tail(lanes[8 * h], xs[r], ws[c], full, k);
             }
         }
     }

@@ -1,0 +1,108 @@
+//! Per-op time and work of the steps a session runs, for `edgerun bench`.
+//!
+//! When enabled ([`crate::Session::set_profiling`]), every step is timed with a monotonic clock
+//! and charged to its stage kind and op name, with the arithmetic it performs (multiply-adds
+//! ×2 for `linear`, `conv2d` and `attention`, from the step's static shapes). Nothing is
+//! allocated per step: the table holds one row per (stage kind, op) pair, found by a short
+//! linear search.
+
+use std::time::Duration;
+
+use edge_schema::op::Op;
+use edge_schema::plan::{Stage, StageKind, Step};
+use edge_schema::DType;
+
+/// One (stage kind, op) row.
+#[derive(Clone, Debug)]
+pub struct OpStat {
+    /// The stage kind the steps ran in.
+    pub stage: StageKind,
+    /// The op's name ([`Op::name`]).
+    pub op: &'static str,
+    /// For `linear` and `conv2d`: the weight type.
+    pub weights: Option<DType>,
+    /// Steps run.
+    pub calls: u64,
+    /// Time spent in them.
+    pub time: Duration,
+    /// Floating-point (or integer multiply-add) operations, 2 per multiply-add; 0 for ops
+    /// counted by bytes only.
+    pub flops: f64,
+    /// Bytes of output written.
+    pub bytes_out: f64,
+}
+
+/// The table of [`OpStat`]s of a session.
+#[derive(Clone, Debug, Default)]
+pub struct Profile {
+    /// Rows in first-seen order.
+    pub rows: Vec<OpStat>,
+}
+
+fn shape(stage: &Stage, v: u32) -> &[u64] {
+    &stage.values[v as usize].shape
+}
+
+fn numel(s: &[u64]) -> f64 {
+    s.iter().product::<u64>() as f64
+}
+
+/// Operations (2 per multiply-add) of one step, from its static shapes.
+pub fn step_flops(stage: &Stage, step: &Step) -> f64 {
+    let ins = &step.inputs;
+    match &step.op {
+        Op::Linear { .. } => {
+            let x = shape(stage, ins[0]);
+            let w = shape(stage, ins[1]);
+            2.0 * numel(x) * w[0] as f64
+        }
+        Op::Conv2d { .. } => {
+            let w = shape(stage, ins[1]);
+            let out = shape(stage, step.outputs[0]);
+            2.0 * numel(out) * (w[1] * w[2] * w[3]) as f64
+        }
+        Op::Attention { .. } => {
+            let out = shape(stage, step.outputs[0]);
+            let kv = shape(stage, ins[1]);
+            // q·k and w·v: 2 multiply-adds per (query, key, channel).
+            4.0 * numel(out) * kv[0] as f64
+        }
+        _ => 0.0,
+    }
+}
+
+impl Profile {
+    /// Charges one step that took `time`.
+    pub fn record(&mut self, stage: &Stage, step: &Step, time: Duration) {
+        let name = step.op.name();
+        let weights: Option<DType> = match step.op {
+            Op::Linear { .. } | Op::Conv2d { .. } => {
+                Some(stage.values[step.inputs[1] as usize].dtype)
+            }
+            _ => None,
+        };
+        let bytes = numel(shape(stage, step.outputs[0])) * 4.0;
+        let flops = step_flops(stage, step);
+        match self
+            .rows
+            .iter_mut()
+            .find(|r| r.op == name && r.stage == stage.kind && r.weights == weights)
+        {
+            Some(r) => {
+                r.calls += 1;
+                r.time += time;
+                r.flops += flops;
+                r.bytes_out += bytes;
+            }
+            None => self.rows.push(OpStat {
+                stage: stage.kind,
+                op: name,
+                weights,
+                calls: 1,
+                time,
+                flops,
+                bytes_out: bytes,
+            }),
+        }
+    }
+}
