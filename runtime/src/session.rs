@@ -125,10 +125,12 @@ fn as_f32_mut(b: &mut [u8]) -> Result<&mut [f32]> {
 
 /// Refuses a step whose planned scratch slot is smaller than its kernel needs (the schema
 /// verifier does not know kernel scratch sizes; a short scratch would make the kernel panic).
+/// Plans from a release whose kernels needed less scratch are refused here, by name.
 fn check_scratch(op: &Op, have: usize, need: usize) -> Result<()> {
     if have < need {
         return Err(Error::Plan(edge_schema::Error::Invalid(format!(
-            "{} step has {have} bytes of scratch, its kernel needs {need}",
+            "{} step has {have} bytes of scratch, its kernel needs {need} (the plan was sized for \
+             other kernels: compile it again with the edgeplan of this release)",
             op.name()
         ))));
     }

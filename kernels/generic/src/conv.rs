@@ -66,12 +66,14 @@ impl Conv2dParams {
         self.cin * self.kh * self.kw
     }
 
-    /// Output pixels per im2col tile: about 64 Ki floats of scratch, a multiple of 4, at most
-    /// the number of output pixels. Depends on the shapes only.
+    /// Output pixels per im2col tile: about 256 Ki floats (1 MiB) of scratch, a multiple of 4,
+    /// at most 256 and at most the number of output pixels. Depends on the shapes only. (64 Ki
+    /// floats until 2026-12: the larger tile halves the driver's per-tile synchronisation and
+    /// made the 3×3 VAE convolutions 20–30 % faster, `kbench` in BENCHMARKS.md.)
     fn pixel_tile(&self) -> usize {
         let (oh, ow) = self.out_hw();
         let kk = self.patch_len().max(1);
-        ((65536 / kk) / 4 * 4).clamp(4, 256).min(oh * ow).max(1)
+        ((262_144 / kk) / 4 * 4).clamp(4, 256).min(oh * ow).max(1)
     }
 }
 

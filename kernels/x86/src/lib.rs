@@ -70,6 +70,8 @@ pub fn linear_variant_name(
 pub struct Peak {
     /// f32 `vmulps` + `vaddps` on zmm, per thread.
     pub f32_ops: Option<f64>,
+    /// f32 `vfmadd` on zmm, per thread (for comparison: the kernels do not fuse).
+    pub f32_fma_ops: Option<f64>,
     /// `vpdpbusd` on zmm, per thread.
     pub int8_ops: Option<f64>,
 }

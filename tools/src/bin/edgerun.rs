@@ -535,8 +535,9 @@ fn bench(a: BenchArgs) -> Result<()> {
     let fmt_peak =
         |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{:.1} GOP/s", v / 1e9));
     println!(
-        "peak per thread: f32 mul+add {}, int8 dot {}; memory read (all threads) {:.1} GB/s",
+        "peak per thread: f32 mul+add {} (fused, unused: {}), int8 dot {}; memory read (all threads) {:.1} GB/s",
         fmt_peak(pk.f32_ops),
+        fmt_peak(pk.f32_fma_ops),
         fmt_peak(pk.int8_ops),
         bw / 1e9
     );

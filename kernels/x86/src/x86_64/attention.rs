@@ -70,24 +70,35 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, st: &mut BlockState) {
             }
         }
     }
+    // The scalar chains (tile maximum, running sum) of the rows are interleaved so they
+    // overlap; each row's own sequence is the generic one (`tile_max`'s fold, keys in order).
+    let mut tmax = [f32::NEG_INFINITY; QUERY_TILE];
+    for jj in 0..nk {
+        for r in 0..nq {
+            tmax[r] = tmax[r].max(st.scores[r][jj]);
+        }
+    }
+    let mut sum = [0f32; QUERY_TILE];
     for r in 0..nq {
-        let s = &mut st.scores[r][..nk];
-        let new_max = tile_max(st.run_max[r], s);
+        let new_max = st.run_max[r].max(tmax[r]);
         let correction = exp_f32(st.run_max[r] - new_max);
         if correction != 1.0 {
             scale_avx512(&mut st.acc[r][..hd], correction);
         }
-        let mut sum = st.run_sum[r] * correction;
+        sum[r] = st.run_sum[r] * correction;
+        let s = &mut st.scores[r][..nk];
         for sj in s.iter_mut() {
             *sj -= new_max;
         }
         exp_avx512(s);
-        for &w in s.iter() {
-            sum += w;
-        }
-        st.run_sum[r] = sum;
         st.run_max[r] = new_max;
     }
+    for jj in 0..nk {
+        for r in 0..nq {
+            sum[r] += st.scores[r][jj];
+        }
+    }
+    st.run_sum[..nq].copy_from_slice(&sum[..nq]);
     let mut vp = [std::ptr::null::<f32>(); KEY_TILE];
     for (jj, v) in vp.iter_mut().enumerate().take(nk) {
         *v = rows[0].value(b.j0 + jj).as_ptr();
@@ -116,6 +127,9 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, st: &mut BlockState) {
 
 /// Head channels per register group of the value pass.
 const GROUP_LANES: usize = 80;
+/// Value rows fetched ahead of their use (rows lie a whole token apart in the fused qkv
+/// buffer, which the hardware prefetchers do not follow).
+const PREFETCH_KEYS: usize = 8;
 
 /// `acc[r][d0 + d] += w[r][j] · v[j][d0 + d]` for the first `NQ` rows, `d < lanes ≤ 16·NC`, keys
 /// `j` in order (unfused, the generic per-element sequence).
@@ -142,6 +156,12 @@ unsafe fn acc_group<const NQ: usize, const NC: usize>(
         }
     }
     for (jj, &v) in vp.iter().enumerate() {
+        if let Some(&ahead) = vp.get(jj + PREFETCH_KEYS) {
+            for c in 0..NC {
+                // A hint only: no access happens, and `ahead` points into a value row.
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(d0 + 16 * c) as *const i8);
+            }
+        }
         let mut w = [_mm512_setzero_ps(); NQ];
         for r in 0..NQ {
             w[r] = _mm512_set1_ps(st.scores[r][jj]);

@@ -230,10 +230,16 @@ fn tile(
     }
 }
 
-#[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
+/// The f16 at `p` widened (exactly, as `quant::fp16_to_fp32`) and broadcast to 16 lanes.
+///
+/// # Safety
+/// AVX-512F must be present and `p` must point at two readable bytes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn f16_splat(p: *const u8) -> __m512 {
     // SAFETY: the caller passes a pointer to two readable bytes.
-    quant::fp16_to_fp32(u16::from_le_bytes(unsafe { [*p, *p.add(1)] }))
+    let bits = u16::from_le_bytes(unsafe { [*p, *p.add(1)] });
+    _mm512_cvtph_ps(_mm256_set1_epi16(bits as i16))
 }
 
 /// `G` groups of 16 columns × `R` rows; `KIND` 0, 1, 2 = [`Scaling`] in declaration order.
@@ -296,9 +302,9 @@ unsafe fn qtile<const G: usize, const KIND: u8>(
             }
             for r in 0..R {
                 let ab = ap[r].add(b * ablock);
-                let da = _mm512_set1_ps(f16_at(ab));
+                let da = f16_splat(ab);
                 let sa = if KIND == 2 {
-                    _mm512_set1_ps(f16_at(ab.add(2)))
+                    f16_splat(ab.add(2))
                 } else {
                     _mm512_setzero_ps()
                 };
