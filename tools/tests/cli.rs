@@ -672,3 +672,84 @@ fn generate_with_a_unicode_prompt() {
     let bytes = std::fs::read(&png).unwrap();
     assert!(bytes.windows(4).any(|w| w == b"iTXt"), "no iTXt chunk");
 }
+
+#[test]
+fn every_kernel_table_gives_the_same_png() {
+    // `--kernels` picks each table this CPU has; the x86 SIMD tables are bit-identical to the
+    // generic one, so the PNG bytes (pixels and metadata) must not change.
+    let t = tempfile::tempdir().unwrap();
+    let reference = t.path().join("generic.png");
+    let o = generate(
+        demo_plan(),
+        &reference,
+        &["--kernels", "generic", "-s", "3", "--quiet", "-v"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let listed = String::from_utf8_lossy(&o.stderr).to_string();
+    let tables = listed
+        .lines()
+        .find_map(|l| l.split("(tables: ").nth(1))
+        .and_then(|r| r.split(';').next())
+        .expect("-v lists the tables")
+        .to_string();
+    let want = std::fs::read(&reference).unwrap();
+    for label in tables.split(", ").filter(|l| l.starts_with("avx")) {
+        let png = t.path().join(format!("{label}.png"));
+        let o = generate(
+            demo_plan(),
+            &png,
+            &["--kernels", label, "-s", "3", "--quiet"],
+        );
+        assert!(
+            o.status.success(),
+            "{label}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            std::fs::read(&png).unwrap() == want,
+            "--kernels {label} changes the PNG"
+        );
+    }
+    let empty = tempfile::tempdir().unwrap();
+    let o = generate(
+        demo_plan(),
+        &empty.path().join("x.png"),
+        &["--kernels", "sse9", "--quiet"],
+    );
+    assert_refused(
+        "unknown kernel table",
+        &o,
+        &["--kernels sse9", "generic"],
+        empty.path(),
+    );
+}
+
+#[test]
+fn bench_profiles_every_stage() {
+    let o = run(EDGERUN, &["bench", "--plan", s(demo_plan()), "--reps", "2"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    for needle in [
+        "peak per thread",
+        "t5 encode (one prompt)",
+        "denoiser NFE (2 runs): median",
+        "vae decode",
+        "TextEncoder",
+        "Denoiser",
+        "VaeDecoder",
+        "linear",
+        "attention",
+        "conv2d",
+    ] {
+        assert!(
+            text.contains(needle),
+            "bench output lacks {needle:?}:\n{text}"
+        );
+    }
+    let o = run(
+        EDGERUN,
+        &["bench", "--plan", s(demo_plan()), "--stage", "unet"],
+    );
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--stage unet"));
+}

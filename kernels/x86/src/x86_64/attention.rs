@@ -65,8 +65,36 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, st: &mut BlockState) {
         // SAFETY: AVX-512F is enabled here; every row holds `hd` elements.
         unsafe { tile::avx512_rc::<QUERY_TILE>(&qs, &ks[..tc], hd, &mut dots) };
         for r in 0..nq {
-            for c in 0..tc.min(nk - c0) {
-                st.scores[r][c0 + c] = rows[r].score(b.j0 + c0 + c, dots[r * tc + c]);
+            let n = tc.min(nk - c0);
+            st.scores[r][c0..c0 + n].copy_from_slice(&dots[r * tc..r * tc + n]);
+        }
+    }
+    // Scores from the dot products, `KeyTile::score`'s operations in its order, 16 keys at a
+    // time: `scale·dot`, `+ bias[j]`, `+ (1 − mask[j])·masked_value`.
+    let p = b.p;
+    for (r, row) in rows.iter().enumerate().take(nq) {
+        let bias = row.bias.map(|x| &x[b.j0..b.j0 + nk]);
+        let keep = row.key_mask.map(|x| &x[b.j0..b.j0 + nk]);
+        let s = &mut st.scores[r][..nk];
+        for j in (0..nk).step_by(16) {
+            let m = mask((nk - j).min(16));
+            // SAFETY: the mask covers `j..nk` of `s` and of the `nk`-long bias and mask slices.
+            unsafe {
+                let mut v = _mm512_mul_ps(
+                    _mm512_set1_ps(p.scale),
+                    _mm512_maskz_loadu_ps(m, s.as_ptr().add(j)),
+                );
+                if let Some(bs) = bias {
+                    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bs.as_ptr().add(j)));
+                }
+                if let Some(km) = keep {
+                    let drop = _mm512_sub_ps(
+                        _mm512_set1_ps(1.0),
+                        _mm512_maskz_loadu_ps(m, km.as_ptr().add(j)),
+                    );
+                    v = _mm512_add_ps(v, _mm512_mul_ps(drop, _mm512_set1_ps(p.masked_value)));
+                }
+                _mm512_mask_storeu_ps(s.as_mut_ptr().add(j), m, v);
             }
         }
     }
