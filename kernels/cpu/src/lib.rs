@@ -36,7 +36,7 @@ pub fn best_labelled() -> (&'static str, KernelTable) {
 }
 
 /// The kernel that the `linear` slot of `table` runs for weights of type `dtype` stored in
-/// `layout` (`avx512vnni_linear_q32_panel_4x32`, `neon_linear_q8_0_dotprod_x4`,
+/// `layout` (`avx512vnni_linear_q32_panel_6x32`, `neon_linear_q8_0_dotprod_x4`,
 /// `generic_linear_f32`, …). Panics, with the `linear` kernels' message, for a type that cannot
 /// be in `layout`.
 pub fn linear_variant_name(table: &KernelTable, dtype: DType, layout: PackLayout) -> &'static str {

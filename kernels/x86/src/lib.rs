@@ -15,7 +15,7 @@
 //!   per zmm (one per 256-bit half), so it keeps the eight-lane order while using 16 lanes.
 //! - Quantized: exact integer block sums with `vpdpbusd` on repacked weight panels and the
 //!   generic per-block f32 scaling order (see `x86_64/qgemm.rs`). K-quants, interleaved packs
-//!   and matrices with fewer than 4 activation rows forward to the generic kernel.
+//!   and matrices with fewer than 6 activation rows forward to the generic kernel.
 //!
 //! All `unsafe` code lives in `src/x86_64/`; off x86-64 the crate is `forbid(unsafe_code)` and
 //! [`variants`] is empty.
@@ -45,7 +45,7 @@ pub fn variants(features: &Features) -> Vec<(&'static str, KernelTable)> {
 }
 
 /// The kernel that the `linear` slot of `table` runs for weights of type `dtype` in `layout`
-/// (`avx512_f32_6x8`, `avx512vnni_linear_q32_panel_4x32`, `generic_linear_f32` for types the
+/// (`avx512_f32_6x8`, `avx512vnni_linear_q32_panel_6x32`, `generic_linear_f32` for types the
 /// slot forwards), or `None` when `table` is not one of this crate's.
 pub fn linear_variant_name(
     table: &KernelTable,

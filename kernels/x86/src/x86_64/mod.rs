@@ -69,7 +69,7 @@ impl Isa for Avx512Vnni {
 
 /// `{avx2,avx512,avx512vnni}_linear_any`: `F32`/`F16`/`BF16` through the shared GEMM driver
 /// with `I`'s tile; with VNNI, row-major `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1` weights with at
-/// least 4 activation rows through the panel kernel; everything else forwards to the generic
+/// least 6 activation rows through the panel kernel; everything else forwards to the generic
 /// kernel.
 fn linear<I: Isa>(
     x: &[f32],
@@ -183,7 +183,7 @@ pub(crate) fn linear_variant_name(
     match table.linear.name {
         LINEAR_AVX2 if plain => Some(tile::AVX2.name),
         LINEAR_AVX512 | LINEAR_AVX512_VNNI if plain => Some(tile::AVX512.name),
-        LINEAR_AVX512_VNNI if q32 => Some("avx512vnni_linear_q32_panel_4x32"),
+        LINEAR_AVX512_VNNI if q32 => Some("avx512vnni_linear_q32_panel_6x32"),
         LINEAR_AVX2 | LINEAR_AVX512 | LINEAR_AVX512_VNNI => Some("generic_linear_f32"),
         _ => None,
     }

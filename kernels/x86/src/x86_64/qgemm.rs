@@ -32,7 +32,7 @@ const SCALE_AT: usize = 512;
 const CORR_AT: usize = 576;
 const MIN_AT: usize = 640;
 /// Activation rows per register tile.
-const R: usize = 4;
+const R: usize = 6;
 
 /// How the f32 term of a block is formed (the generic `vec_dot` of each type).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -100,7 +100,7 @@ pub(crate) fn linear(
             }
         });
     let acts = &*acts;
-    let rows_per_task = (m / 8).next_multiple_of(R).clamp(R, 64);
+    let rows_per_task = (m / 8).next_multiple_of(R).clamp(R, 10 * R);
     for p0 in (0..n).step_by(QUANT_PANEL_COLS) {
         let ncols = QUANT_PANEL_COLS.min(n - p0);
         let groups = ncols.div_ceil(GROUP);
@@ -252,12 +252,10 @@ unsafe fn qtile<const G: usize, const KIND: u8>(
     nb: usize,
     res: &mut [[f32; 2 * GROUP]; R],
 ) {
-    let ap: [*const u8; R] = [
-        acts[0].as_ptr(),
-        acts[1].as_ptr(),
-        acts[2].as_ptr(),
-        acts[3].as_ptr(),
-    ];
+    let mut ap = [acts[0].as_ptr(); R];
+    for (p, a) in ap.iter_mut().zip(acts) {
+        *p = a.as_ptr();
+    }
     let mut gp = [pg.as_ptr(); G];
     for g in 0..G {
         // SAFETY: group `g < G = pair` starts `g · nb · GROUP_BLOCK` bytes into `pg`.
