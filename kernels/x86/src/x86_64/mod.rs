@@ -53,17 +53,12 @@ impl Isa for Avx512 {
     const VNNI: bool = false;
 }
 
+/// The AVX-512 table plus the VNNI panel kernel.
 impl Isa for Avx512Vnni {
-    const SILU: Kernel<edge_kernels::UnaryFn> = Kernel {
-        name: "avx512_silu_f32_x16",
-        run: vmath::silu_avx512,
-    };
-    const GELU: Kernel<edge_kernels::UnaryFn> = Kernel {
-        name: "avx512_gelu_tanh_f32_x16",
-        run: vmath::gelu_avx512,
-    };
-    const TILE: edge_kernels::F32Tile = tile::AVX512;
-    const ATTENTION: edge_kernels::AttentionOps = attention::AVX512;
+    const SILU: Kernel<edge_kernels::UnaryFn> = Avx512::SILU;
+    const GELU: Kernel<edge_kernels::UnaryFn> = Avx512::GELU;
+    const TILE: edge_kernels::F32Tile = Avx512::TILE;
+    const ATTENTION: edge_kernels::AttentionOps = Avx512::ATTENTION;
     const VNNI: bool = true;
 }
 

@@ -13,11 +13,11 @@ pub(crate) fn measure(features: &Features, iters: usize) -> Peak {
     let mut p = Peak::default();
     if features.avx512f {
         // SAFETY: AVX-512F was detected.
-        p.f32_ops = Some(unsafe { f32_mul_add(iters) });
+        p.f32_ops = Some(unsafe { f32_chain::<false>(iters) });
     }
     if features.avx512f && features.fma {
         // SAFETY: AVX-512F (whose `vfmadd` forms are part of the foundation) was detected.
-        p.f32_fma_ops = Some(unsafe { f32_fma(iters) });
+        p.f32_fma_ops = Some(unsafe { f32_chain::<true>(iters) });
     }
     if features.avx512f && features.avx512vnni {
         // SAFETY: AVX-512F and VNNI were detected.
@@ -29,46 +29,24 @@ pub(crate) fn measure(features: &Features, iters: usize) -> Peak {
 /// Independent accumulators per chain (enough to cover the add and dot latencies).
 const ACC: usize = 12;
 
-/// Unfused `vmulps` + `vaddps` on zmm (the kernels' f32 arithmetic): f32 operations per second
-/// on this thread (2 per lane and iteration).
+/// f32 operations per second on this thread (2 per lane and iteration) of `a = a·x + x` on zmm:
+/// unfused `vmulps` + `vaddps` (the kernels' arithmetic) or, with `FUSED`, `vfmadd` (what the
+/// kernels do not use: the generic order rounds products).
 ///
 /// # Safety
 /// The CPU must have AVX-512F.
 #[target_feature(enable = "avx512f")]
-unsafe fn f32_mul_add(iters: usize) -> f64 {
+unsafe fn f32_chain<const FUSED: bool>(iters: usize) -> f64 {
     let x = _mm512_set1_ps(1.000_000_1);
     let mut acc = [_mm512_set1_ps(0.5); ACC];
     let t = Instant::now();
     for _ in 0..iters {
         for a in acc.iter_mut() {
-            *a = _mm512_add_ps(_mm512_mul_ps(*a, x), x);
-        }
-    }
-    let s = t.elapsed().as_secs_f64();
-    let mut sink = [0f32; 16];
-    let mut total = _mm512_setzero_ps();
-    for a in acc {
-        total = _mm512_add_ps(total, a);
-    }
-    // SAFETY: `sink` holds 16 f32.
-    unsafe { _mm512_storeu_ps(sink.as_mut_ptr(), total) };
-    std::hint::black_box(sink);
-    (iters * ACC * 16 * 2) as f64 / s
-}
-
-/// Fused `vfmadd` on zmm (what the kernels do not use: the generic order rounds products):
-/// f32 operations per second on this thread (2 per lane and iteration).
-///
-/// # Safety
-/// The CPU must have AVX-512F.
-#[target_feature(enable = "avx512f")]
-unsafe fn f32_fma(iters: usize) -> f64 {
-    let x = _mm512_set1_ps(1.000_000_1);
-    let mut acc = [_mm512_set1_ps(0.5); ACC];
-    let t = Instant::now();
-    for _ in 0..iters {
-        for a in acc.iter_mut() {
-            *a = _mm512_fmadd_ps(*a, x, x);
+            *a = if FUSED {
+                _mm512_fmadd_ps(*a, x, x)
+            } else {
+                _mm512_add_ps(_mm512_mul_ps(*a, x), x)
+            };
         }
     }
     let s = t.elapsed().as_secs_f64();
