@@ -146,7 +146,16 @@ pub(crate) fn linear(
 /// (`nb` group blocks of [`GROUP_BLOCK`] bytes).
 fn pack_group(w: WeightRef<'_>, wrow: usize, bb: usize, n: usize, j0: usize, dst: &mut [u8]) {
     if w.dtype == DType::Q8_0 {
-        return pack_group_q8_0(w.bytes, wrow, n, j0, dst);
+        assert!(dst.len().is_multiple_of(GROUP_BLOCK) && w.bytes.len() == n * wrow);
+        assert!(
+            GROUP * wrow < i32::MAX as usize,
+            "weight row of {wrow} bytes too long"
+        );
+        // SAFETY: the table holding this kernel was built only after AVX-512F/BW/VNNI were
+        // detected (`crate::x86_64::avx512_vnni_table`); the gathers read only columns
+        // `j < n` of blocks `b < dst.len() / GROUP_BLOCK ≤ wrow / 34` (asserted above and by the
+        // caller's `contract::linear`), i.e. inside `w.bytes`.
+        return unsafe { pack_group_q8_0(w.bytes, wrow, n, j0, dst) };
     }
     for (b, gb) in dst.chunks_exact_mut(GROUP_BLOCK).enumerate() {
         for c in 0..GROUP {
@@ -169,32 +178,51 @@ fn pack_group(w: WeightRef<'_>, wrow: usize, bb: usize, n: usize, j0: usize, dst
     }
 }
 
-/// [`pack_group`] for `Q8_0` (34-byte blocks: f16 scale, 32 quants): the quants are copied four
-/// bytes at a time, the same bytes [`quant::block32_values`] gives.
-fn pack_group_q8_0(bytes: &[u8], wrow: usize, n: usize, j0: usize, dst: &mut [u8]) {
+/// [`pack_group`] for `Q8_0` (34-byte blocks: f16 scale, 32 quants) with gathers: per block,
+/// eight gathers of one 4-byte word from each of the 16 columns give the eight k-steps; the
+/// column sums are `vpdpbusd` of those words with bytes of 1; the scales are the low halves of
+/// one more gather, widened with `vcvtph2ps`. Columns `≥ n` are masked to zero, as in
+/// [`pack_group`]. The same bytes as [`quant::block32_values`] gives (tested through the twins).
+///
+/// # Safety
+/// AVX-512F, BW and VNNI must be present; `bytes` holds `n` rows of `wrow` bytes and `dst`
+/// at most `wrow / 34` group blocks; `16 · wrow` fits an `i32`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn pack_group_q8_0(bytes: &[u8], wrow: usize, n: usize, j0: usize, dst: &mut [u8]) {
+    let valid = n.saturating_sub(j0).min(GROUP);
+    let m: __mmask16 = ((1u32 << valid) - 1) as __mmask16;
+    // SAFETY (pointer arithmetic): `j0 < n`, so row `j0` starts inside `bytes`.
+    let base = unsafe { bytes.as_ptr().add(j0 * wrow) };
+    let cols = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(wrow as i32),
+    );
+    let ones = _mm512_set1_epi8(1);
     for (b, gb) in dst.chunks_exact_mut(GROUP_BLOCK).enumerate() {
-        let (qs, tail) = gb.split_at_mut(SCALE_AT);
-        for c in 0..GROUP {
-            let j = j0 + c;
-            let (d, sum) = if j < n {
-                let blk = &bytes[j * wrow + b * 34..][..34];
-                for s in 0..8 {
-                    qs[(s * GROUP + c) * 4..][..4].copy_from_slice(&blk[2 + 4 * s..6 + 4 * s]);
-                }
-                let sum: i32 = blk[2..].iter().map(|&q| i32::from(q as i8)).sum();
-                (
-                    quant::fp16_to_fp32(u16::from_le_bytes([blk[0], blk[1]])),
-                    sum,
-                )
-            } else {
-                for s in 0..8 {
-                    qs[(s * GROUP + c) * 4..][..4].fill(0);
-                }
-                (0.0, 0)
+        let idx = _mm512_add_epi32(cols, _mm512_set1_epi32((b * 34) as i32));
+        let mut sum = _mm512_setzero_si512();
+        for s in 0..8 {
+            let at = _mm512_add_epi32(idx, _mm512_set1_epi32((2 + 4 * s) as i32));
+            // SAFETY: unmasked lanes read bytes `2 + 4s .. 6 + 4s` of block `b` of a column
+            // `< n`, inside `bytes`.
+            let words = unsafe {
+                _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), m, at, base as *const i32)
             };
-            tail[4 * c..][..4].copy_from_slice(&d.to_le_bytes());
-            tail[CORR_AT - SCALE_AT + 4 * c..][..4].copy_from_slice(&(-128 * sum).to_le_bytes());
-            tail[MIN_AT - SCALE_AT + 4 * c..][..4].copy_from_slice(&0f32.to_le_bytes());
+            sum = _mm512_dpbusd_epi32(sum, ones, words);
+            // SAFETY: `gb` holds GROUP_BLOCK bytes; the store covers bytes `64s .. 64s + 64`.
+            unsafe { _mm512_storeu_si512(gb.as_mut_ptr().add(s * 64) as *mut __m512i, words) };
+        }
+        // SAFETY: as above, bytes `0..4` of each valid column's block.
+        let head = unsafe {
+            _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), m, idx, base as *const i32)
+        };
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+        let corr = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(sum));
+        // SAFETY: the three 64-byte stores lie at SCALE_AT, CORR_AT, MIN_AT < GROUP_BLOCK.
+        unsafe {
+            _mm512_storeu_ps(gb.as_mut_ptr().add(SCALE_AT) as *mut f32, d);
+            _mm512_storeu_si512(gb.as_mut_ptr().add(CORR_AT) as *mut __m512i, corr);
+            _mm512_storeu_ps(gb.as_mut_ptr().add(MIN_AT) as *mut f32, _mm512_setzero_ps());
         }
     }
 }
