@@ -191,7 +191,7 @@ fn pack_group(w: WeightRef<'_>, wrow: usize, bb: usize, n: usize, j0: usize, dst
 unsafe fn pack_group_q8_0(bytes: &[u8], wrow: usize, n: usize, j0: usize, dst: &mut [u8]) {
     let valid = n.saturating_sub(j0).min(GROUP);
     let m: __mmask16 = ((1u32 << valid) - 1) as __mmask16;
-    // SAFETY (pointer arithmetic): `j0 < n`, so row `j0` starts inside `bytes`.
+    // SAFETY: `j0 < n`, so row `j0` starts inside `bytes` (pointer arithmetic only).
     let base = unsafe { bytes.as_ptr().add(j0 * wrow) };
     let cols = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
