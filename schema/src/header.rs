@@ -163,13 +163,21 @@ impl Header {
                 h.header_len.get()
             )));
         }
-        if h.file_len.get() != len {
+        if h.file_len.get() > len {
             return Err(Error::Truncated {
                 what: "file (header records its length)".into(),
                 start: 0,
                 end: h.file_len.get(),
                 len,
             });
+        }
+        if h.file_len.get() < len {
+            return Err(Error::Invalid(format!(
+                "the header records a file of {} bytes but the file has {len}: {} trailing bytes \
+                 (appended to, or not a whole plan)",
+                h.file_len.get(),
+                len - h.file_len.get()
+            )));
         }
         check_range("metadata", h.meta_offset.get(), h.meta_len.get(), len)?;
         check_range(

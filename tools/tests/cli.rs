@@ -719,7 +719,7 @@ fn every_kernel_table_gives_the_same_png() {
     assert_refused(
         "unknown kernel table",
         &o,
-        &["--kernels sse9", "generic"],
+        &["--kernels \"sse9\"", "no such kernel table", "generic"],
         empty.path(),
     );
 }
@@ -730,7 +730,7 @@ fn bench_profiles_every_stage() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let text = String::from_utf8_lossy(&o.stdout);
     for needle in [
-        "peak per thread",
+        "peak of one thread",
         "t5 encode (one prompt)",
         "denoiser NFE (2 runs): median",
         "vae decode",
@@ -752,4 +752,97 @@ fn bench_profiles_every_stage() {
     );
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--stage unet"));
+}
+
+#[test]
+fn bench_stage_profiles_only_that_stage() {
+    let o = run(
+        EDGERUN,
+        &[
+            "bench",
+            "--plan",
+            s(demo_plan()),
+            "--stage",
+            "vae",
+            "--reps",
+            "1",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("VaeDecoder") && text.contains("vae decode"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("TextEncoder") && !text.contains("denoiser NFE"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_closed_output_pipe_is_not_a_panic() {
+    use std::process::Stdio;
+    for args in [
+        vec!["bench", "--plan", s(demo_plan()), "--reps", "1"],
+        vec![
+            "generate",
+            "--plan",
+            s(demo_plan()),
+            "-p",
+            "x",
+            "--steps",
+            "1",
+            "-v",
+            "-o",
+        ],
+    ] {
+        let t = tempfile::tempdir().unwrap();
+        let png = t.path().join("x.png");
+        let mut cmd = Command::new(EDGERUN);
+        cmd.args(&args);
+        if args[0] == "generate" {
+            cmd.arg(&png);
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn edgerun");
+        // Close both pipes before the program writes: every write then fails with EPIPE.
+        drop(child.stdout.take());
+        drop(child.stderr.take());
+        let status = child.wait().unwrap();
+        assert_ne!(
+            status.code(),
+            Some(101),
+            "{args:?} panicked on a closed pipe"
+        );
+        assert!(status.success(), "{args:?}: {status}");
+    }
+}
+
+#[test]
+fn absurd_thread_counts_are_clamped_with_a_warning() {
+    let t = tempfile::tempdir().unwrap();
+    let png = t.path().join("x.png");
+    let o = generate(demo_plan(), &png, &["-t", "99999999999", "--quiet"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("-t 99999999999") && err.contains("using"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_plan_with_trailing_bytes_is_named_as_such() {
+    let t = tempfile::tempdir().unwrap();
+    let mut bytes = std::fs::read(demo_plan()).unwrap();
+    bytes.extend_from_slice(b"xx");
+    let plan = t.path().join("long.plan");
+    std::fs::write(&plan, &bytes).unwrap();
+    let out_dir = tempfile::tempdir().unwrap();
+    let o = generate(&plan, &out_dir.path().join("x.png"), &["--quiet"]);
+    assert_refused("trailing bytes", &o, &["2 trailing bytes"], out_dir.path());
 }

@@ -63,6 +63,16 @@ pub fn elementwise_chunk() -> usize {
     elementwise::CHUNK
 }
 
+/// Builds rayon's global thread pool with `n` threads (0 = one per core), reporting why it could
+/// not (for instance the OS refused to start a thread). Call it before any kernel runs: once a
+/// pool exists this returns an error too.
+pub fn start_threads(n: usize) -> Result<(), String> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+        .map_err(|e| e.to_string())
+}
+
 /// Builds rayon's global thread pool with `n` threads (0 = rayon's default, one per core).
 ///
 /// Returns `true` if this call built the pool, `false` if the global pool already existed

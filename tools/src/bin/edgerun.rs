@@ -6,6 +6,23 @@ use std::time::Instant;
 
 #[path = "../common.rs"]
 mod common;
+
+/// `eprintln!` that never panics: diagnostics to a closed stderr (`2>&1 | head -1`) are lost,
+/// not fatal.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
+/// `println!` that never panics; a closed stdout (`| head -1`) ends the output quietly.
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
 use common::{one_line, parse_size, read_file};
 
 use anyhow::{bail, Context, Result};
@@ -205,6 +222,22 @@ fn peak_rss_kib() -> Option<u64> {
         .ok()
 }
 
+/// Starts the worker pool for `-t`: 0 means one thread per core; more than 4 per core (at
+/// least 8) only slows the run down and is clamped with a warning; a pool the OS cannot start
+/// is an error naming `-t`.
+fn start_threads(requested: usize) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let max = (4 * cores).max(8);
+    let n = if requested > max {
+        say!("warning: -t {requested}: this machine has {cores} cores; using {max} threads");
+        max
+    } else {
+        requested
+    };
+    edge_kernels::start_threads(n)
+        .map_err(|e| anyhow::anyhow!("-t {requested}: could not start the worker threads: {e}"))
+}
+
 /// The plan size `-W`/`-H` name (either may be left out when only one size matches).
 fn pick_size(
     meta: &edge_schema::plan::PlanMeta,
@@ -252,7 +285,8 @@ fn pick_kernels(label: &str) -> Result<(&'static str, edge_kernels::KernelTable)
     match variants.iter().find(|(l, _)| *l == label) {
         Some(&v) => Ok(v),
         None => bail!(
-            "--kernels {label}: this CPU's kernel tables are best, {}",
+            "--kernels {label:?}: no such kernel table on this CPU ({}); it has best, {}",
+            edge_kernels_cpu::features().summary(),
             table_labels()
         ),
     }
@@ -276,7 +310,7 @@ fn generate(a: GenArgs) -> Result<()> {
     if a.steps == 0 {
         bail!("--steps: must be at least 1");
     }
-    edge_kernels::init_threads(a.threads);
+    start_threads(a.threads)?;
     let plan = match &a.trusted_key {
         Some(k) => {
             let key = edge_runtime::TrustedKey::from_file(k)?;
@@ -340,8 +374,9 @@ fn generate(a: GenArgs) -> Result<()> {
             .filter(|(slot, _)| !slot.ends_with("_scratch_bytes"))
             .map(|(slot, name)| format!("{slot}={name}"))
             .collect();
-        eprintln!(
-            "kernels {table_label} (tables: {}; cpu: {}): {}",
+        say!(
+            "kernels {table_label} on {} threads (tables: {}; cpu: {}): {}",
+            rayon::current_num_threads(),
             table_labels(),
             edge_kernels_cpu::features().summary(),
             names.join(" ")
@@ -367,7 +402,7 @@ fn generate(a: GenArgs) -> Result<()> {
                 )
             })
             .collect();
-        eprintln!("matrix kernels: {}", per_pack.join(", "));
+        say!("matrix kernels: {}", per_pack.join(", "));
     }
     let mut session = Session::new(
         &plan,
@@ -422,7 +457,7 @@ fn generate(a: GenArgs) -> Result<()> {
     })?;
     bar.finish_and_clear();
     if out.truncated {
-        eprintln!(
+        say!(
             "warning: the prompt was longer than the plan's {} tokens and was truncated",
             meta.text.max_sequence_length
         );
@@ -448,7 +483,7 @@ fn generate(a: GenArgs) -> Result<()> {
     ];
     edge_runtime::image::write_png(&a.output, &out.rgb, width, height, &text)?;
     if !a.quiet {
-        eprintln!(
+        say!(
             "wrote {} ({width}x{height}) in {:.2}s",
             a.output.display(),
             t0.elapsed().as_secs_f64()
@@ -461,19 +496,19 @@ fn generate(a: GenArgs) -> Result<()> {
             .iter()
             .map(|b| b.to_string())
             .collect();
-        eprintln!(
+        say!(
             "timings: encode {:.3}s, sampling {:.3}s, decode {:.3}s",
             timings.get("encode").unwrap_or(&0.0),
             timings.get("sample").unwrap_or(&0.0),
             timings.get("decode").unwrap_or(&0.0),
         );
-        eprintln!(
+        say!(
             "memory: budget {}, arena {arena} bytes, weights {weights} bytes; streamed per step [{}] bytes; released {} bytes",
             budget.map_or("none".to_string(), |b| format!("{b} bytes")),
             per_step.join(", "),
             session.streamer().released_bytes()
         );
-        eprintln!(
+        say!(
             "peak RSS (VmHWM) {} KiB; predicted peak {} KiB = {} KiB at start (process) + {} KiB host buffers + {} KiB arena + {} KiB resident weights",
             peak_rss_kib().unwrap_or(0),
             rss_before + (host + predicted) / 1024,
@@ -493,10 +528,14 @@ fn timed<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, f64)> {
     Ok((v, t.elapsed().as_secs_f64()))
 }
 
-/// Bytes per second of summing a 256 MiB buffer on every thread at once (read bandwidth).
-fn memory_bandwidth() -> f64 {
+/// Bytes per second of summing a 64 MiB buffer on every thread at once (read bandwidth), or
+/// `None` when the buffer cannot be allocated (a small device).
+fn memory_bandwidth() -> Option<f64> {
     use rayon::prelude::*;
-    let buf = vec![1u64; 32 << 20];
+    let words = 8 << 20;
+    let mut buf: Vec<u64> = Vec::new();
+    buf.try_reserve_exact(words).ok()?;
+    buf.resize(words, 1);
     let mut best = 0f64;
     for _ in 0..3 {
         let t = Instant::now();
@@ -504,7 +543,7 @@ fn memory_bandwidth() -> f64 {
         std::hint::black_box(s);
         best = best.max((buf.len() * 8) as f64 / t.elapsed().as_secs_f64());
     }
-    best
+    Some(best)
 }
 
 fn bench(a: BenchArgs) -> Result<()> {
@@ -516,7 +555,7 @@ fn bench(a: BenchArgs) -> Result<()> {
     if a.reps == 0 {
         bail!("--reps: must be at least 1");
     }
-    edge_kernels::init_threads(a.threads);
+    start_threads(a.threads)?;
     let threads = rayon::current_num_threads();
     let plan = Plan::open(&a.plan)?;
     let meta = plan.meta();
@@ -524,9 +563,10 @@ fn bench(a: BenchArgs) -> Result<()> {
         .with_context(|| format!("plan {}", a.plan.display()))?;
     let (width, height, size) = pick_size(meta, a.width, a.height)?;
     let (label, kernels) = pick_kernels(&a.kernels)?;
-    println!(
-        "plan {} at {width}x{height}; kernels {label}; {threads} threads; cpu: {}",
+    out!(
+        "plan {} at {width}x{height}; kernels {label}; {threads} thread{}; cpu: {}",
         a.plan.display(),
+        if threads == 1 { "" } else { "s" },
         edge_kernels_cpu::features().summary()
     );
     // Peaks measured in this run, per thread (run on one thread; the pool's threads are alike).
@@ -534,17 +574,19 @@ fn bench(a: BenchArgs) -> Result<()> {
     let bw = memory_bandwidth();
     let fmt_peak =
         |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{:.1} GOP/s", v / 1e9));
-    println!(
-        "peak per thread: f32 mul+add {} (fused, unused: {}), int8 dot {}; memory read (all threads) {:.1} GB/s",
+    out!(
+        "peak of one thread, measured now: f32 multiply then add {} (the kernels' unfused \
+         arithmetic; fused FMA would reach {}), int8 dot {}; memory read, all threads: {}",
         fmt_peak(pk.f32_ops),
         fmt_peak(pk.f32_fma_ops),
         fmt_peak(pk.int8_ops),
-        bw / 1e9
+        bw.map_or("n/a".to_string(), |b| format!("{:.1} GB/s", b / 1e9))
     );
+    out!("(\"of peak\" below = achieved rate / (one thread's peak × {threads} threads))");
     let mut s = Session::new(&plan, kernels, None)?;
     s.set_profiling(true);
     let tok = edge_runtime::tokenizer::Tokenizer::new(&meta.tokenizer)?;
-    let run_t5 = which == "all" || which == "t5" || which == "denoiser";
+    let run_t5 = which == "all" || which == "t5";
     let ((hidden, mask, _), t5_s) = timed(|| {
         Ok(edge_runtime::pipeline::encode_text(
             &mut s, &tok, &a.prompt,
@@ -552,7 +594,7 @@ fn bench(a: BenchArgs) -> Result<()> {
     })?;
     let (cond, kv_s) = timed(|| Ok(edge_runtime::pipeline::condition(&mut s, hidden, mask)?))?;
     if run_t5 {
-        println!("t5 encode (one prompt): {t5_s:.3} s; cross-attention K/V: {kv_s:.3} s");
+        out!("t5 encode (one prompt): {t5_s:.3} s; cross-attention K/V: {kv_s:.3} s");
     }
     let den = &meta.stages[size.denoiser_stage as usize];
     let n = den.values[den.inputs[0] as usize]
@@ -563,6 +605,10 @@ fn bench(a: BenchArgs) -> Result<()> {
         .map(|i| ((i * 7919 % 2001) as f32 / 1000.0) - 1.0)
         .collect();
     let mut eps = vec![0f32; n];
+    if which == "denoiser" || which == "vae" {
+        // The prompt's encode above was set-up, not the stage asked for.
+        s.set_profiling(true);
+    }
     if which == "all" || which == "denoiser" {
         let mut times = Vec::new();
         for _ in 0..a.reps {
@@ -574,9 +620,10 @@ fn bench(a: BenchArgs) -> Result<()> {
             times.push(t);
         }
         times.sort_by(f64::total_cmp);
-        println!(
-            "denoiser NFE ({} runs): median {:.3} s, min {:.3} s",
+        out!(
+            "denoiser NFE ({} run{}): median {:.3} s, min {:.3} s",
             a.reps,
+            if a.reps == 1 { "" } else { "s" },
             times[times.len() / 2],
             times[0]
         );
@@ -584,7 +631,7 @@ fn bench(a: BenchArgs) -> Result<()> {
     if which == "all" || which == "vae" {
         let lat: Vec<f32> = latent.iter().map(|v| v * 0.5).collect();
         let (_, t) = timed(|| Ok(edge_runtime::pipeline::decode_latents(&mut s, size, &lat)?))?;
-        println!("vae decode: {t:.3} s");
+        out!("vae decode: {t:.3} s");
     }
     let Some(prof) = s.profile() else {
         return Ok(());
@@ -600,10 +647,16 @@ fn bench(a: BenchArgs) -> Result<()> {
             continue;
         }
         let total: f64 = rows.iter().map(|r| r.time.as_secs_f64()).sum();
-        println!("\n{kind:?}: {total:.3} s in ops");
-        println!(
+        out!("\n{kind:?}: {:.1} ms in ops", total * 1e3);
+        out!(
             "  {:<20} {:>7} {:>10} {:>7} {:>11} {:>9} {:>10}",
-            "op", "calls", "time s", "share", "GFLOP/s", "of peak", "GB/s out"
+            "op",
+            "calls",
+            "time ms",
+            "share",
+            "GFLOP/s",
+            "of peak",
+            "GB/s out"
         );
         let mut rows = rows;
         rows.sort_by_key(|r| std::cmp::Reverse(r.time));
@@ -628,11 +681,11 @@ fn bench(a: BenchArgs) -> Result<()> {
                 Some(d) => format!("{} {}", r.op, d.name()),
                 None => r.op.to_string(),
             };
-            println!(
-                "  {:<20} {:>7} {:>10.3} {:>6.1}% {:>11} {:>9} {:>10.1}",
+            out!(
+                "  {:<20} {:>7} {:>10.1} {:>6.1}% {:>11} {:>9} {:>10.1}",
                 name,
                 r.calls,
-                t,
+                t * 1e3,
                 100.0 * t / total,
                 gflops,
                 of_peak,
@@ -650,7 +703,7 @@ fn main() {
         Cmd::Bench(a) => bench(a),
     };
     if let Err(e) = r {
-        eprintln!("error: {}", one_line(&e));
+        say!("error: {}", one_line(&e));
         std::process::exit(1);
     }
 }
