@@ -71,6 +71,99 @@ pub fn read_file(path: &std::path::Path, what: &str) -> anyhow::Result<Vec<u8>> 
     std::fs::read(path).with_context(|| format!("reading {what} {}", path.display()))
 }
 
+/// The identity of an existing file, following symlinks: `(device, inode)` on Unix.
+fn file_id(p: &std::path::Path) -> Option<(u64, u64)> {
+    let m = std::fs::metadata(p).ok()?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        Some((m.dev(), m.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = m;
+        std::fs::canonicalize(p).ok().map(|c| (0, fxhash(&c)))
+    }
+}
+
+#[cfg(not(unix))]
+fn fxhash(p: &std::path::Path) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    p.hash(&mut h);
+    h.finish()
+}
+
+/// `p` with symlinks and `..` resolved, also when `p` itself does not exist yet (its folder
+/// is resolved and the file name appended); `None` when not even the folder resolves.
+fn resolved(p: &std::path::Path) -> Option<std::path::PathBuf> {
+    if let Ok(c) = std::fs::canonicalize(p) {
+        return Some(c);
+    }
+    let name = p.file_name()?;
+    let parent = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    std::fs::canonicalize(parent).ok().map(|d| d.join(name))
+}
+
+/// The regular files at `path`: itself, or every file below it when it is a folder (the
+/// files a model folder offers to the loader).
+#[allow(dead_code)] // edgeplan's; this file is included by both programs
+pub fn files_under(path: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![path.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        match std::fs::metadata(&p) {
+            Ok(m) if m.is_dir() => {
+                if let Ok(rd) = std::fs::read_dir(&p) {
+                    stack.extend(rd.filter_map(|e| e.ok().map(|e| e.path())));
+                }
+            }
+            Ok(m) if m.is_file() => out.push(p),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Refuses, before anything is written, an output that is one of the inputs or another
+/// output: the same file by device and inode (hard links, symlinks, `..`) when it exists,
+/// the same resolved path when it does not. `inputs` and `outputs` are `(flag, path)`; the
+/// message names both flags and paths.
+pub fn refuse_clobber(
+    inputs: &[(&str, &std::path::Path)],
+    outputs: &[(&str, &std::path::Path)],
+) -> anyhow::Result<()> {
+    for (i, &(oflag, out)) in outputs.iter().enumerate() {
+        let oid = file_id(out);
+        let opath = resolved(out);
+        let same = |p: &std::path::Path| {
+            (oid.is_some() && file_id(p) == oid) || (opath.is_some() && resolved(p) == opath)
+        };
+        for &(iflag, input) in inputs {
+            if same(input) {
+                anyhow::bail!(
+                    "{oflag} {}: is the same file as {iflag} {}; refusing to write over an input",
+                    out.display(),
+                    input.display()
+                );
+            }
+        }
+        for &(flag2, out2) in &outputs[i + 1..] {
+            if same(out2) {
+                anyhow::bail!(
+                    "{oflag} {} and {flag2} {} are the same file; give two different outputs",
+                    out.display(),
+                    out2.display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_size;

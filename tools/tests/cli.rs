@@ -846,3 +846,93 @@ fn a_plan_with_trailing_bytes_is_named_as_such() {
     let o = generate(&plan, &out_dir.path().join("x.png"), &["--quiet"]);
     assert_refused("trailing bytes", &o, &["2 trailing bytes"], out_dir.path());
 }
+
+#[test]
+fn outputs_never_overwrite_inputs_or_each_other() {
+    let t = tempfile::tempdir().unwrap();
+    let plan = t.path().join("self.plan");
+    std::fs::copy(demo_plan(), &plan).unwrap();
+    let original = std::fs::read(&plan).unwrap();
+    let hard = t.path().join("hard.plan");
+    std::fs::hard_link(&plan, &hard).unwrap();
+    let sym = t.path().join("sym.plan");
+    std::os::unix::fs::symlink(&plan, &sym).unwrap();
+    let dotted = t.path().join("sub/../self.plan");
+    std::fs::create_dir(t.path().join("sub")).unwrap();
+    let refused = |args: &[&str], needles: &[&str]| {
+        let o = run(EDGERUN, args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        for n in needles {
+            assert!(err.contains(n), "{args:?}: stderr lacks {n:?}: {err}");
+        }
+        assert!(
+            std::fs::read(&plan).unwrap() == original,
+            "{args:?} changed the plan"
+        );
+    };
+    for out in [&plan, &hard, &dotted] {
+        refused(
+            &[
+                "generate",
+                "--plan",
+                s(&plan),
+                "-p",
+                "x",
+                "--steps",
+                "1",
+                "-o",
+                s(out),
+            ],
+            &["refusing to write over an input", "--plan"],
+        );
+    }
+    refused(
+        &[
+            "generate",
+            "--plan",
+            s(&sym),
+            "-p",
+            "x",
+            "--steps",
+            "1",
+            "--latents-out",
+            s(&plan),
+        ],
+        &["--latents-out", "same file as --plan"],
+    );
+    let png = t.path().join("x.png");
+    refused(
+        &[
+            "generate",
+            "--plan",
+            s(&plan),
+            "-p",
+            "x",
+            "--steps",
+            "1",
+            "-o",
+            s(&png),
+            "--latents-out",
+            s(&t.path().join("sub/../x.png")),
+        ],
+        &["-o", "--latents-out", "same file"],
+    );
+    assert!(!png.exists(), "a refused run wrote its output");
+    // edgeplan compile -o onto one of the model's own files.
+    let m = t.path().join("model");
+    copy_demo(&m);
+    let vae = m.join("vae/diffusion_pytorch_model.safetensors");
+    let before = std::fs::read(&vae).unwrap();
+    let o = run(
+        EDGEPLAN,
+        &["compile", s(&m), "-W", "64", "-H", "64", "-o", s(&vae)],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("refusing to write over an input"), "{err}");
+    assert!(
+        std::fs::read(&vae).unwrap() == before,
+        "compile overwrote its own input"
+    );
+}

@@ -282,6 +282,33 @@ fn compile(a: CompileArgs) -> Result<()> {
                 .transpose()?,
         },
     };
+    let mut sources: Vec<(String, std::path::PathBuf)> = Vec::new();
+    if let Some(m) = &a.model {
+        sources.extend(
+            common::files_under(m)
+                .into_iter()
+                .map(|p| ("the model folder's".to_string(), p)),
+        );
+    }
+    for (flag, p) in [
+        ("--diffusion-model", &a.diffusion_model),
+        ("--t5xxl", &a.t5xxl),
+        ("--vae", &a.vae),
+        ("--tokenizer", &a.tokenizer),
+    ] {
+        if let Some(p) = p {
+            sources.extend(
+                common::files_under(p)
+                    .into_iter()
+                    .map(|f| (flag.to_string(), f)),
+            );
+        }
+    }
+    let inputs: Vec<(&str, &std::path::Path)> = sources
+        .iter()
+        .map(|(f, p)| (f.as_str(), p.as_path()))
+        .collect();
+    common::refuse_clobber(&inputs, &[("-o", a.output.as_path())])?;
     let started = std::time::Instant::now();
     let files = edge_planner::compile::ComponentFiles {
         diffusion_model: a.diffusion_model.clone(),
@@ -388,6 +415,8 @@ fn keygen(out: PathBuf) -> Result<()> {
 fn sign(plan: PathBuf, key: PathBuf, output: Option<PathBuf>) -> Result<()> {
     let secret = edge_planner::sign::SecretKey::from_file(&key)?;
     let out = output.unwrap_or_else(|| plan.clone());
+    // Signing in place (the default) rewrites the plan on purpose; the key must survive.
+    common::refuse_clobber(&[("--key", key.as_path())], &[("--output", out.as_path())])?;
     edge_planner::sign::sign_file(&plan, &out, &secret)
         .with_context(|| format!("signing plan {}", plan.display()))?;
     eprintln!(

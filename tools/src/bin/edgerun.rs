@@ -23,7 +23,7 @@ macro_rules! out {
         let _ = writeln!(std::io::stdout(), $($t)*);
     }};
 }
-use common::{one_line, parse_size, read_file};
+use common::{one_line, parse_size, read_file, refuse_clobber};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -310,6 +310,18 @@ fn generate(a: GenArgs) -> Result<()> {
     if a.steps == 0 {
         bail!("--steps: must be at least 1");
     }
+    let mut inputs: Vec<(&str, &Path)> = vec![("--plan", a.plan.as_path())];
+    if let Some(p) = &a.init_latents {
+        inputs.push(("--init-latents", p));
+    }
+    if let Some(p) = &a.trusted_key {
+        inputs.push(("--trusted-key", p));
+    }
+    let mut outputs: Vec<(&str, &Path)> = vec![("-o", a.output.as_path())];
+    if let Some(p) = &a.latents_out {
+        outputs.push(("--latents-out", p));
+    }
+    refuse_clobber(&inputs, &outputs)?;
     start_threads(a.threads)?;
     let plan = match &a.trusted_key {
         Some(k) => {
