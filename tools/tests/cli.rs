@@ -936,3 +936,74 @@ fn outputs_never_overwrite_inputs_or_each_other() {
         "compile overwrote its own input"
     );
 }
+
+#[test]
+fn non_finite_init_latents_are_named_at_load() {
+    let t = tempfile::tempdir().unwrap();
+    for (bad, index, shown) in [
+        (f32::NAN, 0usize, "NaN"),
+        (f32::INFINITY, 77, "inf"),
+        (f32::NEG_INFINITY, 255, "-inf"),
+    ] {
+        let lat = t.path().join(format!("lat{index}.safetensors"));
+        let mut vals = vec![0.25f32; 4 * 8 * 8];
+        vals[index] = bad;
+        let data: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let view =
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 4, 8, 8], &data)
+                .unwrap();
+        std::fs::write(
+            &lat,
+            safetensors::serialize([("latents", view)], None).unwrap(),
+        )
+        .unwrap();
+        let out_dir = tempfile::tempdir().unwrap();
+        let o = generate(
+            demo_plan(),
+            &out_dir.path().join("o.png"),
+            &["--init-latents", s(&lat)],
+        );
+        let idx = format!("flat index {index}");
+        assert_refused(
+            "non-finite latents",
+            &o,
+            &[s(&lat), shown, &idx],
+            out_dir.path(),
+        );
+    }
+}
+
+#[test]
+fn a_missing_output_folder_is_refused_before_any_work() {
+    let t = tempfile::tempdir().unwrap();
+    let file = t.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    for (flag, out, needle) in [
+        ("-o", t.path().join("missing/x.png"), "missing"),
+        (
+            "--latents-out",
+            t.path().join("missing/l.safetensors"),
+            "missing",
+        ),
+        ("-o", file.join("x.png"), "is not a folder"),
+    ] {
+        let o = if flag == "-o" {
+            generate(demo_plan(), &out, &[])
+        } else {
+            generate(
+                demo_plan(),
+                &t.path().join("ok.png"),
+                &["--latents-out", s(&out)],
+            )
+        };
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{flag} {}: {err}", out.display());
+        assert!(err.contains(flag) && err.contains(needle), "{err}");
+        let dir = out.parent().unwrap().display().to_string();
+        assert!(err.contains(&dir), "does not name the folder {dir}: {err}");
+        assert!(
+            !t.path().join("ok.png").exists(),
+            "wrote -o although --latents-out was refused"
+        );
+    }
+}

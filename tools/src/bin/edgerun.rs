@@ -161,10 +161,39 @@ fn read_latents(path: &Path, shape: &[usize]) -> Result<Vec<f32>> {
             t.shape()
         );
     }
-    Ok(t.data()
+    let v: Vec<f32> = t
+        .data()
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
+        .collect();
+    if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+        bail!(
+            "{}: tensor `latents` holds {x} at flat index {i}; initial noise must be finite",
+            path.display()
+        );
+    }
+    Ok(v)
+}
+
+/// Refuses, before any work, an output whose folder does not exist or is not a folder.
+fn check_output_dir(flag: &str, out: &Path) -> Result<()> {
+    let dir = match out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => bail!(
+            "{flag} {}: {} is not a folder",
+            out.display(),
+            dir.display()
+        ),
+        Err(e) => bail!(
+            "{flag} {}: the folder {} cannot be used: {e}",
+            out.display(),
+            dir.display()
+        ),
+    }
 }
 
 fn write_latents(path: &Path, data: &[f32], shape: &[usize]) -> Result<()> {
@@ -322,6 +351,9 @@ fn generate(a: GenArgs) -> Result<()> {
         outputs.push(("--latents-out", p));
     }
     refuse_clobber(&inputs, &outputs)?;
+    for (flag, out) in &outputs {
+        check_output_dir(flag, out)?;
+    }
     start_threads(a.threads)?;
     let plan = match &a.trusted_key {
         Some(k) => {
