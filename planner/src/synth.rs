@@ -677,8 +677,9 @@ pub struct SynthOptions {
     /// Storage type of the weights.
     pub dtype: WeightDType,
     /// A diffusers pipeline folder whose `tokenizer/` and `scheduler/scheduler_config.json`
-    /// are copied (e.g. `demo/pixart-shapes-64`).
-    pub tokenizer_from: PathBuf,
+    /// are copied; `None`: the demo model's ([`EMBEDDED_TOKENIZER`], built into the program,
+    /// so that `synth` works from any folder).
+    pub tokenizer_from: Option<PathBuf>,
     /// Replace a non-empty output folder.
     pub force: bool,
 }
@@ -919,6 +920,36 @@ fn write_component(
 }
 
 /// Copies the regular files of `src` into the new folder `dst`; returns the bytes copied.
+/// The tokenizer files of `demo/pixart-shapes-64` (a T5 SentencePiece tokenizer with its
+/// `tokenizer.json`), written when no `tokenizer_from` folder is given.
+pub const EMBEDDED_TOKENIZER: [(&str, &[u8]); 4] = [
+    (
+        "special_tokens_map.json",
+        include_bytes!("../../demo/pixart-shapes-64/tokenizer/special_tokens_map.json"),
+    ),
+    (
+        "spiece.model",
+        include_bytes!("../../demo/pixart-shapes-64/tokenizer/spiece.model"),
+    ),
+    (
+        "tokenizer.json",
+        include_bytes!("../../demo/pixart-shapes-64/tokenizer/tokenizer.json"),
+    ),
+    (
+        "tokenizer_config.json",
+        include_bytes!("../../demo/pixart-shapes-64/tokenizer/tokenizer_config.json"),
+    ),
+];
+
+/// The scheduler config of `demo/pixart-shapes-64` (PixArt-Σ's published DPM-Solver++ config).
+pub const EMBEDDED_SCHEDULER: &[u8] =
+    include_bytes!("../../demo/pixart-shapes-64/scheduler/scheduler_config.json");
+
+fn write_bytes(path: &Path, bytes: &[u8]) -> Result<u64, SynthError> {
+    std::fs::write(path, bytes).map_err(io_err(path))?;
+    Ok(bytes.len() as u64)
+}
+
 fn copy_files(src: &Path, dst: &Path) -> Result<u64, SynthError> {
     std::fs::create_dir(dst).map_err(io_err(dst))?;
     let mut bytes = 0;
@@ -941,7 +972,7 @@ fn copy_files(src: &Path, dst: &Path) -> Result<u64, SynthError> {
 /// Everything is written into a temporary sibling folder `.<name>.synth-tmp` which is renamed
 /// to `out` at the end, so `out` never holds a partial pipeline. An existing empty folder is
 /// replaced; a non-empty one only with `opts.force`. The tokenizer folder and the scheduler
-/// config are copied from `opts.tokenizer_from`; the T5 vocabulary of the preset may be
+/// config are copied from `opts.tokenizer_from` (or written from the built-in demo copies); the T5 vocabulary of the preset may be
 /// larger than that tokenizer's.
 ///
 /// Errors: [`SynthError::MissingSource`] when `tokenizer_from/tokenizer/` or
@@ -953,21 +984,24 @@ pub fn synthesize(
     out: &Path,
     opts: &SynthOptions,
 ) -> Result<SynthReport, SynthError> {
-    let tok_src = opts.tokenizer_from.join("tokenizer");
-    let sched_src = opts
-        .tokenizer_from
-        .join("scheduler")
-        .join("scheduler_config.json");
-    if !tok_src.is_dir() {
-        return Err(SynthError::MissingSource {
-            path: tok_src.display().to_string(),
-        });
-    }
-    if !sched_src.is_file() {
-        return Err(SynthError::MissingSource {
-            path: sched_src.display().to_string(),
-        });
-    }
+    let sources = match &opts.tokenizer_from {
+        Some(from) => {
+            let tok_src = from.join("tokenizer");
+            let sched_src = from.join("scheduler").join("scheduler_config.json");
+            if !tok_src.is_dir() {
+                return Err(SynthError::MissingSource {
+                    path: tok_src.display().to_string(),
+                });
+            }
+            if !sched_src.is_file() {
+                return Err(SynthError::MissingSource {
+                    path: sched_src.display().to_string(),
+                });
+            }
+            Some((tok_src, sched_src))
+        }
+        None => None,
+    };
     if out.exists() {
         if !out.is_dir() {
             return Err(SynthError::NotAFolder {
@@ -997,7 +1031,7 @@ pub fn synthesize(
         std::fs::remove_dir_all(&tmp).map_err(io_err(&tmp))?;
     }
     std::fs::create_dir(&tmp).map_err(io_err(&tmp))?;
-    let result = write_all(preset, &tmp, &tok_src, &sched_src, opts);
+    let result = write_all(preset, &tmp, sources.as_ref(), opts);
     let report = match result {
         Ok(r) => r,
         Err(e) => {
@@ -1016,8 +1050,7 @@ pub fn synthesize(
 fn write_all(
     preset: &Preset,
     root: &Path,
-    tok_src: &Path,
-    sched_src: &Path,
+    sources: Option<&(PathBuf, PathBuf)>,
     opts: &SynthOptions,
 ) -> Result<SynthReport, SynthError> {
     let mut bytes = write_json(&root.join("model_index.json"), &preset.model_index)?;
@@ -1029,11 +1062,23 @@ fn write_all(
         files += f;
         parameters.push((c.folder, c.parameter_count()));
     }
-    bytes += copy_files(tok_src, &root.join("tokenizer"))?;
+    let tok_dst = root.join("tokenizer");
     let sched = root.join("scheduler");
     std::fs::create_dir(&sched).map_err(io_err(&sched))?;
-    bytes +=
-        std::fs::copy(sched_src, sched.join("scheduler_config.json")).map_err(io_err(sched_src))?;
+    match sources {
+        Some((tok_src, sched_src)) => {
+            bytes += copy_files(tok_src, &tok_dst)?;
+            bytes += std::fs::copy(sched_src, sched.join("scheduler_config.json"))
+                .map_err(io_err(sched_src))?;
+        }
+        None => {
+            std::fs::create_dir(&tok_dst).map_err(io_err(&tok_dst))?;
+            for (name, data) in EMBEDDED_TOKENIZER {
+                bytes += write_bytes(&tok_dst.join(name), data)?;
+            }
+            bytes += write_bytes(&sched.join("scheduler_config.json"), EMBEDDED_SCHEDULER)?;
+        }
+    }
     Ok(SynthReport {
         parameters,
         bytes,
@@ -1256,7 +1301,7 @@ mod tests {
         let opts = SynthOptions {
             seed,
             dtype,
-            tokenizer_from: repo("demo/pixart-shapes-64"),
+            tokenizer_from: Some(repo("demo/pixart-shapes-64")),
             force: false,
         };
         synthesize(&preset("pixart-sigma-small").unwrap(), dir, &opts).unwrap()
@@ -1305,6 +1350,27 @@ mod tests {
     }
 
     #[test]
+    fn without_a_source_folder_the_built_in_demo_tokenizer_is_written() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("p");
+        let opts = SynthOptions {
+            seed: 0,
+            dtype: WeightDType::F16,
+            tokenizer_from: None,
+            force: false,
+        };
+        synthesize(&preset("pixart-sigma-small").unwrap(), &out, &opts).unwrap();
+        let demo = repo("demo/pixart-shapes-64");
+        for (name, _) in EMBEDDED_TOKENIZER {
+            let rel = format!("tokenizer/{name}");
+            assert_eq!(read(&out, &rel), read(&demo, &rel), "{rel}");
+        }
+        let rel = "scheduler/scheduler_config.json";
+        assert_eq!(read(&out, rel), read(&demo, rel));
+        crate::load::folder::PipelineFolder::open(&out).unwrap();
+    }
+
+    #[test]
     fn refuses_to_overwrite_without_force_and_checks_the_source() {
         let tmp = tempfile::tempdir().unwrap();
         let out = tmp.path().join("p");
@@ -1314,7 +1380,7 @@ mod tests {
         let mut opts = SynthOptions {
             seed: 0,
             dtype: WeightDType::BF16,
-            tokenizer_from: repo("demo/pixart-shapes-64"),
+            tokenizer_from: Some(repo("demo/pixart-shapes-64")),
             force: false,
         };
         let e = synthesize(&p, &out, &opts).unwrap_err();
@@ -1326,7 +1392,7 @@ mod tests {
         assert!(out.join("vae/config.json").is_file());
         assert!(!tmp.path().join(".p.synth-tmp").exists());
 
-        opts.tokenizer_from = tmp.path().join("nowhere");
+        opts.tokenizer_from = Some(tmp.path().join("nowhere"));
         let e = synthesize(&p, &tmp.path().join("q"), &opts).unwrap_err();
         assert!(matches!(e, SynthError::MissingSource { .. }), "{e}");
         assert!(e.to_string().contains("nowhere"), "{e}");

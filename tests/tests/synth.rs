@@ -20,7 +20,7 @@ fn small_preset_compiles_and_generates_finite_images() {
     let opts = SynthOptions {
         seed: 11,
         dtype: WeightDType::F16,
-        tokenizer_from: demo("pixart-shapes-64"),
+        tokenizer_from: Some(demo("pixart-shapes-64")),
         force: false,
     };
     let report = synth::synthesize(&preset, &dir, &opts).unwrap();

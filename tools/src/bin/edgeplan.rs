@@ -111,9 +111,10 @@ struct SynthArgs {
     /// Storage type of the weights: f16, f32 or bf16.
     #[arg(long, default_value = "f16")]
     dtype: String,
-    /// Pipeline folder whose tokenizer/ and scheduler/ are copied.
-    #[arg(long, default_value = "demo/pixart-shapes-64")]
-    tokenizer_from: PathBuf,
+    /// Pipeline folder whose tokenizer/ and scheduler/ are copied (default: the demo model's,
+    /// built into edgeplan).
+    #[arg(long)]
+    tokenizer_from: Option<PathBuf>,
     /// Replace a non-empty output folder.
     #[arg(long)]
     force: bool,
