@@ -1007,3 +1007,51 @@ fn a_missing_output_folder_is_refused_before_any_work() {
         );
     }
 }
+
+#[test]
+fn seed_minus_one_picks_a_random_seed_and_records_it() {
+    let t = tempfile::tempdir().unwrap();
+    let seed_of = |png: &Path| -> u64 {
+        let text = png_text(&std::fs::read(png).unwrap());
+        let params = &text
+            .iter()
+            .find(|(k, _)| k == "parameters")
+            .expect("parameters")
+            .1;
+        let after = params.split("seed: ").nth(1).expect("seed recorded");
+        after
+            .split(',')
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .expect("a whole seed")
+    };
+    let (a, b) = (t.path().join("a.png"), t.path().join("b.png"));
+    for p in [&a, &b] {
+        let o = generate(demo_plan(), p, &["-s", "-1"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(&format!("seed: {} (random)", seed_of(p))),
+            "{err}"
+        );
+    }
+    assert_ne!(seed_of(&a), seed_of(&b), "two random seeds were equal");
+    // The recorded seed reproduces the image byte for byte.
+    let again = t.path().join("again.png");
+    let seed = seed_of(&a).to_string();
+    let o = generate(demo_plan(), &again, &["-s", &seed]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(std::fs::read(&again).unwrap() == std::fs::read(&a).unwrap());
+    for bad in ["-2", "abc", "1.5", "18446744073709551616"] {
+        let out_dir = tempfile::tempdir().unwrap();
+        let o = generate(demo_plan(), &out_dir.path().join("x.png"), &["-s", bad]);
+        assert_refused(
+            "bad seed",
+            &o,
+            &["-s/--seed", bad, "-1 for a random seed"],
+            out_dir.path(),
+        );
+    }
+}

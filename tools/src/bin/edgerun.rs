@@ -105,9 +105,15 @@ struct GenArgs {
     /// Sampler: dpm++2m or euler.
     #[arg(long = "sampling-method", default_value = "dpm++2m")]
     sampling_method: String,
-    /// Seed of the initial noise.
-    #[arg(short = 's', long = "seed", default_value_t = 42)]
-    seed: u64,
+    /// Seed of the initial noise: 0 to 2^64 − 1, or −1 for a random seed (printed, and recorded
+    /// in the PNG like any other).
+    #[arg(
+        short = 's',
+        long = "seed",
+        default_value = "42",
+        allow_hyphen_values = true
+    )]
+    seed: String,
     /// Image width in pixels (default: the plan's only size).
     #[arg(short = 'W', long = "width")]
     width: Option<u32>,
@@ -330,6 +336,20 @@ fn table_labels() -> String {
         .join(", ")
 }
 
+/// The seed `-s` names: a whole number, or a fresh random one for `-1` (stable-diffusion.cpp's
+/// spelling).
+fn pick_seed(s: &str) -> Result<(u64, bool)> {
+    if s.trim() == "-1" {
+        let mut b = [0u8; 8];
+        getrandom::fill(&mut b)
+            .map_err(|e| anyhow::anyhow!("-s -1: no random seed from the OS: {e}"))?;
+        return Ok((u64::from_le_bytes(b), true));
+    }
+    s.trim().parse::<u64>().map(|v| (v, false)).map_err(|_| {
+        anyhow::anyhow!("-s/--seed {s}: expected a whole number from 0 to 18446744073709551615, or -1 for a random seed")
+    })
+}
+
 fn generate(a: GenArgs) -> Result<()> {
     let t0 = Instant::now();
     let method: SamplingMethod = a
@@ -338,6 +358,10 @@ fn generate(a: GenArgs) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("--sampling-method: {e}"))?;
     if a.steps == 0 {
         bail!("--steps: must be at least 1");
+    }
+    let (seed, random_seed) = pick_seed(&a.seed)?;
+    if random_seed && !a.quiet {
+        say!("seed: {seed} (random)");
     }
     let mut inputs: Vec<(&str, &Path)> = vec![("--plan", a.plan.as_path())];
     if let Some(p) = &a.init_latents {
@@ -463,7 +487,7 @@ fn generate(a: GenArgs) -> Result<()> {
         steps: a.steps,
         cfg_scale: a.cfg_scale,
         method,
-        seed: a.seed,
+        seed,
         width,
         height,
         init_latents,
@@ -517,7 +541,7 @@ fn generate(a: GenArgs) -> Result<()> {
             a.steps,
             a.sampling_method,
             a.cfg_scale,
-            a.seed,
+            seed,
             width,
             height,
             a.init_latents.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "seeded".into())
