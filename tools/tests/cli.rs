@@ -1055,3 +1055,23 @@ fn seed_minus_one_picks_a_random_seed_and_records_it() {
         );
     }
 }
+
+#[test]
+fn inspect_checks_every_section_digest() {
+    let o = run(EDGEPLAN, &["inspect", s(demo_plan())]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("weight sections verified (BLAKE3)"));
+    let t = tempfile::tempdir().unwrap();
+    let bad = t.path().join("bad.plan");
+    let mut bytes = std::fs::read(demo_plan()).unwrap();
+    bytes[5000] ^= 0xff; // inside the first weight section (sections start at 4096)
+    std::fs::write(&bad, &bytes).unwrap();
+    let o = run(EDGEPLAN, &["inspect", s(&bad)]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("bad.plan") && err.contains("weight section 0"),
+        "{err}"
+    );
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("verified"));
+}
