@@ -16,6 +16,10 @@
 //!   generic order: `Q8_0`, `Q5_0`: `sumi · (dw · da)`; `Q4_0`: `(sumi · dw) · da`; `Q4_1`,
 //!   `Q5_1`: `(dw · da) · sumi + mw · sa`; `sumf` starts at 0 and takes the blocks in order, then
 //!   the bias is added. IEEE multiplication is commutative, so lane order does not matter.
+//! - A register tile is 6 activation rows × 32 columns (12 integer and 12 f32 accumulators);
+//!   each k-step loads the two 16-column weight vectors once and broadcasts 4 activation bytes
+//!   per row. `Q8_0` panels are packed with gathers, the other types block by block through
+//!   [`quant::block32_values`].
 
 use std::arch::x86_64::*;
 
