@@ -38,6 +38,9 @@ pub use attention::{
     MAX_HEAD_DIM, QUERY_TILE,
 };
 pub use conv::{conv2d, conv2d_scratch_bytes, conv2d_with, Conv2dParams};
+/// Elements per task of the element-wise kernels (each output element depends only on its own
+/// inputs, so SIMD twins may split the same way or any other).
+pub use elementwise::CHUNK as ELEMENTWISE_CHUNK;
 pub use elementwise::{
     add, gated_residual, gelu_tanh, gelu_tanh_f32, modulate, mul, scale, silu, silu_f32,
     GELU_KAPPA, GELU_SQRT_2_OVER_PI,
@@ -46,8 +49,8 @@ pub use embed::{embedding, t5_position_bias, t5_relative_position_bucket, timest
 pub use gemm::{F32Tile, TileFn, GENERIC_TILE, MAX_TILE};
 pub use layout::{concat_axis, permute, slice_axis, upsample_nearest2x, MAX_RANK};
 pub use linear::{
-    linear, linear_plain, linear_scratch_bytes, quant_panel_bytes, QUANT_PANEL_BLOCK_BYTES,
-    QUANT_PANEL_COLS,
+    linear, linear_plain, linear_scratch_bytes, quant_panel_bytes, quant_scratch_layout,
+    QUANT_PANEL_BLOCK_BYTES, QUANT_PANEL_COLS,
 };
 pub use norm::{group_norm, layer_norm, rms_norm};
 pub use table::{
@@ -56,12 +59,6 @@ pub use table::{
     UpsampleFn,
 };
 pub use weights::WeightRef;
-
-/// Elements per task of the element-wise kernels (each output element depends only on its own
-/// inputs, so SIMD twins may split the same way or any other).
-pub fn elementwise_chunk() -> usize {
-    elementwise::CHUNK
-}
 
 /// Builds rayon's global thread pool with `n` threads (0 = one per core), reporting why it could
 /// not (for instance the OS refused to start a thread). Call it before any kernel runs: once a
@@ -79,8 +76,5 @@ pub fn start_threads(n: usize) -> Result<(), String> {
 /// (an earlier call, or a kernel that already ran and started rayon's default pool); the
 /// existing pool then stays. Results never depend on the thread count.
 pub fn init_threads(n: usize) -> bool {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .build_global()
-        .is_ok()
+    start_threads(n).is_ok()
 }

@@ -32,15 +32,25 @@ pub fn linear_scratch_bytes(w_dtype: DType, m: usize, k: usize) -> usize {
         DType::F32 => 0,
         DType::F16 | DType::BF16 => PANEL * k * 4,
         d if d.is_quantized() => {
-            let panel = if d.block_size() == 32 {
-                quant_panel_bytes(k)
-            } else {
-                0
-            };
-            (m * quant::activation_row_bytes(d, k)).next_multiple_of(64) + panel
+            let (acts, panel) = quant_scratch_layout(d, m, k);
+            acts + panel
         }
         other => panic!("linear_scratch_bytes: weights of type {other:?} are not supported"),
     }
+}
+
+/// How [`linear_scratch_bytes`] lays out the scratch of quantized weights: `(activation
+/// region, panel region)` in bytes. The activations (`m` rows of
+/// `quant::activation_row_bytes(w_dtype, k)`) come first, the region rounded up to 64 bytes; the
+/// repacked panel ([`quant_panel_bytes`], 32-element block types only; 0 otherwise) follows.
+pub fn quant_scratch_layout(w_dtype: DType, m: usize, k: usize) -> (usize, usize) {
+    let acts = (m * quant::activation_row_bytes(w_dtype, k)).next_multiple_of(64);
+    let panel = if w_dtype.block_size() == 32 {
+        quant_panel_bytes(k)
+    } else {
+        0
+    };
+    (acts, panel)
 }
 
 /// Bytes of one repacked panel of [`QUANT_PANEL_COLS`] weight columns of `k` elements

@@ -1,6 +1,7 @@
 //! NEON kernels for aarch64, plugged into the generic kernel table.
 //!
-//! [`best`] returns [`edge_kernels::generic`] with the slots this crate accelerates replaced:
+//! [`variants`] returns [`edge_kernels::generic`] with the slots this crate accelerates replaced
+//! (the process-wide choice among them is `edge_kernels_cpu::best`):
 //! on aarch64 (where Advanced SIMD is part of the baseline) the `linear` slot becomes a NEON
 //! kernel for every weight type a plan can hold: `F32`, `F16`, `BF16`, `Q8_0`, `Q4_0`, `Q4_1`,
 //! `Q5_0`, `Q5_1` and the K-quants `Q2_K`, `Q3_K`, `Q4_K`, `Q5_K`, `Q6_K`;
@@ -18,7 +19,7 @@
 //! statistics in NEON f64 lanes and `upsample_nearest2x` doubles rows with NEON `zip`/stores.
 //! Only the two scratch-size slots stay generic (the planner sizes the arena with them, and the
 //! NEON kernels fit in it). Argument checks are the generic ones ([`edge_kernels::contract`]).
-//! On every other architecture `best()` is `generic()`.
+//! On every other architecture [`variants`] is only `generic()`.
 //!
 //! Kernel names follow `{isa}_{op}_{dtype}_{tile}`; since one `linear` slot serves every weight
 //! type, its name uses the dtype `any` and [`linear_variant_name`] gives the kernel used per
@@ -73,22 +74,8 @@ use edge_kernels::KernelTable;
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 
-/// The fastest kernel table for this CPU: [`edge_kernels::generic`] with the NEON slots plugged
-/// in on aarch64 (the `i8mm` variant, else the `dotprod` variant, when the CPU has it, detected
-/// once per process), and
-/// `generic()` unchanged on other architectures.
-pub fn best() -> KernelTable {
-    #[cfg(target_arch = "aarch64")]
-    {
-        aarch64::best()
-    }
-    #[cfg(not(target_arch = "aarch64"))]
-    {
-        edge_kernels::generic()
-    }
-}
-
-/// Every table variant this CPU can run, baseline first and [`best`]'s choice last, each with a
+/// Every table variant this CPU can run, baseline first and the fastest (the `i8mm` table, else
+/// the `dotprod` one, else ARMv8.0; what `edge_kernels_cpu::best` picks on aarch64) last, each with a
 /// short label (`"generic"`, `"neon"`, `"neon+dotprod"`, `"neon+i8mm"`). Tests run all of them,
 /// so a CPU with `dotprod` and `i8mm` exercises the ARMv8.0, `sdot` and `smmla` paths. On other
 /// architectures: only `("generic", generic())`.
@@ -147,14 +134,7 @@ pub fn linear_layout_variant_name(
 /// ([`edge_kernels::cpu::Features`]; the aarch64 fields are `false` elsewhere).
 pub use edge_kernels::cpu::Features;
 
-/// The features [`best`] bases its choice on ([`edge_kernels::cpu::features`]).
+/// The features the variants are chosen from ([`edge_kernels::cpu::features`]).
 pub fn features() -> Features {
-    #[cfg(target_arch = "aarch64")]
-    {
-        aarch64::features()
-    }
-    #[cfg(not(target_arch = "aarch64"))]
-    {
-        edge_kernels::cpu::features()
-    }
+    edge_kernels::cpu::features()
 }

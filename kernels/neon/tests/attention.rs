@@ -22,12 +22,12 @@
 //! `1e-5 · V` (the scores' ulps there are those of |s| ≤ ~40).
 
 mod common;
-use common::Rng;
+use common::{best, Rng};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use edge_kernels::{AttentionParams, KernelTable};
-use edge_kernels_neon::{best, variants};
+use edge_kernels_neon::variants;
 
 const U: f64 = 1.0 / (1u64 << 24) as f64;
 

@@ -11,7 +11,10 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use edge_kernels_neon::{best, variants};
+mod common;
+use common::best;
+
+use edge_kernels_neon::variants;
 
 /// xorshift64* in [-1, 1).
 struct Rng(u64);

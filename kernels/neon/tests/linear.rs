@@ -26,12 +26,10 @@
 //! `EDGE_NEON_EXPECT=i8mm|dotprod|base` makes `reports_and_checks_the_chosen_path` assert the choice.
 
 mod common;
-use common::Rng;
+use common::{best, Rng};
 
 use edge_kernels::{pack, quant, KernelTable, WeightRef};
-use edge_kernels_neon::{
-    best, features, linear_layout_variant_name, linear_variant_name, variants,
-};
+use edge_kernels_neon::{features, linear_layout_variant_name, linear_variant_name, variants};
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 use zerocopy::IntoBytes;

@@ -14,7 +14,6 @@ use edge_kernels::{generic, Kernel, KernelTable, WeightRef};
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 
-use crate::Features;
 use quant::IntPath;
 
 /// Slot name of the `linear` kernel with ARMv8.0 integer dot products.
@@ -24,10 +23,7 @@ const LINEAR_DOTPROD: &str = "neon_linear_any_dotprod";
 /// Slot name of the `linear` kernel with `smmla` integer matrix products.
 const LINEAR_I8MM: &str = "neon_linear_any_i8mm";
 
-/// The process's one detection ([`edge_kernels::cpu::features`]).
-pub(crate) fn features() -> Features {
-    edge_kernels::cpu::features()
-}
+use crate::features;
 
 /// `generic()` with the ARMv8.0 NEON slots.
 fn base_table() -> KernelTable {
@@ -109,12 +105,6 @@ fn i8mm_table() -> Option<KernelTable> {
         };
         t
     })
-}
-
-pub(crate) fn best() -> KernelTable {
-    i8mm_table()
-        .or_else(dotprod_table)
-        .unwrap_or_else(base_table)
 }
 
 pub(crate) fn variants() -> Vec<(&'static str, KernelTable)> {

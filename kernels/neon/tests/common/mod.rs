@@ -2,6 +2,15 @@
 //! test file draws its random inputs the same way without a dependency.
 #![allow(dead_code)]
 
+/// The fastest NEON table this CPU runs (the last variant; what `edge_kernels_cpu::best`
+/// picks on aarch64).
+pub fn best() -> edge_kernels::KernelTable {
+    match edge_kernels_neon::variants().pop() {
+        Some((_, t)) => t,
+        None => unreachable!("variants() always holds at least one table"),
+    }
+}
+
 /// xorshift64* state; any non-zero seed.
 pub struct Rng(pub u64);
 

@@ -89,9 +89,9 @@ pub(crate) fn linear(
     let arow = quant::activation_row_bytes(w.dtype, k);
     let ablock = arow / nb;
     let qoff = ablock - 32;
-    let act_len = (m * arow).next_multiple_of(64);
+    let (act_len, panel_len) = edge_kernels::quant_scratch_layout(w.dtype, m, k);
     let (acts, rest) = scratch.split_at_mut(act_len);
-    let panel = &mut rest[..edge_kernels::quant_panel_bytes(k)];
+    let panel = &mut rest[..panel_len];
     let acts = &mut acts[..m * arow];
     acts.par_chunks_mut(arow)
         .zip(x.par_chunks(k))

@@ -213,8 +213,8 @@ unsafe fn map16(f: Unary, x: &[f32], out: &mut [f32]) {
 
 fn map(f: Unary, wide: bool, x: &[f32], out: &mut [f32], what: &str) {
     edge_kernels::contract::unary(x, out, what);
-    out.par_chunks_mut(edge_kernels::elementwise_chunk())
-        .zip(x.par_chunks(edge_kernels::elementwise_chunk()))
+    out.par_chunks_mut(edge_kernels::ELEMENTWISE_CHUNK)
+        .zip(x.par_chunks(edge_kernels::ELEMENTWISE_CHUNK))
         .for_each(|(o, x)| {
             // SAFETY: the tables that hold these slots are built only after AVX2 (`wide`:
             // AVX-512F) was detected (`crate::x86_64`); `o` and `x` have equal lengths.
