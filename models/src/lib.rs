@@ -4,7 +4,8 @@
 //! * [`t5::build_t5_encoder`]: the T5 v1.1 encoder (`T5EncoderModel`), ids + mask → hidden states;
 //! * [`pixart::build_pixart_denoiser`]: `PixArtTransformer2DModel`, one batch-1 forward that
 //!   returns the noise prediction;
-//! * [`vae::build_vae_decoder`] / [`vae::build_vae_encoder`]: `AutoencoderKL`'s decoder and
+//! * [`vae::build_vae_decoder`] (also split into [`vae::build_vae_decoder_head`] and
+//!   [`vae::build_vae_decoder_tail`] for tiles) / [`vae::build_vae_encoder`]: `AutoencoderKL`'s decoder and
 //!   encoder.
 //!
 //! Configurations come from the published `config.json` files ([`config`]). Every graph names
@@ -26,7 +27,9 @@ pub use pixart::{
     pos_embed_2d, MicroConditions,
 };
 pub use t5::build_t5_encoder;
-pub use vae::{build_vae_decoder, build_vae_encoder};
+pub use vae::{
+    build_vae_decoder, build_vae_decoder_head, build_vae_decoder_tail, build_vae_encoder,
+};
 
 /// Why a model graph could not be built.
 #[derive(Debug, thiserror::Error)]

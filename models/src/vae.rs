@@ -105,13 +105,59 @@ fn top_channels(cfg: &VaeConfig) -> Result<usize, ModelError> {
     })
 }
 
+fn check_latent(latent_h: usize, latent_w: usize) -> Result<(), ModelError> {
+    if latent_h == 0 || latent_w == 0 {
+        return Err(ModelError::Size {
+            model: MODEL,
+            msg: format!("latent {latent_h}×{latent_w} (h×w) must not be empty"),
+        });
+    }
+    Ok(())
+}
+
+/// The decoder up to and including the mid block: unscale, `post_quant_conv`, `conv_in`, the
+/// mid block (with its attention over every pixel).
+fn decoder_head(g: &mut Graph, latent: ValueId, cfg: &VaeConfig) -> Result<ValueId, ModelError> {
+    let top = top_channels(cfg)?;
+    let lc = cfg.latent_channels;
+    let factor = (1.0 / f64::from(cfg.scaling_factor)) as f32;
+    let mut x = g.op("unscale", Op::Scale { factor }, &[latent])?;
+    if cfg.use_post_quant_conv {
+        x = conv2d(g, x, "post_quant_conv", lc, 1, 1, [0; 4])?;
+    }
+    x = conv2d(g, x, "decoder.conv_in", top, 3, 1, SAME)?;
+    g.cut("decoder.mid_block");
+    Ok(mid_block(g, x, "decoder.mid_block", cfg)?)
+}
+
+/// The decoder after the mid block: the up blocks, `conv_norm_out`, SiLU, `conv_out`. Only
+/// local operations (3×3 and 1×1 convolutions, GroupNorm, SiLU, nearest upsampling).
+fn decoder_tail(g: &mut Graph, mut x: ValueId, cfg: &VaeConfig) -> GResult<ValueId> {
+    let groups = cfg.norm_num_groups;
+    let blocks = &cfg.block_out_channels;
+    for (i, &cout) in blocks.iter().rev().enumerate() {
+        let p = format!("decoder.up_blocks.{i}");
+        g.cut(p.clone());
+        for r in 0..=cfg.layers_per_block {
+            x = resnet(g, x, &format!("{p}.resnets.{r}"), cout, groups)?;
+        }
+        if i + 1 < blocks.len() {
+            x = g.op(&format!("{p}.upsample"), Op::UpsampleNearest2x, &[x])?;
+            x = conv2d(g, x, &format!("{p}.upsamplers.0.conv"), cout, 3, 1, SAME)?;
+        }
+    }
+    g.cut("decoder.conv_out");
+    out_head(g, x, "decoder", cfg.out_channels, groups)
+}
+
 /// Builds the VAE decoder for a `latent_h × latent_w` latent.
 ///
 /// Input: `latent [latent_channels, latent_h, latent_w]`, the sampler's latents; the graph
 /// first applies `Scale { factor: 1/scaling_factor }` (the pipeline decodes
 /// `latents / scaling_factor`). Output: `image [out_channels, f·latent_h, f·latent_w]` with
 /// `f = 2^(len(block_out_channels) − 1)` (8 for the PixArt VAEs), raw values in about [−1, 1],
-/// not clamped.
+/// not clamped. The graph is [`build_vae_decoder_head`] followed by
+/// [`build_vae_decoder_tail`], node for node.
 ///
 /// Cuts: `decoder.mid_block`, `decoder.up_blocks.N`, `decoder.conv_out` (before
 /// `conv_norm_out`).
@@ -122,50 +168,63 @@ pub fn build_vae_decoder(
     latent_h: usize,
     latent_w: usize,
 ) -> Result<Graph, ModelError> {
-    if latent_h == 0 || latent_w == 0 {
-        return Err(ModelError::Size {
-            model: MODEL,
-            msg: format!("latent {latent_h}×{latent_w} (h×w) must not be empty"),
-        });
-    }
-    let groups = cfg.norm_num_groups;
-    let blocks = &cfg.block_out_channels;
-    let top = top_channels(cfg)?;
-    let lc = cfg.latent_channels;
+    check_latent(latent_h, latent_w)?;
     let mut g = Graph::new("vae_decoder");
-    let latent = g.input("latent", &[lc, latent_h, latent_w], DType::F32);
-    let factor = (1.0 / f64::from(cfg.scaling_factor)) as f32;
-    let mut x = g.op("unscale", Op::Scale { factor }, &[latent])?;
-    if cfg.use_post_quant_conv {
-        x = conv2d(&mut g, x, "post_quant_conv", lc, 1, 1, [0; 4])?;
-    }
-    x = conv2d(&mut g, x, "decoder.conv_in", top, 3, 1, SAME)?;
+    let latent = g.input(
+        "latent",
+        &[cfg.latent_channels, latent_h, latent_w],
+        DType::F32,
+    );
+    let x = decoder_head(&mut g, latent, cfg)?;
+    let image = decoder_tail(&mut g, x, cfg)?;
+    g.output(image);
+    Ok(g)
+}
 
-    g.cut("decoder.mid_block");
-    x = mid_block(&mut g, x, "decoder.mid_block", cfg)?;
+/// Builds the head of the VAE decoder for a whole `latent_h × latent_w` latent: everything up
+/// to the mid block's output, which the mid-block attention needs the whole image for.
+///
+/// Input: `latent [latent_channels, latent_h, latent_w]` (as [`build_vae_decoder`]). Output:
+/// `hidden [block_out_channels[-1], latent_h, latent_w]`. Cut: `decoder.mid_block`.
+///
+/// Errors: [`ModelError::Size`] for a zero latent side.
+pub fn build_vae_decoder_head(
+    cfg: &VaeConfig,
+    latent_h: usize,
+    latent_w: usize,
+) -> Result<Graph, ModelError> {
+    check_latent(latent_h, latent_w)?;
+    let mut g = Graph::new("vae_decoder_head");
+    let latent = g.input(
+        "latent",
+        &[cfg.latent_channels, latent_h, latent_w],
+        DType::F32,
+    );
+    let x = decoder_head(&mut g, latent, cfg)?;
+    g.output(x);
+    Ok(g)
+}
 
-    for (i, &cout) in blocks.iter().rev().enumerate() {
-        let p = format!("decoder.up_blocks.{i}");
-        g.cut(p.clone());
-        for r in 0..=cfg.layers_per_block {
-            x = resnet(&mut g, x, &format!("{p}.resnets.{r}"), cout, groups)?;
-        }
-        if i + 1 < blocks.len() {
-            x = g.op(&format!("{p}.upsample"), Op::UpsampleNearest2x, &[x])?;
-            x = conv2d(
-                &mut g,
-                x,
-                &format!("{p}.upsamplers.0.conv"),
-                cout,
-                3,
-                1,
-                SAME,
-            )?;
-        }
-    }
-
-    g.cut("decoder.conv_out");
-    let image = out_head(&mut g, x, "decoder", cfg.out_channels, groups)?;
+/// Builds the tail of the VAE decoder for a window of `latent_h × latent_w` latent pixels:
+/// the up blocks and the output head, which hold only local operations and GroupNorms, so a
+/// window of the head's output decodes to the matching window of the image when every
+/// GroupNorm uses the whole image's statistics and the window carries enough context.
+///
+/// Input: `hidden [block_out_channels[-1], latent_h, latent_w]`. Output:
+/// `image [out_channels, f·latent_h, f·latent_w]` (as [`build_vae_decoder`]). Cuts:
+/// `decoder.up_blocks.N`, `decoder.conv_out`.
+///
+/// Errors: [`ModelError::Size`] for a zero latent side.
+pub fn build_vae_decoder_tail(
+    cfg: &VaeConfig,
+    latent_h: usize,
+    latent_w: usize,
+) -> Result<Graph, ModelError> {
+    check_latent(latent_h, latent_w)?;
+    let top = top_channels(cfg)?;
+    let mut g = Graph::new("vae_decoder_tail");
+    let hidden = g.input("hidden", &[top, latent_h, latent_w], DType::F32);
+    let image = decoder_tail(&mut g, hidden, cfg)?;
     g.output(image);
     Ok(g)
 }

@@ -6,7 +6,6 @@ use edge_graph::WeightSpec;
 use edge_models::config::{PixArtConfig, T5Config, VaeConfig};
 use edge_models::pixart::MicroConditions;
 use edge_models::t5::build_t5_encoder;
-use edge_models::vae::build_vae_decoder;
 use edge_schema::plan::{
     ImageSize, Isa, ModelFamily, ModelInfo, PlanMeta, StageKind, Target, TextInfo, VaeInfo,
 };
@@ -751,6 +750,7 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
     }
 
     let dit_src = SourceResolver { source: inp.dit };
+    let mut notes: Vec<String> = Vec::new();
     let cross_kv_stage = Some(stages.len() as u32);
     stages.push(lower(
         &edge_models::build_pixart_cross_kv(dit_cfg, seq_len as usize)?,
@@ -796,34 +796,39 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
             &dit_src,
             policy,
         )?);
-        let tiling = plan_tiling(vae_cfg, w, h, downscale, opts)?;
-        let (glh, glw) = match &tiling {
-            Some(t) => (t.tile_latent_h as usize, t.tile_latent_w as usize),
-            None => (lh, lw),
+        let budget_left = opts.max_ram.map(|b| b.saturating_sub(opts.headroom));
+        let tiling = crate::decoder::plan_tiling(
+            vae_cfg,
+            w,
+            h,
+            downscale,
+            &opts.tiling,
+            budget_left,
+            &mut notes,
+        )?;
+        let adjust = |g: &mut edge_graph::Graph| {
+            if opts.vae_scale_factor.is_some() {
+                override_vae_scale(g, scaling_factor);
+            }
         };
-        let mut vae = build_vae_decoder(vae_cfg, glh, glw)?;
-        if opts.vae_scale_factor.is_some() {
-            override_vae_scale(&mut vae, scaling_factor);
-        }
-        let decoder_stage = stages.len() as u32;
-        stages.push(lower(
-            &vae,
-            StageKind::VaeDecoder,
-            (glw as u32) * downscale,
-            (glh as u32) * downscale,
+        let (decoder_stage, decoder_tiling) = crate::decoder::lower_decoder(
+            vae_cfg,
+            w,
+            h,
+            downscale,
+            tiling,
+            &adjust,
+            &mut stages,
             &mut table,
             &vae_src,
             policy,
-        )?);
+        )?;
         sizes.push(ImageSize {
             width: w,
             height: h,
             denoiser_stage,
             decoder_stage,
-            decoder_tiling: tiling.map(|t| edge_schema::plan::VaeTiling {
-                stage: decoder_stage,
-                ..t
-            }),
+            decoder_tiling,
         });
     }
     let meta = PlanMeta {
@@ -852,7 +857,7 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         stages,
         tensors: vec![],
         sections: vec![],
-        notes: vec![],
+        notes,
         budget: None,
     };
     let mut meta = meta;
@@ -865,52 +870,6 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         opts.headroom,
     )?;
     Ok(Compiled { meta, table })
-}
-
-/// The VAE tiling for a `w × h` image: the explicit request, else (under a budget) the largest
-/// tile whose decoder fits when the whole-image decoder does not, else none.
-fn plan_tiling(
-    vae_cfg: &VaeConfig,
-    w: u32,
-    h: u32,
-    ds: u32,
-    opts: &CompileOptions,
-) -> Result<Option<edge_schema::plan::VaeTiling>> {
-    if let Some(t) = crate::tiling::explicit_tiling(w, h, ds, &opts.tiling)? {
-        return Ok(Some(t));
-    }
-    let Some(budget) = opts.max_ram else {
-        return Ok(None);
-    };
-    let limit = budget.saturating_sub(opts.headroom);
-    let overlap = crate::tiling::validate_overlap(
-        opts.tiling
-            .overlap
-            .unwrap_or(crate::tiling::DEFAULT_OVERLAP),
-    )?;
-    // Conservative: weights counted as f32.
-    let need = |tw: u32, th: u32| -> Result<u64> {
-        let g = build_vae_decoder(vae_cfg, th as usize, tw as usize)?;
-        let weights: u64 = g
-            .values
-            .iter()
-            .filter(|v| matches!(v.source, edge_graph::Source::Weight(_)))
-            .map(|v| v.shape.iter().product::<u64>() * 4)
-            .sum();
-        Ok(weights + crate::lower::arena_estimate(&g, edge_schema::DType::F32)?)
-    };
-    let (lw, lh) = (w / ds, h / ds);
-    if need(lw, lh)? <= limit {
-        return Ok(None);
-    }
-    match crate::tiling::largest_fitting(lw, lh, overlap, |tw, th| Ok(need(tw, th)? <= limit))? {
-        Some(t) => Ok(Some(t)),
-        None => Err(PlanError::Invalid(format!(
-            "--max-ram: even the smallest VAE tile ({m}x{m} latent pixels) needs {} bytes, more than the {limit} bytes the budget leaves",
-            need(crate::tiling::MIN_TILE_LATENT.min(lw), crate::tiling::MIN_TILE_LATENT.min(lh))?,
-            m = crate::tiling::MIN_TILE_LATENT
-        ))),
-    }
 }
 
 /// Replaces the decoder's leading `Scale { 1 / scaling_factor }` with the overridden factor.
@@ -945,7 +904,7 @@ pub fn compile_inputs_to_file(
 
 /// Records the fallbacks as plan notes, assembles and writes atomically.
 fn write_compiled(mut c: Compiled, out: &Path) -> Result<Compiled> {
-    c.meta.notes = c
+    let fallbacks: Vec<String> = c
         .table
         .fallbacks
         .iter()
@@ -956,6 +915,7 @@ fn write_compiled(mut c: Compiled, out: &Path) -> Result<Compiled> {
             )
         })
         .collect();
+    c.meta.notes.extend(fallbacks);
     crate::write::write_plan(&mut c.meta, &c.table, out)?;
     Ok(c)
 }

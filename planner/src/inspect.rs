@@ -44,19 +44,47 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
         .collect();
     let _ = writeln!(s, "image sizes (WxH): {}", sizes.join(", "));
     for z in &meta.sizes {
-        if let Some(t) = &z.decoder_tiling {
-            let _ = writeln!(
-                s,
-                "  {}x{}: VAE decoded in tiles of {}x{} latent pixels ({}x{} image pixels), overlap {}x{} latent pixels",
-                z.width,
-                z.height,
-                t.tile_latent_w,
-                t.tile_latent_h,
-                t.tile_latent_w * meta.vae.downscale,
-                t.tile_latent_h * meta.vae.downscale,
-                t.overlap_latent_w,
-                t.overlap_latent_h
-            );
+        let Some(t) = &z.decoder_tiling else { continue };
+        let ds = meta.vae.downscale;
+        match &t.sync {
+            Some(sync) => {
+                let tail = &meta.stages[t.stage as usize];
+                let schedule = edge_schema::tiles::sync_schedule(tail, &sync.sync_steps);
+                let held = edge_schema::tiles::peak_held_bytes(
+                    tail,
+                    &schedule,
+                    (t.tile_latent_h as usize, t.tile_latent_w as usize),
+                    (z.height / ds.max(1)) as usize,
+                    (z.width / ds.max(1)) as usize,
+                )
+                .unwrap_or(0);
+                let _ = writeln!(
+                    s,
+                    "  {}x{}: VAE decoded in exact tiles: windows of {}x{} latent pixels ({}x{} image pixels) with a halo of {} latent pixels, {} GroupNorms normalised with the whole image's statistics, {held} bytes held between them (mode exact: the whole-image decode's values)",
+                    z.width,
+                    z.height,
+                    t.tile_latent_w,
+                    t.tile_latent_h,
+                    t.tile_latent_w * ds,
+                    t.tile_latent_h * ds,
+                    sync.halo_latent,
+                    sync.sync_steps.len()
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    s,
+                    "  {}x{}: VAE decoded in blended tiles of {}x{} latent pixels ({}x{} image pixels), overlap {}x{} latent pixels (mode blend: each tile normalised alone)",
+                    z.width,
+                    z.height,
+                    t.tile_latent_w,
+                    t.tile_latent_h,
+                    t.tile_latent_w * ds,
+                    t.tile_latent_h * ds,
+                    t.overlap_latent_w,
+                    t.overlap_latent_h
+                );
+            }
         }
     }
     let _ = writeln!(

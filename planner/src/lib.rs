@@ -10,6 +10,7 @@
 pub mod arena;
 pub mod budget;
 pub mod compile;
+pub mod decoder;
 pub mod error;
 pub mod inspect;
 pub mod load;

@@ -331,9 +331,10 @@ fn plan_memory(graph: &Graph, values: &mut [ValueEntry]) -> Result<(Vec<Step>, u
     Ok((steps, arena_size, live_lower_bound))
 }
 
-/// The arena a graph needs, assuming `weight_dtype` for every weight (for planning
-/// decisions such as the VAE tile size, before any weight is loaded).
-pub fn arena_estimate(graph: &Graph, weight_dtype: DType) -> Result<u64> {
+/// `graph` as a stage with every weight assumed `weight_dtype` and no weights loaded: values,
+/// steps and the arena layout, no segments (for planning decisions such as the VAE tile size
+/// and mode, before any weight is read).
+pub fn skeleton_stage(graph: &Graph, kind: StageKind, weight_dtype: DType) -> Result<Stage> {
     let mut values: Vec<ValueEntry> = graph
         .values
         .iter()
@@ -354,7 +355,27 @@ pub fn arena_estimate(graph: &Graph, weight_dtype: DType) -> Result<u64> {
             }
         })
         .collect();
-    Ok(plan_memory(graph, &mut values)?.1)
+    let (steps, arena_size, live_lower_bound) = plan_memory(graph, &mut values)?;
+    Ok(Stage {
+        name: graph.name.clone(),
+        kind,
+        width: 0,
+        height: 0,
+        values,
+        steps,
+        segments: vec![],
+        inputs: graph.inputs.iter().map(|v| v.0).collect(),
+        outputs: graph.outputs.iter().map(|v| v.0).collect(),
+        arena_size,
+        live_lower_bound,
+        segmented: false,
+    })
+}
+
+/// The arena a graph needs, assuming `weight_dtype` for every weight (for planning
+/// decisions such as the VAE tile size, before any weight is loaded).
+pub fn arena_estimate(graph: &Graph, weight_dtype: DType) -> Result<u64> {
+    Ok(skeleton_stage(graph, StageKind::VaeDecoder, weight_dtype)?.arena_size)
 }
 
 /// The kinds of weight whose values are matrices (for `inspect`).

@@ -15,9 +15,48 @@ pub const MIN_TILE_LATENT: u32 = 4;
 /// Default overlap between tiles, as a fraction of the tile.
 pub const DEFAULT_OVERLAP: f32 = 0.5;
 
+/// How tiles are decoded (`--vae-tile-mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TileMode {
+    /// GroupNorm statistics of the whole image, halo context, no blending: the tiled decode
+    /// equals the whole-image decode (see `edge_schema::tiles`). Holds the activations between
+    /// GroupNorms as whole-image tensors.
+    #[default]
+    Exact,
+    /// Each tile decoded alone (its own GroupNorm statistics) and the overlaps blended, as
+    /// stable-diffusion.cpp and diffusers' `tiled_decode` do: the least memory, but the picture
+    /// changes (colours shift where a tile's statistics differ from the image's).
+    Blend,
+}
+
+impl std::str::FromStr for TileMode {
+    type Err = PlanError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "exact" => Ok(TileMode::Exact),
+            "blend" => Ok(TileMode::Blend),
+            other => Err(PlanError::Invalid(format!(
+                "--vae-tile-mode `{other}`: expected exact or blend"
+            ))),
+        }
+    }
+}
+
+impl TileMode {
+    /// The flag's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            TileMode::Exact => "exact",
+            TileMode::Blend => "blend",
+        }
+    }
+}
+
 /// What the user asked for.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TileRequest {
+    /// `--vae-tile-mode`.
+    pub mode: TileMode,
     /// `--vae-tile-size WxH` (or one number): tile size in image pixels.
     pub size: Option<(u32, u32)>,
     /// `--vae-relative-tile-size X[xY]`: ≤ 1 a fraction of each axis, > 1 a tile count.
@@ -133,6 +172,7 @@ pub fn explicit_tiling(
         tile_latent_h: th,
         overlap_latent_w: overlap_px(tw, overlap),
         overlap_latent_h: overlap_px(th, overlap),
+        sync: None,
     }))
 }
 
@@ -157,6 +197,7 @@ pub fn largest_fitting(
                 tile_latent_h: th,
                 overlap_latent_w: overlap_px(tw, overlap),
                 overlap_latent_h: overlap_px(th, overlap),
+                sync: None,
             }));
         }
         // Shrink faster on large images: about 10 % per try, at least one latent pixel.
@@ -172,6 +213,7 @@ mod tests {
     #[test]
     fn explicit_sizes_are_validated() {
         let r = |size, relative, overlap| TileRequest {
+            mode: TileMode::Blend,
             size,
             relative,
             overlap,

@@ -45,6 +45,8 @@ pub struct Generated {
     pub truncated: bool,
     /// Weight bytes made resident (first loads and re-reads) during each sampler step.
     pub streamed_per_step: Vec<u64>,
+    /// What the exact tiled VAE decode did, when the plan decodes this size in exact tiles.
+    pub exact_tiles: Option<crate::tiling::ExactReport>,
 }
 
 /// Progress events reported while generating.
@@ -158,6 +160,16 @@ pub fn decode_latents(
     size: &edge_schema::plan::ImageSize,
     latents: &[f32],
 ) -> Result<Vec<f32>> {
+    Ok(decode_latents_reported(session, size, latents)?.0)
+}
+
+/// [`decode_latents`], also returning what an exact tiled decode did.
+pub fn decode_latents_reported(
+    session: &mut Session<'_>,
+    size: &edge_schema::plan::ImageSize,
+    latents: &[f32],
+) -> Result<(Vec<f32>, Option<crate::tiling::ExactReport>)> {
+    let mut report = None;
     let meta = session.plan().meta();
     let ds = meta.vae.downscale as usize;
     let (w, h) = (size.width as usize, size.height as usize);
@@ -169,6 +181,15 @@ pub fn decode_latents(
                 &[StageInput::F32(latents)],
                 &mut [&mut image],
             )?;
+        }
+        Some(
+            t @ edge_schema::plan::VaeTiling {
+                sync: Some(sync), ..
+            },
+        ) => {
+            report = Some(crate::tiling::decode_exact(
+                session, size, t, sync, latents, &mut image,
+            )?);
         }
         Some(t) => {
             let grid = crate::tiling::TileGrid {
@@ -193,7 +214,7 @@ pub fn decode_latents(
             })?;
         }
     }
-    Ok(image)
+    Ok((image, report))
 }
 
 /// Runs the whole pipeline. `progress` is called after each phase and step.
@@ -293,7 +314,7 @@ pub fn generate(
             total: timesteps.len(),
         });
     }
-    let image = decode_latents(session, &size, &latents)?;
+    let (image, exact_tiles) = decode_latents_reported(session, &size, &latents)?;
     progress(Progress::Decoded);
     let rgb = crate::image::to_rgb8(&image, params.width as usize, params.height as usize);
     Ok(Generated {
@@ -301,5 +322,6 @@ pub fn generate(
         rgb,
         truncated,
         streamed_per_step,
+        exact_tiles,
     })
 }

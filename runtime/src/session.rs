@@ -262,26 +262,7 @@ impl<'p> Session<'p> {
             }
             dst.copy_from_slice(src);
         }
-        // Segments cover the steps in order (checked by `verify_meta`); a segment's weight
-        // section is hashed before its first step runs (tensor reads check it again, cheaply).
-        for (j, seg) in stage.segments.iter().enumerate() {
-            let next = (j + 1 < stage.segments.len()).then_some(j + 1);
-            self.streamer.before_segment(plan, index as usize, j, next);
-            if let Some(sec) = seg.section {
-                plan.section_checked(sec as usize)?;
-            }
-            for step in &stage.steps[seg.first_step as usize..seg.end_step as usize] {
-                if self.profile.is_some() {
-                    let t = std::time::Instant::now();
-                    self.run_step(stage, step)?;
-                    if let Some(p) = self.profile.as_mut() {
-                        p.record(stage, step, t.elapsed());
-                    }
-                } else {
-                    self.run_step(stage, step)?;
-                }
-            }
-        }
+        self.run_steps(index, 0, stage.steps.len(), None)?;
         let arena = self.arena.as_bytes();
         for (i, (&vid, out)) in stage.outputs.iter().zip(outputs.iter_mut()).enumerate() {
             let v = &stage.values[vid as usize];
@@ -303,7 +284,90 @@ impl<'p> Session<'p> {
         Ok(())
     }
 
-    fn run_step(&mut self, stage: &Stage, step: &edge_schema::plan::Step) -> Result<()> {
+    /// The kernel table this session calls.
+    pub fn kernels(&self) -> &KernelTable {
+        &self.kernels
+    }
+
+    /// Runs steps `first..end` of stage `index` on what the arena holds (values written by
+    /// [`Session::value_mut`] or by earlier steps), paging each segment those steps belong to.
+    /// With `stats`, the step at `first` must be a GroupNorm and normalises with them instead
+    /// of its input's own statistics (tiled VAE decoding with whole-image statistics).
+    pub fn run_steps(
+        &mut self,
+        index: u32,
+        first: usize,
+        end: usize,
+        stats: Option<&[edge_kernels::GroupStats]>,
+    ) -> Result<()> {
+        let plan = self.plan;
+        let stage = &plan.meta().stages[index as usize];
+        if first > end || end > stage.steps.len() {
+            return Err(Error::Plan(edge_schema::Error::Invalid(format!(
+                "stage {}: steps {first}..{end} out of range",
+                stage.name
+            ))));
+        }
+        // Segments cover the steps in order (checked by `verify_meta`); a segment's weight
+        // section is hashed before its first step runs (tensor reads check it again, cheaply).
+        for (j, seg) in stage.segments.iter().enumerate() {
+            let (a, b) = (
+                (seg.first_step as usize).max(first),
+                (seg.end_step as usize).min(end),
+            );
+            if a >= b {
+                continue;
+            }
+            let next = (j + 1 < stage.segments.len()).then_some(j + 1);
+            self.streamer.before_segment(plan, index as usize, j, next);
+            if let Some(sec) = seg.section {
+                plan.section_checked(sec as usize)?;
+            }
+            for (i, step) in stage.steps[a..b].iter().enumerate() {
+                let given = if a + i == first { stats } else { None };
+                if self.profile.is_some() {
+                    let t = std::time::Instant::now();
+                    self.run_step(stage, step, given)?;
+                    if let Some(p) = self.profile.as_mut() {
+                        p.record(stage, step, t.elapsed());
+                    }
+                } else {
+                    self.run_step(stage, step, given)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn slot(&self, index: u32, id: u32) -> Result<(usize, usize)> {
+        let stage = &self.plan.meta().stages[index as usize];
+        match stage.values.get(id as usize).map(|v| (&v.storage, v.dtype)) {
+            Some((Storage::Arena(a), DType::F32)) => Ok((a.offset as usize, a.len as usize)),
+            _ => Err(Error::Plan(edge_schema::Error::Invalid(format!(
+                "stage {}: value {id} is not an f32 arena value",
+                stage.name
+            )))),
+        }
+    }
+
+    /// The f32 arena value `id` of stage `index` as it is now (verified in bounds).
+    pub fn value(&self, index: u32, id: u32) -> Result<&[f32]> {
+        let (o, l) = self.slot(index, id)?;
+        as_f32(&self.arena.as_bytes()[o..o + l])
+    }
+
+    /// The f32 arena value `id` of stage `index`, to write before [`Session::run_steps`].
+    pub fn value_mut(&mut self, index: u32, id: u32) -> Result<&mut [f32]> {
+        let (o, l) = self.slot(index, id)?;
+        as_f32_mut(&mut self.arena.as_mut_bytes()[o..o + l])
+    }
+
+    fn run_step(
+        &mut self,
+        stage: &Stage,
+        step: &edge_schema::plan::Step,
+        stats: Option<&[edge_kernels::GroupStats]>,
+    ) -> Result<()> {
         let plan = self.plan;
         let k = &self.kernels;
         let out_v = &stage.values[step.outputs[0] as usize];
@@ -317,6 +381,13 @@ impl<'p> Session<'p> {
             if stage.values[step.inputs[0] as usize].storage == Storage::Arena(out_slot) {
                 return Ok(());
             }
+        }
+        if stats.is_some() && !matches!(step.op, Op::GroupNorm { .. }) {
+            return Err(Error::Plan(edge_schema::Error::Invalid(format!(
+                "stage {}: group statistics given to a {} step",
+                stage.name,
+                step.op.name()
+            ))));
         }
         let arena = self.arena.as_mut_bytes();
         let Carved {
@@ -393,16 +464,20 @@ impl<'p> Session<'p> {
             Op::GroupNorm { groups, eps } => {
                 let s = shape(ins[0]);
                 let (c0, hw) = (s[0] as usize, (s[1] * s[2]) as usize);
-                (k.group_norm.run)(
-                    f(ins[0])?,
-                    c0,
-                    hw,
-                    *groups as usize,
-                    *eps,
-                    f(ins[1])?,
-                    f(ins[2])?,
-                    out,
-                );
+                let (x, g) = (f(ins[0])?, *groups as usize);
+                match stats {
+                    Some(st) if st.len() == g => {
+                        (k.group_norm_apply.run)(x, c0, hw, g, st, f(ins[1])?, f(ins[2])?, out)
+                    }
+                    Some(st) => {
+                        return Err(Error::Plan(edge_schema::Error::Invalid(format!(
+                            "stage {}: {} group statistics for a GroupNorm of {g} groups",
+                            stage.name,
+                            st.len()
+                        ))))
+                    }
+                    None => k.group_norm(x, c0, hw, g, *eps, f(ins[1])?, f(ins[2])?, out),
+                }
             }
             Op::Modulate {
                 shift_row,

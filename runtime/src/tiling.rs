@@ -1,5 +1,13 @@
-//! Tiled VAE decoding: decode overlapping latent tiles with a tile-sized decoder stage and
-//! blend them into the full image.
+//! Tiled VAE decoding, in two modes.
+//!
+//! **Exact** ([`decode_exact`], plans with [`GroupNormSync`]): the decoder head runs on the
+//! whole latent; the tail runs window by window, interval by interval between its GroupNorms,
+//! each GroupNorm normalising with the statistics of the whole image held between intervals
+//! (the scheme and its proof obligations are in [`edge_schema::tiles`]). The image equals the
+//! whole-image decode's bit for bit.
+//!
+//! **Blend** ([`decode_tiled`]): decode overlapping latent tiles with a tile-sized decoder
+//! stage and blend them into the full image.
 //!
 //! Tiles along an axis of `len` latent pixels start every `tile − overlap` pixels; the last
 //! tile is aligned to the end, so every tile is whole. Each decoded tile is weighted by a
@@ -9,6 +17,247 @@
 //! their tile, so a tiled decode differs from the whole-image decode by more than rounding;
 //! the blending hides seams (as in stable-diffusion.cpp's `sd_tiling` and diffusers'
 //! `AutoencoderKL.tiled_decode`).
+
+use edge_schema::plan::{GroupNormSync, StageKind, VaeTiling};
+use edge_schema::tiles::{self, AxisWindow};
+
+use crate::error::{Error, Result};
+use crate::session::{Session, StageInput};
+
+/// What an exact tiled decode did, for `edgerun -v`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ExactReport {
+    /// Windows per interval.
+    pub windows: usize,
+    /// Intervals (GroupNorm synchronisation points + 1).
+    pub intervals: usize,
+    /// The most bytes of whole-image activations held at once.
+    pub held_bytes: u64,
+    /// Pixels the windows cover divided by the image's pixels (the work beside the
+    /// whole-image decode, from the halos).
+    pub work_factor: f64,
+}
+
+/// The most bytes an exact decode of `size` holds between GroupNorms (0 for other decodes).
+pub fn held_bytes(meta: &edge_schema::plan::PlanMeta, size: &edge_schema::plan::ImageSize) -> u64 {
+    let Some(t) = &size.decoder_tiling else {
+        return 0;
+    };
+    let Some(sync) = &t.sync else { return 0 };
+    let ds = meta.vae.downscale.max(1) as usize;
+    let tail = &meta.stages[t.stage as usize];
+    let schedule = tiles::sync_schedule(tail, &sync.sync_steps);
+    tiles::peak_held_bytes(
+        tail,
+        &schedule,
+        (t.tile_latent_h as usize, t.tile_latent_w as usize),
+        size.height as usize / ds,
+        size.width as usize / ds,
+    )
+    .unwrap_or(0)
+}
+
+/// Copies the window at `(y0, x0)` of size `wh × ww` from `whole` `[c, hh, hw]` into `win`
+/// `[c, wh, ww]` (all in the value's own pixels).
+#[allow(clippy::too_many_arguments)]
+fn crop(
+    whole: &[f32],
+    c: usize,
+    hh: usize,
+    hw: usize,
+    y0: usize,
+    x0: usize,
+    wh: usize,
+    ww: usize,
+    win: &mut [f32],
+) {
+    for ch in 0..c {
+        for y in 0..wh {
+            let src = (ch * hh + y0 + y) * hw + x0;
+            let dst = (ch * wh + y) * ww;
+            win[dst..dst + ww].copy_from_slice(&whole[src..src + ww]);
+        }
+    }
+}
+
+/// Copies the core `[cy, cy+ch) × [cx, cx+cw)` of `win` `[c, wh, ww]` (window coordinates) to
+/// `(y0 + cy, x0 + cx)` of `whole` `[c, hh, hw]`.
+#[allow(clippy::too_many_arguments)]
+fn paste(
+    win: &[f32],
+    c: usize,
+    wh: usize,
+    ww: usize,
+    core: [usize; 4],
+    whole: &mut [f32],
+    hh: usize,
+    hw: usize,
+    origin: (usize, usize),
+) {
+    let [cy, ch, cx, cw] = core;
+    for k in 0..c {
+        for y in cy..cy + ch {
+            let src = (k * wh + y) * ww + cx;
+            let dst = (k * hh + origin.0 + y) * hw + origin.1 + cx;
+            whole[dst..dst + cw].copy_from_slice(&win[src..src + cw]);
+        }
+    }
+}
+
+/// Decodes `latents` `[c, latent_h, latent_w]` into `image` `[3, H, W]` exactly: the head
+/// stage on the whole latent, then the tail stage's intervals window by window with the whole
+/// image's GroupNorm statistics (see the module doc). Errors name the stage when the plan's
+/// geometry does not hold (the verifier checks it first).
+pub fn decode_exact(
+    session: &mut Session<'_>,
+    size: &edge_schema::plan::ImageSize,
+    t: &VaeTiling,
+    sync: &GroupNormSync,
+    latents: &[f32],
+    image: &mut [f32],
+) -> Result<ExactReport> {
+    let plan = session.plan();
+    let meta = plan.meta();
+    let ds = meta.vae.downscale.max(1) as usize;
+    let (lh, lw) = (size.height as usize / ds, size.width as usize / ds);
+    let (th, tw) = (t.tile_latent_h as usize, t.tile_latent_w as usize);
+    let tail = &meta.stages[t.stage as usize];
+    let head = &meta.stages[sync.head_stage as usize];
+    let bad = |what: String| {
+        Error::Plan(edge_schema::Error::Invalid(format!(
+            "exact VAE tiles: {what}"
+        )))
+    };
+    if tail.kind != StageKind::VaeDecoderTail || head.kind != StageKind::VaeDecoderHead {
+        return Err(bad("stages of the wrong kind".into()));
+    }
+    let halo = sync.halo_latent as usize;
+    let (ys, xs) = match (
+        tiles::axis_windows(lh, th, halo),
+        tiles::axis_windows(lw, tw, halo),
+    ) {
+        (Some(y), Some(x)) => (y, x),
+        _ => {
+            return Err(bad(format!(
+                "{tw}x{th} windows with halo {halo} do not cover {lw}x{lh}"
+            )))
+        }
+    };
+    let schedule = tiles::sync_schedule(tail, &sync.sync_steps);
+    // Geometry of a held value: (channels, spatial factor).
+    let geo = |id: u32| -> Result<(usize, usize)> {
+        let f = tiles::spatial_factor(tail, id, th, tw)
+            .ok_or_else(|| bad(format!("value {id} is not a window")))?;
+        Ok((tail.values[id as usize].shape[0] as usize, f))
+    };
+    let mut held: Vec<Option<Vec<f32>>> = vec![None; tail.values.len()];
+    let hidden_id = tail.inputs[0];
+    let (hc, _) = geo(hidden_id)?;
+    let mut hidden = vec![0f32; hc * lh * lw];
+    session.run_stage(
+        sync.head_stage,
+        &[StageInput::F32(latents)],
+        &mut [&mut hidden],
+    )?;
+    held[hidden_id as usize] = Some(hidden);
+    let report = ExactReport {
+        windows: ys.len() * xs.len(),
+        intervals: schedule.intervals.len(),
+        held_bytes: tiles::peak_held_bytes(tail, &schedule, (th, tw), lh, lw).unwrap_or(0),
+        work_factor: (ys.len() * th * xs.len() * tw) as f64 / (lh * lw) as f64,
+    };
+    let kernels = *session.kernels();
+    for iv in &schedule.intervals {
+        // The leading GroupNorm's statistics over the whole held input.
+        let stats = match tail.steps.get(iv.first).map(|s| (&s.op, s.inputs.first())) {
+            Some((edge_schema::op::Op::GroupNorm { groups, eps }, Some(&x)))
+                if sync.sync_steps.contains(&(iv.first as u32)) =>
+            {
+                let (c, f) = geo(x)?;
+                let whole = held[x as usize]
+                    .as_deref()
+                    .ok_or_else(|| bad(format!("GroupNorm input {x} is not held")))?;
+                let g = *groups as usize;
+                let mut st = vec![edge_kernels::GroupStats::default(); g];
+                (kernels.group_norm_stats.run)(whole, c, lh * f * lw * f, g, *eps, &mut st);
+                Some(st)
+            }
+            _ => None,
+        };
+        for &v in &iv.save {
+            let (c, f) = geo(v)?;
+            held[v as usize] = Some(vec![0f32; c * lh * f * lw * f]);
+        }
+        for wy in &ys {
+            for wx in &xs {
+                for &v in &iv.restore {
+                    let (c, f) = geo(v)?;
+                    let whole = held[v as usize]
+                        .as_deref()
+                        .ok_or_else(|| bad(format!("value {v} is not held")))?;
+                    let win = session.value_mut(t.stage, v)?;
+                    crop(
+                        whole,
+                        c,
+                        lh * f,
+                        lw * f,
+                        wy.win_start * f,
+                        wx.win_start * f,
+                        th * f,
+                        tw * f,
+                        win,
+                    );
+                }
+                session.run_steps(t.stage, iv.first, iv.end, stats.as_deref())?;
+                for &v in &iv.save {
+                    let (c, f) = geo(v)?;
+                    let core = core_of(wy, wx, f);
+                    let win = session.value(t.stage, v)?;
+                    let whole = held[v as usize]
+                        .as_deref_mut()
+                        .ok_or_else(|| bad(format!("value {v} is not held")))?;
+                    paste(
+                        win,
+                        c,
+                        th * f,
+                        tw * f,
+                        core,
+                        whole,
+                        lh * f,
+                        lw * f,
+                        (wy.win_start * f, wx.win_start * f),
+                    );
+                }
+            }
+        }
+        for &v in &iv.release {
+            held[v as usize] = None;
+        }
+    }
+    let out = held[tail.outputs[0] as usize]
+        .take()
+        .ok_or_else(|| bad("the image was not produced".into()))?;
+    if out.len() != image.len() {
+        return Err(bad(format!(
+            "{} image values for {}",
+            out.len(),
+            image.len()
+        )));
+    }
+    image.copy_from_slice(&out);
+    Ok(report)
+}
+
+/// The core of window `(wy, wx)` inside it, in a value's pixels of factor `f`:
+/// `[top, height, left, width]`.
+fn core_of(wy: &AxisWindow, wx: &AxisWindow, f: usize) -> [usize; 4] {
+    [
+        (wy.core_start - wy.win_start) * f,
+        wy.core_len * f,
+        (wx.core_start - wx.win_start) * f,
+        wx.core_len * f,
+    ]
+}
 
 /// Start offsets (latent pixels) of the tiles covering `len` with tiles of `tile` overlapping
 /// by `overlap` (`overlap < tile ≤ len`).

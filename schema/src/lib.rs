@@ -16,6 +16,7 @@ pub mod io;
 pub mod op;
 pub mod plan;
 pub mod scheduler;
+pub mod tiles;
 pub mod tokenizer;
 pub mod verify;
 

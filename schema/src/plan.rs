@@ -118,6 +118,25 @@ pub struct VaeTiling {
     pub overlap_latent_w: u32,
     /// Overlap between neighbouring tiles along y, in latent pixels (< tile height).
     pub overlap_latent_h: u32,
+    /// When set, the tiles are exact: `stage` is a [`StageKind::VaeDecoderTail`] run on windows
+    /// of `tile_latent_w × tile_latent_h` latent pixels whose GroupNorms use the whole image's
+    /// statistics (see [`crate::tiles`]), the overlaps are 0 and nothing is blended.
+    pub sync: Option<GroupNormSync>,
+}
+
+/// An exact tiled decode (see [`crate::tiles`]): the decoder's head runs on the whole latent,
+/// its tail window by window, with every GroupNorm of the tail normalised by statistics of the
+/// whole image held between the tail's intervals.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GroupNormSync {
+    /// Index into [`PlanMeta::stages`] of the decoder head (a [`StageKind::VaeDecoderHead`] for
+    /// the whole image).
+    pub head_stage: u32,
+    /// Context a window carries around its core on every interior side, latent pixels; at
+    /// least [`crate::tiles::required_halo`] of the tail stage.
+    pub halo_latent: u32,
+    /// The tail stage's GroupNorm steps, ascending: all of them.
+    pub sync_steps: Vec<u32>,
 }
 
 /// What a stage computes; fixes the meaning of its inputs and outputs.
@@ -129,6 +148,8 @@ pub struct VaeTiling {
 /// | `Denoiser` | `latent [c, h, w]`, `timestep [1]`, `context [l, d_text]` (or `kv` when the plan has a `CrossKv` stage), `mask [l]` | `eps [c, h, w]` |
 /// | `VaeDecoder` | `latent [c, h, w]` (scaled latents, as the sampler produces them) | `image [3, H, W]` in about −1…1 |
 /// | `VaeEncoder` | `image [3, H, W]` in −1…1 | `moments [2c, h, w]` |
+/// | `VaeDecoderHead` | `latent [c, h, w]` (as `VaeDecoder`) | `hidden [C, h, w]` (the mid block's output) |
+/// | `VaeDecoderTail` | `hidden [C, h, w]` (a window of the head's output) | `image [3, H, W]` (that window of the image) |
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StageKind {
     TextEncoder,
@@ -136,6 +157,8 @@ pub enum StageKind {
     Denoiser,
     VaeDecoder,
     VaeEncoder,
+    VaeDecoderHead,
+    VaeDecoderTail,
 }
 
 /// A slot in an arena: `len` bytes at `offset` of arena number `arena`.

@@ -122,8 +122,13 @@ pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
         if let Some(t) = &sz.decoder_tiling {
             let ds = meta.vae.downscale;
             let (lw, lh) = (sz.width / ds.max(1), sz.height / ds.max(1));
+            let tile_kind = if t.sync.is_some() {
+                StageKind::VaeDecoderTail
+            } else {
+                StageKind::VaeDecoder
+            };
             let tile_ok = meta.stages.get(t.stage as usize).is_some_and(|s| {
-                s.kind == StageKind::VaeDecoder
+                s.kind == tile_kind
                     && u64::from(s.width) == u64::from(t.tile_latent_w) * u64::from(ds)
                     && u64::from(s.height) == u64::from(t.tile_latent_h) * u64::from(ds)
             });
@@ -139,6 +144,15 @@ pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
                     "size {}x{}: VAE tiling {t:?} does not fit the image or names a wrong stage",
                     sz.width, sz.height
                 )));
+            }
+            if let Some(sync) = &t.sync {
+                verify_sync(meta, sz, t, sync).map_err(|e| match e {
+                    Error::Invalid(m) => invalid(format!(
+                        "size {}x{}: exact VAE tiling: {m}",
+                        sz.width, sz.height
+                    )),
+                    other => other,
+                })?;
             }
         }
         let decoder_ok = match &sz.decoder_tiling {
@@ -194,6 +208,101 @@ pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
     Ok(())
 }
 
+/// Checks an exact (GroupNorm-synced) tiling: the head stage decodes the whole latent into what
+/// the tail stage takes window by window; the sync steps are exactly the tail's GroupNorms; the
+/// tail holds only local operations; the halo covers what one interval's convolutions consume
+/// and fits the window; every held value is a `[c, f·h, f·w]` window of a whole-image tensor.
+fn verify_sync(
+    meta: &PlanMeta,
+    sz: &crate::plan::ImageSize,
+    t: &crate::plan::VaeTiling,
+    sync: &crate::plan::GroupNormSync,
+) -> Result<()> {
+    use crate::tiles;
+    let ds = u64::from(meta.vae.downscale);
+    let (lw, lh) = (
+        u64::from(sz.width) / ds.max(1),
+        u64::from(sz.height) / ds.max(1),
+    );
+    let tail = &meta.stages[t.stage as usize];
+    let head = meta
+        .stages
+        .get(sync.head_stage as usize)
+        .filter(|h| {
+            h.kind == StageKind::VaeDecoderHead && h.width == sz.width && h.height == sz.height
+        })
+        .ok_or_else(|| {
+            invalid(format!(
+                "head stage {} is not a decoder head for the whole image",
+                sync.head_stage
+            ))
+        })?;
+    let shape = |st: &Stage, id: u32| st.values.get(id as usize).map(|v| v.shape.clone());
+    let hidden = shape(head, head.outputs[0]).unwrap_or_default();
+    let window = shape(tail, tail.inputs[0]).unwrap_or_default();
+    let (th, tw) = (u64::from(t.tile_latent_h), u64::from(t.tile_latent_w));
+    if hidden.len() != 3
+        || hidden[1..] != [lh, lw]
+        || window != [hidden[0], th, tw]
+        || shape(head, head.inputs[0]).is_none_or(|s| s[1..] != [lh, lw])
+    {
+        return Err(invalid(format!(
+            "head output {hidden:?} and tail input {window:?} do not match a {lw}x{lh} latent in {tw}x{th} windows"
+        )));
+    }
+    if t.overlap_latent_w != 0 || t.overlap_latent_h != 0 {
+        return Err(invalid("overlaps must be 0 (nothing is blended)".into()));
+    }
+    let norms: Vec<u32> = tail
+        .steps
+        .iter()
+        .enumerate()
+        .filter(|(_, st)| matches!(st.op, Op::GroupNorm { .. }))
+        .map(|(i, _)| i as u32)
+        .collect();
+    if sync.sync_steps != norms {
+        return Err(invalid(format!(
+            "sync steps {:?} are not the tail's GroupNorm steps {norms:?}",
+            sync.sync_steps
+        )));
+    }
+    let (th, tw) = (th as usize, tw as usize);
+    let (lh, lw) = (lh as usize, lw as usize);
+    let halo = sync.halo_latent as usize;
+    if tiles::axis_windows(lh, th, halo).is_none() || tiles::axis_windows(lw, tw, halo).is_none() {
+        return Err(invalid(format!(
+            "a halo of {halo} latent pixels leaves no core in a {tw}x{th} window"
+        )));
+    }
+    let schedule = tiles::sync_schedule(tail, &sync.sync_steps);
+    let need = tiles::required_halo(tail, &schedule, th, tw).ok_or_else(|| {
+        invalid("the tail holds an operation that is not local or a strided convolution".into())
+    })?;
+    if need > halo {
+        return Err(invalid(format!(
+            "halo {halo} is narrower than the {need} latent pixels the convolutions consume"
+        )));
+    }
+    for iv in &schedule.intervals {
+        for &v in iv.restore.iter().chain(&iv.save) {
+            if tiles::spatial_factor(tail, v, th, tw).is_none() {
+                return Err(invalid(format!(
+                    "held value {v} {:?} is not an f32 [c, f·{th}, f·{tw}] window",
+                    shape(tail, v)
+                )));
+            }
+        }
+    }
+    if tiles::spatial_factor(tail, tail.outputs[0], th, tw) != Some(ds as usize) {
+        return Err(invalid(
+            "the tail's output is not the window's image".into(),
+        ));
+    }
+    tiles::peak_held_bytes(tail, &schedule, (th, tw), lh, lw)
+        .ok_or_else(|| invalid("held tensors overflow".into()))?;
+    Ok(())
+}
+
 /// Checks one section's digest against `bytes` (the section's bytes).
 pub fn verify_section_digest(meta: &PlanMeta, section: usize, bytes: &[u8]) -> Result<()> {
     let s = meta
@@ -215,6 +324,8 @@ fn expected_io(kind: StageKind) -> (usize, usize) {
         StageKind::Denoiser => (4, 1),
         StageKind::VaeDecoder => (1, 1),
         StageKind::VaeEncoder => (1, 1),
+        StageKind::VaeDecoderHead => (1, 1),
+        StageKind::VaeDecoderTail => (1, 1),
     }
 }
 

@@ -92,19 +92,40 @@ fn meta() -> PlanMeta {
             latent_channels: 4,
             downscale: 8,
         },
-        sizes: vec![ImageSize {
-            width: 64,
-            height: 32,
-            denoiser_stage: 1,
-            decoder_stage: 2,
-            decoder_tiling: Some(VaeTiling {
-                stage: 2,
-                tile_latent_w: 4,
-                tile_latent_h: 4,
-                overlap_latent_w: 2,
-                overlap_latent_h: 2,
-            }),
-        }],
+        sizes: vec![
+            ImageSize {
+                width: 64,
+                height: 32,
+                denoiser_stage: 1,
+                decoder_stage: 2,
+                decoder_tiling: Some(VaeTiling {
+                    stage: 2,
+                    tile_latent_w: 4,
+                    tile_latent_h: 4,
+                    overlap_latent_w: 2,
+                    overlap_latent_h: 2,
+                    sync: None,
+                }),
+            },
+            ImageSize {
+                width: 96,
+                height: 64,
+                denoiser_stage: 1,
+                decoder_stage: 3,
+                decoder_tiling: Some(VaeTiling {
+                    stage: 3,
+                    tile_latent_w: 8,
+                    tile_latent_h: 6,
+                    overlap_latent_w: 0,
+                    overlap_latent_h: 0,
+                    sync: Some(GroupNormSync {
+                        head_stage: 2,
+                        halo_latent: 2,
+                        sync_steps: vec![0, 3, 300],
+                    }),
+                }),
+            },
+        ],
         text_stage: 0,
         text_buckets: vec![(2, 3)],
         cross_kv_stage: Some(4),
@@ -193,7 +214,7 @@ fn metadata_bytes_are_frozen() {
     let digest = blake3::hash(&bytes).to_hex().to_string();
     assert_eq!(
         (FORMAT_VERSION, bytes.len(), digest.as_str()),
-        (3, GOLDEN_LEN, GOLDEN_DIGEST),
+        (4, GOLDEN_LEN, GOLDEN_DIGEST),
         "the postcard encoding of PlanMeta changed: bump FORMAT_VERSION and update the golden values"
     );
     assert_eq!(PlanMeta::decode(&bytes).unwrap(), meta());
@@ -218,5 +239,5 @@ fn header_layout_is_frozen() {
     assert_eq!(&b[224..256], &[0x44; 32]);
 }
 
-const GOLDEN_LEN: usize = 331;
-const GOLDEN_DIGEST: &str = "982cf4f93a6e3b64a6c37d712b9b198238b498a951b18344017e1e54669a5aad";
+const GOLDEN_LEN: usize = 350;
+const GOLDEN_DIGEST: &str = "23f78aa8b76b210587713a374b8e469d3c4b22b5c2a64ba8d7d95c2415b1e144";

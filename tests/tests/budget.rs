@@ -4,7 +4,7 @@
 
 use edge_e2e::*;
 use edge_planner::budget::SegmentMode;
-use edge_planner::tiling::TileRequest;
+use edge_planner::tiling::{TileMode, TileRequest};
 use edge_planner::CompileOptions;
 use edge_runtime::sampler::SamplingMethod;
 use edge_runtime::{GenerateParams, Plan, Session, StageInput};
@@ -160,8 +160,9 @@ fn tiled_vae_decode_matches_whole_image_within_blending_tolerance() {
     let whole = Plan::from_bytes(&compile(&model, &opts()).unwrap()).unwrap();
     let reference = decode(&whole, lat);
     assert_close("untiled decode", &reference, &r["image"].data, 1e-4);
-    // A tile as large as the image is the untiled decode.
+    // A blended tile as large as the image is the untiled decode (an exact one is no tiling).
     let full_tile = TileRequest {
+        mode: TileMode::Blend,
         size: Some((64, 64)),
         ..Default::default()
     };
@@ -182,6 +183,7 @@ fn tiled_vae_decode_matches_whole_image_within_blending_tolerance() {
     // see only their tile, so the result differs; measured max |diff| 0.252 and mean |diff|
     // 0.036 on this fixture (image values in about −1.5…1.5); bounded at twice that.
     let tiled = TileRequest {
+        mode: TileMode::Blend,
         size: Some((48, 48)),
         overlap: Some(0.5),
         ..Default::default()
@@ -246,12 +248,18 @@ fn budget_chooses_a_vae_tile_when_the_whole_decoder_does_not_fit() {
                 assert!(t.tile_latent_w < 8 || t.tile_latent_h < 8);
                 assert!(tile_stage.arena_size < dec.arena_size);
             }
-            // The tiled plan still decodes a finite image of the right size.
+            // The tiled plan decodes the whole-image decoder's image: exactly, when the planner
+            // chose exact tiles (it does at this budget: the held activations fit).
             let r = read_safetensors(&fixture(
                 "pixart-sigma-tiny/reference/vae_dec_64x64.safetensors",
             ));
             let img = decode(&p, &r["latents"].data);
             assert_eq!(img.len(), 3 * 64 * 64);
+            if budget >= 3 << 20 {
+                let t = p.meta().sizes[0].decoder_tiling.clone().unwrap();
+                assert!(t.sync.is_some(), "exact tiles chosen: {t:?}");
+                assert_eq!(img, decode(&whole, &r["latents"].data));
+            }
             assert!(img.iter().all(|v| v.is_finite()));
         }
         Err(e) => panic!("{e}"),

@@ -208,7 +208,12 @@ fn open(what: &str, bytes: &[u8]) -> Result<Plan, String> {
 /// Mutates a decoded copy of the good plan's metadata and asserts that the re-assembled plan
 /// is refused with a message containing every `needle`.
 fn refused(what: &str, needles: &[&str], mutate: impl FnOnce(&mut PlanMeta)) {
-    let good = good_plan();
+    refused_in(&good_plan(), what, needles, mutate)
+}
+
+/// [`refused`] on the plan `good`.
+fn refused_in(good: &[u8], what: &str, needles: &[&str], mutate: impl FnOnce(&mut PlanMeta)) {
+    let good = good.to_vec();
     let mut meta = edge_planner::inspect::read_meta(&good).expect("good plan decodes");
     mutate(&mut meta);
     let bytes = reassemble(&good, &meta, FORMAT_VERSION);
@@ -701,5 +706,88 @@ fn repacked_weight_outside_a_linear_weight_operand_is_refused() {
     assert!(
         msg.contains("input 0") && msg.contains("only a linear weight may use"),
         "{msg}"
+    );
+}
+
+/// A demo plan at 128×128 decoded in exact 64×64 tiles (GroupNorm statistics of the whole
+/// image): head stage, tail stage, sync steps, halo.
+fn exact_plan() -> Vec<u8> {
+    let opts = edge_planner::CompileOptions {
+        sizes: vec![(128, 128)],
+        tiling: edge_planner::tiling::TileRequest {
+            size: Some((64, 64)),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let mut c = edge_planner::compile_folder(&demo("pixart-shapes-64"), &opts).expect("compile");
+    edge_planner::write::assemble(&mut c.meta, &c.table).expect("assemble")
+}
+
+fn sync_of(meta: &mut PlanMeta) -> &mut edge_schema::plan::GroupNormSync {
+    meta.sizes[0]
+        .decoder_tiling
+        .as_mut()
+        .and_then(|t| t.sync.as_mut())
+        .expect("exact tiling")
+}
+
+#[test]
+fn exact_tiling_that_cannot_reproduce_the_image_is_refused() {
+    let good = exact_plan();
+    open("exact plan", &good).expect("the exact plan itself is accepted");
+    refused_in(
+        &good,
+        "halo narrower than the convolutions consume",
+        &["halo 1", "narrower"],
+        |m| sync_of(m).halo_latent = 1,
+    );
+    refused_in(&good, "halo that leaves no core", &["no core"], |m| {
+        sync_of(m).halo_latent = 4
+    });
+    refused_in(
+        &good,
+        "a GroupNorm left out of the sync steps",
+        &["sync steps"],
+        |m| {
+            sync_of(m).sync_steps.remove(3);
+        },
+    );
+    refused_in(
+        &good,
+        "a sync step that is not a GroupNorm",
+        &["sync steps"],
+        |m| {
+            let s = sync_of(m);
+            s.sync_steps[2] += 1;
+        },
+    );
+    refused_in(
+        &good,
+        "blending overlap on exact tiles",
+        &["overlaps must be 0"],
+        |m| {
+            if let Some(t) = m.sizes[0].decoder_tiling.as_mut() {
+                t.overlap_latent_w = 2;
+            }
+        },
+    );
+    refused_in(
+        &good,
+        "head stage that is not a decoder head",
+        &["head stage"],
+        |m| {
+            let tail = m.sizes[0].decoder_stage;
+            sync_of(m).head_stage = tail;
+        },
+    );
+    refused_in(
+        &good,
+        "tail stage that is not a decoder tail",
+        &["VAE tiling"],
+        |m| {
+            let tail = m.sizes[0].decoder_stage as usize;
+            m.stages[tail].kind = StageKind::VaeDecoder;
+        },
     );
 }

@@ -1075,3 +1075,70 @@ fn inspect_checks_every_section_digest() {
     );
     assert!(!String::from_utf8_lossy(&o.stdout).contains("verified"));
 }
+
+/// Reads `label N KiB` out of `text` (the `-v` memory line).
+fn kib_after(text: &str, label: &str) -> u64 {
+    let at = text
+        .find(label)
+        .unwrap_or_else(|| panic!("no `{label}` in: {text}"));
+    text[at + label.len()..]
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no number after `{label}` in: {text}"))
+}
+
+/// A budget that the whole-image VAE decoder does not fit makes `edgeplan` choose exact tiles
+/// (shown by `inspect`); `edgerun -v` names the mode and the bytes held, measures a peak RSS
+/// within its prediction, and writes the image of the untiled plan, pixel for pixel.
+#[test]
+fn budget_forced_exact_tiles_stay_within_the_predicted_peak_and_match_the_whole_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = demo_model();
+    let (tiled, whole) = (dir.path().join("tiled.plan"), dir.path().join("whole.plan"));
+    let base = ["compile", s(&model), "-W", "256", "-H", "256"];
+    let out = run(
+        EDGEPLAN,
+        &[&base[..], &["--max-ram", "172M", "-o", s(&tiled)]].concat(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(run(EDGEPLAN, &[&base[..], &["-o", s(&whole)]].concat())
+        .status
+        .success());
+    let inspect = run(EDGEPLAN, &["inspect", s(&tiled)]);
+    let text = String::from_utf8_lossy(&inspect.stdout);
+    assert!(
+        text.contains("exact tiles") && text.contains("halo of 2"),
+        "{text}"
+    );
+    let size = ["-W", "256", "-H", "256", "-s", "3"];
+    let (a, b) = (dir.path().join("a.png"), dir.path().join("b.png"));
+    let run_a = generate(&tiled, &a, &[&size[..], &["-v"]].concat());
+    let err = String::from_utf8_lossy(&run_a.stderr);
+    assert!(run_a.status.success(), "{err}");
+    assert!(
+        err.contains("vae decode: exact tiles") && err.contains("bytes held"),
+        "{err}"
+    );
+    let (peak, predicted) = (
+        kib_after(&err, "peak RSS (VmHWM)"),
+        kib_after(&err, "predicted peak"),
+    );
+    assert!(
+        peak <= predicted,
+        "peak {peak} KiB above the predicted {predicted} KiB"
+    );
+    assert!(generate(&whole, &b, &size).status.success());
+    let pixels = |p: &Path| {
+        let dec = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(p).unwrap()));
+        let mut r = dec.read_info().unwrap();
+        let mut buf = vec![0; r.output_buffer_size().unwrap()];
+        r.next_frame(&mut buf).unwrap();
+        buf
+    };
+    assert!(pixels(&a) == pixels(&b), "exact tiles changed the image");
+}

@@ -262,7 +262,7 @@ fn bench_other(tables: &[(&str, KernelTable)]) {
         "group_norm 512x64x64, 32 groups",
         (c * hw) as f64,
         "Gelem/s",
-        |t| (t.group_norm.run)(&g, c, hw, 32, 1e-6, &gw, &gb, &mut go),
+        |t| t.group_norm(&g, c, hw, 32, 1e-6, &gw, &gb, &mut go),
     );
 }
 

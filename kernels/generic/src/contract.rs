@@ -212,6 +212,16 @@ pub fn group_norm(
     vector("group_norm", "bias", bias.len(), c);
 }
 
+/// [`crate::group_norm_stats`]: `groups` divides `c`, `x` `[c, hw]`, `stats` `[groups]`.
+pub fn group_norm_stats<S>(x: &[f32], c: usize, hw: usize, groups: usize, stats: &[S]) {
+    assert!(
+        groups > 0 && c.is_multiple_of(groups),
+        "group_norm: {groups} groups do not divide {c} channels"
+    );
+    rows("group_norm", "x", x.len(), c, hw);
+    vector("group_norm", "stats", stats.len(), groups);
+}
+
 /// [`crate::layer_norm`]: `x`/`out` `[m, d]`, `weight`/`bias` `[d]` when given.
 pub fn layer_norm(
     x: &[f32],

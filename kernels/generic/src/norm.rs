@@ -20,13 +20,96 @@ fn moments(x: &[f32]) -> (f64, f64) {
     (mean, var)
 }
 
-/// `generic_group_norm_f32`: torch `nn.GroupNorm(groups, c, eps, affine=True)` on one sample.
+/// Mean and reciprocal standard deviation of one GroupNorm group, in f64 (`rstd =
+/// 1 / sqrt(var + eps)` with the biased variance).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GroupStats {
+    /// Mean of the group's values.
+    pub mean: f64,
+    /// `1 / sqrt(var + eps)`.
+    pub rstd: f64,
+}
+
+/// `generic_group_norm_stats_f64`: the statistics half of torch `nn.GroupNorm(groups, c, eps)`.
+///
+/// Shapes: `x` `[c, hw]`, `stats` `[groups]`; channels `g·c/groups .. (g+1)·c/groups` form group
+/// `g`, whose `c/groups · hw` values are contiguous. Each group's mean and biased variance are
+/// two-pass sequential f64 sums (one task per group, so independent of the thread count).
+/// Panics if `groups` does not divide `c` or a length does not match.
+pub fn group_norm_stats(
+    x: &[f32],
+    c: usize,
+    hw: usize,
+    groups: usize,
+    eps: f32,
+    stats: &mut [GroupStats],
+) {
+    crate::contract::group_norm_stats(x, c, hw, groups, stats);
+    let cg = c / groups;
+    if cg * hw == 0 {
+        return;
+    }
+    stats
+        .par_iter_mut()
+        .zip(x.par_chunks(cg * hw))
+        .for_each(|(s, xg)| {
+            let (mean, var) = moments(xg);
+            *s = GroupStats {
+                mean,
+                rstd: 1.0 / (var + f64::from(eps)).sqrt(),
+            };
+        });
+}
+
+/// `generic_group_norm_apply_f32`: the normalization half of torch `nn.GroupNorm` with given
+/// statistics: `out = ((x − mean_g) · rstd_g) · weight[ch] + bias[ch]` in f64 in that order,
+/// rounded once to f32.
+///
+/// Shapes: `x`, `out` `[c, hw]`; `stats` `[groups]`; `weight`, `bias` `[c]`. The statistics
+/// may come from a larger tensor than `x` (tiled VAE decoding normalises each tile with the
+/// whole image's statistics). Parallel over groups. Panics as [`group_norm_stats`].
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm_apply(
+    x: &[f32],
+    c: usize,
+    hw: usize,
+    groups: usize,
+    stats: &[GroupStats],
+    weight: &[f32],
+    bias: &[f32],
+    out: &mut [f32],
+) {
+    crate::contract::group_norm(x, c, hw, groups, weight, bias, out);
+    crate::contract::group_norm_stats(x, c, hw, groups, stats);
+    let cg = c / groups;
+    if cg * hw == 0 {
+        return;
+    }
+    out.par_chunks_mut(cg * hw)
+        .zip(x.par_chunks(cg * hw))
+        .zip(stats.par_iter())
+        .enumerate()
+        .for_each(|(g, ((og, xg), s))| {
+            for (ci, (orow, xrow)) in og.chunks_mut(hw).zip(xg.chunks(hw)).enumerate() {
+                let ch = g * cg + ci;
+                let (wc, bc) = (f64::from(weight[ch]), f64::from(bias[ch]));
+                for (o, &v) in orow.iter_mut().zip(xrow) {
+                    *o = ((f64::from(v) - s.mean) * s.rstd * wc + bc) as f32;
+                }
+            }
+        });
+}
+
+/// `generic_group_norm_f32`: torch `nn.GroupNorm(groups, c, eps, affine=True)` on one sample:
+/// [`group_norm_stats`] then [`group_norm_apply`] (so a tile normalised with the statistics of
+/// the whole tensor gets exactly the whole tensor's values).
 ///
 /// Shapes: `x`, `out` `[c, hw]`; `weight`, `bias` `[c]`. Channels `g·c/groups .. (g+1)·c/groups`
 /// form group `g`; `out = (x − mean_g) / sqrt(var_g + eps) · weight[ch] + bias[ch]` with the
 /// biased variance over the group's `c/groups · hw` values. Statistics and the normalization are
 /// computed in f64, the result rounded once to f32. Parallel over groups. Panics if `groups`
 /// does not divide `c` or a length does not match.
+#[allow(clippy::too_many_arguments)]
 pub fn group_norm(
     x: &[f32],
     c: usize,
@@ -38,24 +121,24 @@ pub fn group_norm(
     out: &mut [f32],
 ) {
     crate::contract::group_norm(x, c, hw, groups, weight, bias, out);
-    let cg = c / groups;
-    if cg * hw == 0 {
-        return;
+    with_group_stats(groups, |stats| {
+        group_norm_stats(x, c, hw, groups, eps, stats);
+        group_norm_apply(x, c, hw, groups, stats, weight, bias, out);
+    });
+}
+
+/// Groups whose statistics fit on the stack in [`with_group_stats`].
+const STACK_GROUPS: usize = 256;
+
+/// Calls `f` with a zeroed `[groups]` statistics buffer (on the stack up to 256 groups, so a
+/// GroupNorm step allocates nothing).
+pub fn with_group_stats<R>(groups: usize, f: impl FnOnce(&mut [GroupStats]) -> R) -> R {
+    if groups <= STACK_GROUPS {
+        let mut buf = [GroupStats::default(); STACK_GROUPS];
+        f(&mut buf[..groups])
+    } else {
+        f(&mut vec![GroupStats::default(); groups])
     }
-    out.par_chunks_mut(cg * hw)
-        .zip(x.par_chunks(cg * hw))
-        .enumerate()
-        .for_each(|(g, (og, xg))| {
-            let (mean, var) = moments(xg);
-            let rstd = 1.0 / (var + f64::from(eps)).sqrt();
-            for (ci, (orow, xrow)) in og.chunks_mut(hw).zip(xg.chunks(hw)).enumerate() {
-                let ch = g * cg + ci;
-                let (wc, bc) = (f64::from(weight[ch]), f64::from(bias[ch]));
-                for (o, &v) in orow.iter_mut().zip(xrow) {
-                    *o = ((f64::from(v) - mean) * rstd * wc + bc) as f32;
-                }
-            }
-        });
 }
 
 /// `generic_layer_norm_f32`: torch `nn.LayerNorm(d, eps, elementwise_affine)` over the last axis.

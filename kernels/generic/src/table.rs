@@ -2,7 +2,7 @@
 
 use edge_schema::DType;
 
-use crate::{AttentionParams, Conv2dParams, WeightRef};
+use crate::{AttentionParams, Conv2dParams, GroupStats, WeightRef};
 
 /// [`crate::linear`]'s signature: `(x, w, bias, out, m, k, n, scratch)`.
 pub type LinearFn =
@@ -16,8 +16,11 @@ pub type Conv2dScratchFn = fn(&Conv2dParams, DType) -> usize;
 /// [`crate::attention`]'s signature: `(p, q_src, kv_src, key_mask, bias, out)`.
 pub type AttentionFn =
     fn(&AttentionParams, &[f32], &[f32], Option<&[f32]>, Option<&[f32]>, &mut [f32]);
-/// [`crate::group_norm`]'s signature: `(x, c, hw, groups, eps, weight, bias, out)`.
-pub type GroupNormFn = fn(&[f32], usize, usize, usize, f32, &[f32], &[f32], &mut [f32]);
+/// [`crate::group_norm_stats`]'s signature: `(x, c, hw, groups, eps, stats)`.
+pub type GroupNormStatsFn = fn(&[f32], usize, usize, usize, f32, &mut [GroupStats]);
+/// [`crate::group_norm_apply`]'s signature: `(x, c, hw, groups, stats, weight, bias, out)`.
+pub type GroupNormApplyFn =
+    fn(&[f32], usize, usize, usize, &[GroupStats], &[f32], &[f32], &mut [f32]);
 /// [`crate::layer_norm`]'s signature: `(x, m, d, eps, weight, bias, out)`.
 pub type LayerNormFn = fn(&[f32], usize, usize, f32, Option<&[f32]>, Option<&[f32]>, &mut [f32]);
 /// [`crate::rms_norm`]'s signature: `(x, m, d, eps, weight, out)`.
@@ -58,8 +61,10 @@ pub struct KernelTable {
     pub conv2d_scratch_bytes: Kernel<Conv2dScratchFn>,
     /// Multi-head attention.
     pub attention: Kernel<AttentionFn>,
-    /// torch GroupNorm.
-    pub group_norm: Kernel<GroupNormFn>,
+    /// torch GroupNorm, statistics half (see [`KernelTable::group_norm`]).
+    pub group_norm_stats: Kernel<GroupNormStatsFn>,
+    /// torch GroupNorm, normalization half with given statistics.
+    pub group_norm_apply: Kernel<GroupNormApplyFn>,
     /// torch LayerNorm.
     pub layer_norm: Kernel<LayerNormFn>,
     /// T5LayerNorm.
@@ -82,14 +87,15 @@ pub struct KernelTable {
 
 impl KernelTable {
     /// `(slot, kernel name)` for every slot, in declaration order, for logging the choice.
-    pub fn names(&self) -> [(&'static str, &'static str); 15] {
+    pub fn names(&self) -> [(&'static str, &'static str); 16] {
         [
             ("linear", self.linear.name),
             ("linear_scratch_bytes", self.linear_scratch_bytes.name),
             ("conv2d", self.conv2d.name),
             ("conv2d_scratch_bytes", self.conv2d_scratch_bytes.name),
             ("attention", self.attention.name),
-            ("group_norm", self.group_norm.name),
+            ("group_norm_stats", self.group_norm_stats.name),
+            ("group_norm_apply", self.group_norm_apply.name),
             ("layer_norm", self.layer_norm.name),
             ("rms_norm", self.rms_norm.name),
             ("gelu_tanh", self.gelu_tanh.name),
@@ -100,6 +106,29 @@ impl KernelTable {
             ("gated_residual", self.gated_residual.name),
             ("upsample_nearest2x", self.upsample_nearest2x.name),
         ]
+    }
+
+    /// torch `nn.GroupNorm(groups, c, eps, affine=True)` through this table: the
+    /// `group_norm_stats` slot, then `group_norm_apply` (shapes as [`crate::group_norm`]). A
+    /// tile normalised by `group_norm_apply` with statistics of the whole tensor therefore gets
+    /// exactly the values this gives for the whole tensor. Allocates nothing up to 256 groups.
+    #[allow(clippy::too_many_arguments)]
+    pub fn group_norm(
+        &self,
+        x: &[f32],
+        c: usize,
+        hw: usize,
+        groups: usize,
+        eps: f32,
+        weight: &[f32],
+        bias: &[f32],
+        out: &mut [f32],
+    ) {
+        crate::contract::group_norm(x, c, hw, groups, weight, bias, out);
+        crate::norm::with_group_stats(groups, |stats| {
+            (self.group_norm_stats.run)(x, c, hw, groups, eps, stats);
+            (self.group_norm_apply.run)(x, c, hw, groups, stats, weight, bias, out);
+        });
     }
 }
 
@@ -126,9 +155,13 @@ pub fn generic() -> KernelTable {
             name: "generic_attention_f32",
             run: crate::attention,
         },
-        group_norm: Kernel {
-            name: "generic_group_norm_f32",
-            run: crate::group_norm,
+        group_norm_stats: Kernel {
+            name: "generic_group_norm_stats_f64",
+            run: crate::group_norm_stats,
+        },
+        group_norm_apply: Kernel {
+            name: "generic_group_norm_apply_f32",
+            run: crate::group_norm_apply,
         },
         layer_norm: Kernel {
             name: "generic_layer_norm_f32",

@@ -132,3 +132,45 @@ fn group_norm_rejects_indivisible_groups() {
     let mut out = vec![0.0; 6];
     group_norm(&[0.0; 6], 3, 2, 2, 1e-6, &[1.0; 3], &[0.0; 3], &mut out);
 }
+
+/// The two halves tiled VAE decoding uses: statistics of the whole tensor, then the
+/// normalization of any window of its positions, give exactly the whole GroupNorm's values
+/// there; the table's `group_norm` is the same composition.
+#[test]
+fn group_norm_of_a_window_with_whole_statistics_equals_the_whole() {
+    let mut rng = Rng::new(21);
+    for (c, h, w, groups) in [(8, 9, 7, 4), (32, 5, 11, 32), (6, 16, 16, 1)] {
+        let hw = h * w;
+        let x: Vec<f32> = rng.vec(c * hw, 3.0).iter().map(|v| v - 5.0).collect();
+        let (wt, b) = (rng.vec(c, 1.0), rng.vec(c, 1.0));
+        let mut whole = vec![0.0; c * hw];
+        group_norm(&x, c, hw, groups, 1e-6, &wt, &b, &mut whole);
+        let mut via_table = vec![0.0; c * hw];
+        edge_kernels::generic().group_norm(&x, c, hw, groups, 1e-6, &wt, &b, &mut via_table);
+        assert_eq!(whole, via_table);
+        let mut stats = vec![edge_kernels::GroupStats::default(); groups];
+        edge_kernels::group_norm_stats(&x, c, hw, groups, 1e-6, &mut stats);
+        // A 3×4 window at (2, 1).
+        let (y0, x0, wh, ww) = (2, 1, 3, 4);
+        let mut win = vec![0.0; c * wh * ww];
+        for ch in 0..c {
+            for y in 0..wh {
+                for xx in 0..ww {
+                    win[(ch * wh + y) * ww + xx] = x[(ch * h + y0 + y) * w + x0 + xx];
+                }
+            }
+        }
+        let mut out = vec![0.0; win.len()];
+        edge_kernels::group_norm_apply(&win, c, wh * ww, groups, &stats, &wt, &b, &mut out);
+        for ch in 0..c {
+            for y in 0..wh {
+                for xx in 0..ww {
+                    assert_eq!(
+                        out[(ch * wh + y) * ww + xx].to_bits(),
+                        whole[(ch * h + y0 + y) * w + x0 + xx].to_bits()
+                    );
+                }
+            }
+        }
+    }
+}

@@ -95,14 +95,14 @@ fn group_norm_matches_generic() {
             let w = rng.vec_shifted(c, 1.0, 1.0);
             let b = rng.vec_shifted(c, 0.5, 0.0);
             let mut want = vec![0.0f32; c * hw];
-            (g.group_norm.run)(&x, c, hw, groups, 1e-6, &w, &b, &mut want);
+            g.group_norm(&x, c, hw, groups, 1e-6, &w, &b, &mut want);
             for (label, t) in variants() {
                 let mut got = vec![f32::NAN; c * hw];
-                (t.group_norm.run)(&x, c, hw, groups, 1e-6, &w, &b, &mut got);
+                t.group_norm(&x, c, hw, groups, 1e-6, &w, &b, &mut got);
                 close(
                     &format!(
                         "{label} {} c={c} hw={hw} groups={groups}",
-                        t.group_norm.name
+                        t.group_norm_stats.name
                     ),
                     &got,
                     &want,
@@ -129,7 +129,7 @@ fn group_norm_thread_count_does_not_change_results() {
     let w = rng.vec_shifted(c, 1.0, 1.0);
     let b = rng.vec_shifted(c, 0.5, 0.0);
     let mut want = vec![0.0f32; c * hw];
-    (g.group_norm.run)(&x, c, hw, groups, 1e-5, &w, &b, &mut want);
+    g.group_norm(&x, c, hw, groups, 1e-5, &w, &b, &mut want);
     for (label, t) in variants() {
         let on = |threads: usize| {
             rayon::ThreadPoolBuilder::new()
@@ -138,7 +138,7 @@ fn group_norm_thread_count_does_not_change_results() {
                 .expect("thread pool")
                 .install(|| {
                     let mut out = vec![0.0f32; c * hw];
-                    (t.group_norm.run)(&x, c, hw, groups, 1e-5, &w, &b, &mut out);
+                    t.group_norm(&x, c, hw, groups, 1e-5, &w, &b, &mut out);
                     out
                 })
         };
@@ -160,5 +160,33 @@ fn group_norm_rejects_groups_not_dividing_channels() {
     let x = vec![0.0f32; 8 * 5];
     let (w, b) = (vec![1.0f32; 8], vec![0.0f32; 8]);
     let mut out = vec![0.0f32; 8 * 5];
-    (t.group_norm.run)(&x, 8, 5, 3, 1e-6, &w, &b, &mut out);
+    t.group_norm(&x, 8, 5, 3, 1e-6, &w, &b, &mut out);
+}
+
+/// With the same statistics the NEON normalization is the generic one bit for bit (tiled VAE
+/// decoding normalises every tile with the whole image's statistics through this slot).
+#[test]
+fn group_norm_apply_is_bit_identical_for_given_stats() {
+    let g = edge_kernels::generic();
+    let mut rng = Rng(15);
+    for (c, hw, groups) in [(6, 17, 2), (32, 65, 32), (40, 1031, 4), (12, 3, 4)] {
+        let x = rng.vec_shifted(c * hw, 2.0, 0.4);
+        let w = rng.vec_shifted(c, 1.0, 1.0);
+        let b = rng.vec_shifted(c, 0.5, 0.0);
+        let mut stats = vec![edge_kernels::GroupStats::default(); groups];
+        (g.group_norm_stats.run)(&x, c, hw, groups, 1e-6, &mut stats);
+        let mut want = vec![0.0f32; c * hw];
+        (g.group_norm_apply.run)(&x, c, hw, groups, &stats, &w, &b, &mut want);
+        for (label, t) in variants() {
+            let mut got = vec![f32::NAN; c * hw];
+            (t.group_norm_apply.run)(&x, c, hw, groups, &stats, &w, &b, &mut got);
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{label} {} c={c} hw={hw} groups={groups}",
+                t.group_norm_apply.name
+            );
+        }
+    }
 }

@@ -182,7 +182,12 @@ struct CompileArgs {
     /// VAE tile size in image pixels, WxH or one number (tiles the decode).
     #[arg(long = "vae-tile-size")]
     vae_tile_size: Option<String>,
-    /// VAE tile overlap as a fraction of the tile (0…0.5, default 0.5).
+    /// How VAE tiles are decoded: exact (GroupNorm statistics of the whole image, a halo of
+    /// context, no blending: the same image as decoding at once) or blend (each tile alone,
+    /// overlaps blended, as stable-diffusion.cpp; less memory, colours can shift).
+    #[arg(long = "vae-tile-mode", default_value = "exact")]
+    vae_tile_mode: String,
+    /// VAE tile overlap as a fraction of the tile (0…0.5, default 0.5; blend mode only).
     #[arg(long = "vae-tile-overlap", allow_hyphen_values = true)]
     vae_tile_overlap: Option<f32>,
     /// VAE tile size relative to the image: ≤ 1 a fraction of each axis, > 1 a tile count (X or XxY).
@@ -267,6 +272,7 @@ fn compile(a: CompileArgs) -> Result<()> {
         },
         segments: a.segments.parse()?,
         tiling: edge_planner::tiling::TileRequest {
+            mode: a.vae_tile_mode.parse()?,
             size: a
                 .vae_tile_size
                 .as_deref()

@@ -424,7 +424,10 @@ fn generate(a: GenArgs) -> Result<()> {
     // The budget covers the whole process: what it already holds (code, metadata, heap) is
     // taken off before the arena and the resident weights are planned.
     let rss_start = peak_rss_kib().unwrap_or(0) * 1024;
-    let host = host_buffer_bytes(meta, width, height);
+    let host = host_buffer_bytes(meta, width, height)
+        + meta
+            .size(width, height)
+            .map_or(0, |sz| edge_runtime::tiling::held_bytes(meta, sz));
     let budget = budget.map(|b| b.saturating_sub(rss_start + host));
     if let (Some(b), Some(s)) = (budget, a.max_ram.as_deref()) {
         if floor > b {
@@ -570,6 +573,24 @@ fn generate(a: GenArgs) -> Result<()> {
             timings.get("sample").unwrap_or(&0.0),
             timings.get("decode").unwrap_or(&0.0),
         );
+        if let Some(r) = &out.exact_tiles {
+            say!(
+                "vae decode: exact tiles ({} windows x {} intervals, GroupNorm statistics of the whole image), {} bytes held between GroupNorms, windows cover {:.2}x the image's pixels",
+                r.windows,
+                r.intervals,
+                r.held_bytes,
+                r.work_factor
+            );
+        } else if let Some(t) = meta
+            .size(width, height)
+            .and_then(|s| s.decoder_tiling.as_ref())
+        {
+            say!(
+                "vae decode: blended tiles of {}x{} latent pixels (each normalised alone)",
+                t.tile_latent_w,
+                t.tile_latent_h
+            );
+        }
         say!(
             "memory: budget {}, arena {arena} bytes, weights {weights} bytes; streamed per step [{}] bytes; released {} bytes",
             budget.map_or("none".to_string(), |b| format!("{b} bytes")),
@@ -577,7 +598,7 @@ fn generate(a: GenArgs) -> Result<()> {
             session.streamer().released_bytes()
         );
         say!(
-            "peak RSS (VmHWM) {} KiB; predicted peak {} KiB = {} KiB at start (process) + {} KiB host buffers + {} KiB arena + {} KiB resident weights",
+            "peak RSS (VmHWM) {} KiB; predicted peak {} KiB = {} KiB at start (process) + {} KiB host buffers (exact VAE tiles included) + {} KiB arena + {} KiB resident weights",
             peak_rss_kib().unwrap_or(0),
             rss_before + (host + predicted) / 1024,
             rss_before,
@@ -709,6 +730,8 @@ fn bench(a: BenchArgs) -> Result<()> {
         StageKind::CrossKv,
         StageKind::Denoiser,
         StageKind::VaeDecoder,
+        StageKind::VaeDecoderHead,
+        StageKind::VaeDecoderTail,
     ] {
         let rows: Vec<_> = prof.rows.iter().filter(|r| r.stage == kind).collect();
         if rows.is_empty() {

@@ -52,9 +52,13 @@ fn base_table() -> KernelTable {
         name: "neon_conv2d_f32_4x4",
         run: conv::conv2d,
     };
-    t.group_norm = Kernel {
-        name: "neon_group_norm_f64x2",
-        run: norm::group_norm,
+    t.group_norm_stats = Kernel {
+        name: "neon_group_norm_stats_f64x2",
+        run: norm::group_norm_stats,
+    };
+    t.group_norm_apply = Kernel {
+        name: "neon_group_norm_apply_f64x2",
+        run: norm::group_norm_apply,
     };
     t.upsample_nearest2x = Kernel {
         name: "neon_upsample_nearest2x_f32_x4",

@@ -1,4 +1,5 @@
-//! `neon_layer_norm_f64x2`, `neon_rms_norm_f64x2` and `neon_group_norm_f64x2`: the norms with NEON
+//! `neon_layer_norm_f64x2`, `neon_rms_norm_f64x2`, `neon_group_norm_stats_f64x2` and
+//! `neon_group_norm_apply_f64x2`: the norms with NEON
 //! f64 statistics.
 //!
 //! As the generic kernels (`edge_kernels::{layer_norm, rms_norm}`: torch `nn.LayerNorm`,
@@ -16,7 +17,8 @@
 //! `((x − mean) · rstd) · weight + bias` in f64 in the generic kernel's operation order, rounded
 //! once. Only the f64 summation order differs from the generic kernel: the statistics differ by
 //! a relative ~`n·2⁻⁵³` at most, so an output can differ by one f32 rounding (tests allow 2 ulps
-//! plus `1e-7` absolute). The normalization is parallel over channels inside each group task.
+//! plus `1e-7` absolute). The normalization (`group_norm_apply`) is bit-identical to the generic
+//! one for the same statistics and parallel over channels.
 
 use std::arch::aarch64::{
     float64x2_t, vaddq_f64, vaddvq_f64, vcvt_f32_f64, vcvt_f64_f32, vcvt_high_f32_f64,
@@ -200,43 +202,65 @@ fn group_norm_row(x: &[f32], mean: f64, rstd: f64, weight: f32, bias: f32, out: 
     }
 }
 
-/// `neon_group_norm_f64x2`: the contract of [`edge_kernels::group_norm`] (torch
-/// `nn.GroupNorm(groups, c, eps, affine=True)` on one sample). Shapes: `x`, `out` `[c, hw]`;
-/// `weight`, `bias` `[c]`; channels `g·c/groups .. (g+1)·c/groups` form group `g`. Panics as
-/// the generic kernel does.
-pub(super) fn group_norm(
+/// `neon_group_norm_stats_f64x2`: the contract of [`edge_kernels::group_norm_stats`] (`x`
+/// `[c, hw]`, `stats` `[groups]`): each group's mean and biased variance as two-pass f64 sums
+/// in four lanes, one task per group.
+pub(super) fn group_norm_stats(
     x: &[f32],
     c: usize,
     hw: usize,
     groups: usize,
     eps: f32,
-    weight: &[f32],
-    bias: &[f32],
-    out: &mut [f32],
+    stats: &mut [edge_kernels::GroupStats],
 ) {
-    edge_kernels::contract::group_norm(x, c, hw, groups, weight, bias, out);
+    edge_kernels::contract::group_norm_stats(x, c, hw, groups, stats);
     let cg = c / groups;
     if cg * hw == 0 {
         return;
     }
-    out.par_chunks_mut(cg * hw)
+    stats
+        .par_iter_mut()
         .zip(x.par_chunks(cg * hw))
-        .enumerate()
-        .for_each(|(g, (og, xg))| {
+        .for_each(|(s, xg)| {
             let n = xg.len() as f64;
             // SAFETY: NEON is part of the aarch64 baseline.
             let mean = unsafe { lane_sum::<false>(xg, 0.0) } / n;
             // SAFETY: as above.
             let var = unsafe { lane_sum::<true>(xg, mean) } / n;
-            let rstd = 1.0 / (var + f64::from(eps)).sqrt();
-            og.par_chunks_mut(hw)
-                .zip(xg.par_chunks(hw))
-                .with_min_len(GROUP_NORM_TASK.div_ceil(hw))
-                .enumerate()
-                .for_each(|(ci, (orow, xrow))| {
-                    let ch = g * cg + ci;
-                    // SAFETY: NEON is part of the aarch64 baseline.
-                    unsafe { group_norm_row(xrow, mean, rstd, weight[ch], bias[ch], orow) };
-                });
+            *s = edge_kernels::GroupStats {
+                mean,
+                rstd: 1.0 / (var + f64::from(eps)).sqrt(),
+            };
+        });
+}
+
+/// `neon_group_norm_apply_f64x2`: the contract of [`edge_kernels::group_norm_apply`] (`x`,
+/// `out` `[c, hw]`; `stats` `[groups]`; `weight`, `bias` `[c]`), bit-identical to it: each
+/// output is `((x − mean) · rstd) · weight + bias` in f64, rounded once. Parallel over channels.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn group_norm_apply(
+    x: &[f32],
+    c: usize,
+    hw: usize,
+    groups: usize,
+    stats: &[edge_kernels::GroupStats],
+    weight: &[f32],
+    bias: &[f32],
+    out: &mut [f32],
+) {
+    edge_kernels::contract::group_norm(x, c, hw, groups, weight, bias, out);
+    edge_kernels::contract::group_norm_stats(x, c, hw, groups, stats);
+    let cg = c / groups;
+    if cg * hw == 0 {
+        return;
+    }
+    out.par_chunks_mut(hw)
+        .zip(x.par_chunks(hw))
+        .with_min_len(GROUP_NORM_TASK.div_ceil(hw))
+        .enumerate()
+        .for_each(|(ch, (orow, xrow))| {
+            let s = stats[ch / cg];
+            // SAFETY: NEON is part of the aarch64 baseline.
+            unsafe { group_norm_row(xrow, s.mean, s.rstd, weight[ch], bias[ch], orow) };
         });
 }
