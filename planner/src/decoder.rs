@@ -5,31 +5,38 @@
 use edge_graph::Graph;
 use edge_models::config::VaeConfig;
 use edge_models::vae::{build_vae_decoder, build_vae_decoder_head, build_vae_decoder_tail};
-use edge_schema::plan::{GroupNormSync, Stage, StageKind, VaeTiling};
+use edge_schema::plan::{GroupNormSync, HeldIn, Stage, StageKind, VaeTiling};
 use edge_schema::{tiles, DType};
 
 use crate::error::{PlanError, Result};
 use crate::lower::{lower, skeleton_stage, TensorTable, WeightResolver};
 use crate::pack::PackPolicy;
-use crate::tiling::{TileMode, TileRequest, MIN_TILE_LATENT};
+use crate::tiling::{TileHold, TileMode, TileRequest, MIN_TILE_LATENT};
 
-/// What the decode of one size needs besides the tile stage's own arena and weights.
+/// What an exact decode of one size in windows of one size needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExactFacts {
-    /// Context around a window's core, latent pixels.
+    /// Context around a window's core, latent pixels (does not depend on the window).
     pub halo: u32,
     /// The tail stage's GroupNorm steps.
     pub sync_steps: Vec<u32>,
-    /// The most bytes of whole-image activations held at once between intervals.
+    /// The most bytes of whole-image activations held at once between intervals (does not
+    /// depend on the window).
     pub held_bytes: u64,
+    /// Host bytes when they are held in a file instead (band and group buffers).
+    pub spill_bytes: u64,
+    /// The tail stage's weights (as f32) and arena.
+    pub tail_need: u64,
 }
 
-/// The halo, sync steps and held bytes of an exact decode of a `lw × lh` latent in windows of
-/// `tw × th` latent pixels (computed on the tail's graph, no weights read).
+/// The facts of an exact decode of a `lw × lh` latent in windows of `tw × th` latent pixels
+/// (computed on the tail's graph, no weights read).
 pub fn exact_facts(cfg: &VaeConfig, lw: u32, lh: u32, tw: u32, th: u32) -> Result<ExactFacts> {
     let g = build_vae_decoder_tail(cfg, th as usize, tw as usize)?;
     let st = skeleton_stage(&g, StageKind::VaeDecoderTail, DType::F32)?;
-    facts_of(&st, lw, lh, tw, th)
+    let mut f = facts_of(&st, lw, lh, tw, th)?;
+    f.tail_need = weights_of(&g) + st.arena_size;
+    Ok(f)
 }
 
 fn facts_of(st: &Stage, lw: u32, lh: u32, tw: u32, th: u32) -> Result<ExactFacts> {
@@ -42,20 +49,20 @@ fn facts_of(st: &Stage, lw: u32, lh: u32, tw: u32, th: u32) -> Result<ExactFacts
         .collect();
     let schedule = tiles::sync_schedule(st, &sync_steps);
     let internal = |what: &str| PlanError::Internal(format!("exact VAE tiles: {what}"));
-    let halo = tiles::required_halo(st, &schedule, th as usize, tw as usize)
+    let win = (th as usize, tw as usize);
+    let (lh, lw) = (lh as usize, lw as usize);
+    let halo = tiles::required_halo(st, &schedule, win.0, win.1)
         .ok_or_else(|| internal("the decoder tail holds a non-local operation"))?;
-    let held_bytes = tiles::peak_held_bytes(
-        st,
-        &schedule,
-        (th as usize, tw as usize),
-        lh as usize,
-        lw as usize,
-    )
-    .ok_or_else(|| internal("held tensors overflow"))?;
+    let held_bytes = tiles::peak_held_bytes(st, &schedule, win, lh, lw)
+        .ok_or_else(|| internal("held tensors overflow"))?;
+    let spill_bytes = tiles::spill_buffer_bytes(st, &schedule, &sync_steps, win, lh, lw)
+        .ok_or_else(|| internal("spill buffers overflow"))?;
     Ok(ExactFacts {
         halo: halo as u32,
         sync_steps,
         held_bytes,
+        spill_bytes,
+        tail_need: 0,
     })
 }
 
@@ -77,23 +84,28 @@ fn tighten(len: u32, win: u32, halo: u32) -> u32 {
         .clamp(2 * halo + 1, win)
 }
 
-/// Bytes a decoder graph needs resident, weights counted as f32 (conservative).
-fn need_of(g: &Graph) -> Result<u64> {
-    let weights: u64 = g
-        .values
+/// Bytes of a graph's weights, counted as f32 (conservative).
+fn weights_of(g: &Graph) -> u64 {
+    g.values
         .iter()
         .filter(|v| matches!(v.source, edge_graph::Source::Weight(_)))
         .map(|v| v.shape.iter().product::<u64>() * 4)
-        .sum();
-    Ok(weights + crate::lower::arena_estimate(g, DType::F32)?)
+        .sum()
+}
+
+/// Bytes a decoder graph needs resident: weights as f32 and its arena.
+fn need_of(g: &Graph) -> Result<u64> {
+    Ok(weights_of(g) + crate::lower::arena_estimate(g, DType::F32)?)
 }
 
 /// The VAE tiling for a `w × h` image: the explicit request, else (under a budget) the largest
-/// tile that fits when the whole-image decoder does not, else none. In exact mode the tile is
-/// the window (core plus halo, shrunk to the smallest window giving the same number of
-/// windows) and what is held between GroupNorms counts against the budget;
-/// when even the smallest exact window does not fit, the tiles are blended and
-/// `notes` says so. The returned tiling's stage indices are left 0.
+/// tile that fits when the whole-image decoder does not, else none.
+///
+/// In exact mode the tile is the window (core plus halo, shrunk to the smallest window giving
+/// the same number of windows). The activations held between GroupNorms stay in memory when
+/// they fit the budget with the head or tail stage (or `--vae-tile-hold memory`), else in a
+/// file, whose band and group buffers then count instead; when not even that fits, the tiles
+/// are blended and `notes` says so. The returned tiling's stage indices are left 0.
 pub fn plan_tiling(
     cfg: &VaeConfig,
     w: u32,
@@ -104,76 +116,107 @@ pub fn plan_tiling(
     notes: &mut Vec<String>,
 ) -> Result<Option<VaeTiling>> {
     let (lw, lh) = (w / ds, h / ds);
-    let exact = |t: VaeTiling| -> Result<VaeTiling> {
-        let halo = exact_facts(cfg, lw, lh, t.tile_latent_w, t.tile_latent_h)?.halo;
-        let t = VaeTiling {
-            tile_latent_w: tighten(lw, t.tile_latent_w, halo),
-            tile_latent_h: tighten(lh, t.tile_latent_h, halo),
-            ..t
-        };
-        let f = exact_facts(cfg, lw, lh, t.tile_latent_w, t.tile_latent_h)?;
-        Ok(VaeTiling {
-            overlap_latent_w: 0,
-            overlap_latent_h: 0,
-            sync: Some(GroupNormSync {
-                head_stage: 0,
-                halo_latent: f.halo,
-                sync_steps: f.sync_steps,
-            }),
-            ..t
-        })
-    };
-    if let Some(t) = crate::tiling::explicit_tiling(w, h, ds, req)? {
-        if req.mode == TileMode::Blend {
-            return Ok(Some(t));
-        }
-        if t.tile_latent_w == lw && t.tile_latent_h == lh {
-            return Ok(None);
-        }
-        let halo = exact_facts(cfg, lw, lh, t.tile_latent_w, t.tile_latent_h)?.halo;
-        if !window_ok(lw, t.tile_latent_w, halo) || !window_ok(lh, t.tile_latent_h, halo) {
-            return Err(PlanError::Invalid(format!(
-                "--vae-tile-size: an exact tile of {}x{} image pixels leaves no core inside a halo of {halo} latent pixels ({} image pixels) on each side; use at least {} image pixels, or --vae-tile-mode blend",
-                t.tile_latent_w * ds,
-                t.tile_latent_h * ds,
-                halo * ds,
-                (2 * halo + 1) * ds
-            )));
-        }
-        return exact(t).map(Some);
+    let explicit = crate::tiling::explicit_tiling(w, h, ds, req)?;
+    if req.mode == TileMode::Blend && explicit.is_some() {
+        return Ok(explicit);
     }
-    let Some(limit) = budget_left else {
-        return Ok(None);
-    };
-    let overlap =
-        crate::tiling::validate_overlap(req.overlap.unwrap_or(crate::tiling::DEFAULT_OVERLAP))?;
     let blend_need = |tw: u32, th: u32| -> Result<u64> {
         need_of(&build_vae_decoder(cfg, th as usize, tw as usize)?)
     };
-    if blend_need(lw, lh)? <= limit {
-        return Ok(None);
+    if explicit.is_none() {
+        match budget_left {
+            None => return Ok(None),
+            Some(l) if blend_need(lw, lh)? <= l => return Ok(None),
+            Some(_) => {}
+        }
     }
     if req.mode == TileMode::Exact {
-        let head = need_of(&build_vae_decoder_head(cfg, lh as usize, lw as usize)?)?;
-        // Held bytes do not depend on the window (they are whole-image tensors).
+        // Halo, sync steps and held bytes do not depend on the window.
         let probe = exact_facts(cfg, lw, lh, lw.min(64), lh.min(64))?;
-        let need = |tw: u32, th: u32| -> Result<u64> {
-            let tail = need_of(&build_vae_decoder_tail(cfg, th as usize, tw as usize)?)?;
-            Ok(head.max(tail) + probe.held_bytes)
+        let head = need_of(&build_vae_decoder_head(cfg, lh as usize, lw as usize)?)?;
+        let halo = probe.halo;
+        let need = |tw: u32, th: u32, held: HeldIn| -> Result<u64> {
+            let f = exact_facts(cfg, lw, lh, tw, th)?;
+            Ok(head.max(f.tail_need)
+                + match held {
+                    HeldIn::Memory => f.held_bytes,
+                    HeldIn::File => f.spill_bytes,
+                })
         };
-        let fits = |tw: u32, th: u32| -> Result<bool> {
-            Ok(window_ok(lw, tw, probe.halo)
-                && window_ok(lh, th, probe.halo)
-                && need(tw, th)? <= limit)
+        let fits = |held: HeldIn| {
+            move |tw: u32, th: u32| -> Result<bool> {
+                if !window_ok(lw, tw, halo) || !window_ok(lh, th, halo) {
+                    return Ok(false);
+                }
+                Ok(match budget_left {
+                    None => true,
+                    Some(l) => need(tw, th, held)? <= l,
+                })
+            }
         };
-        if let Some(t) = crate::tiling::largest_fitting(lw, lh, 0.0, fits)? {
-            return exact(t).map(Some);
+        let holds: &[HeldIn] = match req.hold {
+            TileHold::Memory => &[HeldIn::Memory],
+            TileHold::File => &[HeldIn::File],
+            TileHold::Auto => &[HeldIn::Memory, HeldIn::File],
+        };
+        let mut chosen = None;
+        if let Some(t) = &explicit {
+            let (tw, th) = (t.tile_latent_w, t.tile_latent_h);
+            if tw == lw && th == lh {
+                return Ok(None);
+            }
+            if !window_ok(lw, tw, halo) || !window_ok(lh, th, halo) {
+                return Err(PlanError::Invalid(format!(
+                    "--vae-tile-size: an exact tile of {}x{} image pixels leaves no core inside a halo of {halo} latent pixels ({} image pixels) on each side; use at least {} image pixels, or --vae-tile-mode blend",
+                    tw * ds,
+                    th * ds,
+                    halo * ds,
+                    (2 * halo + 1) * ds
+                )));
+            }
+            // An explicit window is kept; the budget only decides where the held tensors go.
+            let mut held = holds[holds.len() - 1];
+            for &hd in holds {
+                if fits(hd)(tw, th)? {
+                    held = hd;
+                    break;
+                }
+            }
+            chosen = Some((tw, th, held));
+        } else {
+            for &held in holds {
+                if let Some(t) = crate::tiling::largest_fitting(lw, lh, 0.0, fits(held))? {
+                    chosen = Some((t.tile_latent_w, t.tile_latent_h, held));
+                    break;
+                }
+            }
+        }
+        if let Some((tw, th, held)) = chosen {
+            let (tw, th) = (tighten(lw, tw, halo), tighten(lh, th, halo));
+            return Ok(Some(VaeTiling {
+                stage: 0,
+                tile_latent_w: tw,
+                tile_latent_h: th,
+                overlap_latent_w: 0,
+                overlap_latent_h: 0,
+                sync: Some(GroupNormSync {
+                    head_stage: 0,
+                    halo_latent: halo,
+                    sync_steps: probe.sync_steps,
+                    held,
+                }),
+            }));
         }
         notes.push(format!(
-            "size {w}x{h}: exact VAE tiles hold {} bytes of activations between GroupNorms, more than the budget leaves; the tiles are decoded alone and blended (colours can shift)",
+            "size {w}x{h}: exact VAE tiles do not fit the budget even with their {} bytes of activations held in a file; the tiles are decoded alone and blended (colours can shift)",
             probe.held_bytes
         ));
     }
+    let Some(limit) = budget_left else {
+        return Ok(explicit);
+    };
+    let overlap =
+        crate::tiling::validate_overlap(req.overlap.unwrap_or(crate::tiling::DEFAULT_OVERLAP))?;
     match crate::tiling::largest_fitting(lw, lh, overlap, |tw, th| {
         Ok(blend_need(tw, th)? <= limit)
     })? {
@@ -227,6 +270,7 @@ pub fn lower_decoder(
             th * ds,
         )?;
         let f = facts_of(&stages[tail as usize], lw as u32, lh as u32, tw, th)?;
+        // (halo and sync steps are the same for every window: checked on the lowered stage.)
         if f.sync_steps != sync.sync_steps || f.halo != sync.halo_latent {
             return Err(PlanError::Internal(
                 "the lowered decoder tail does not match its plan".into(),

@@ -48,19 +48,17 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
         let ds = meta.vae.downscale;
         match &t.sync {
             Some(sync) => {
-                let tail = &meta.stages[t.stage as usize];
-                let schedule = edge_schema::tiles::sync_schedule(tail, &sync.sync_steps);
-                let held = edge_schema::tiles::peak_held_bytes(
-                    tail,
-                    &schedule,
-                    (t.tile_latent_h as usize, t.tile_latent_w as usize),
-                    (z.height / ds.max(1)) as usize,
-                    (z.width / ds.max(1)) as usize,
-                )
-                .unwrap_or(0);
+                let held = edge_schema::tiles::held_bytes(meta, z);
+                let place = match sync.held {
+                    edge_schema::plan::HeldIn::Memory => "in memory".to_string(),
+                    edge_schema::plan::HeldIn::File => format!(
+                        "in a spill file on the device ({} bytes of buffers in memory)",
+                        edge_schema::tiles::host_bytes(meta, z)
+                    ),
+                };
                 let _ = writeln!(
                     s,
-                    "  {}x{}: VAE decoded in exact tiles: windows of {}x{} latent pixels ({}x{} image pixels) with a halo of {} latent pixels, {} GroupNorms normalised with the whole image's statistics, {held} bytes held between them (mode exact: the whole-image decode's values)",
+                    "  {}x{}: VAE decoded in exact tiles: windows of {}x{} latent pixels ({}x{} image pixels) with a halo of {} latent pixels, {} GroupNorms normalised with the whole image's statistics, {held} bytes held between them {place} (mode exact: the whole-image decode's values)",
                     z.width,
                     z.height,
                     t.tile_latent_w,

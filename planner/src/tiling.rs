@@ -52,11 +52,39 @@ impl TileMode {
     }
 }
 
+/// Where exact tiles hold the activations between GroupNorms (`--vae-tile-hold`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TileHold {
+    /// Memory when the held tensors fit the budget (or there is none), else a file.
+    #[default]
+    Auto,
+    /// Host memory.
+    Memory,
+    /// A temporary file on the device, read back a band of rows at a time.
+    File,
+}
+
+impl std::str::FromStr for TileHold {
+    type Err = PlanError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(TileHold::Auto),
+            "memory" => Ok(TileHold::Memory),
+            "file" => Ok(TileHold::File),
+            other => Err(PlanError::Invalid(format!(
+                "--vae-tile-hold `{other}`: expected auto, memory or file"
+            ))),
+        }
+    }
+}
+
 /// What the user asked for.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TileRequest {
     /// `--vae-tile-mode`.
     pub mode: TileMode,
+    /// `--vae-tile-hold`.
+    pub hold: TileHold,
     /// `--vae-tile-size WxH` (or one number): tile size in image pixels.
     pub size: Option<(u32, u32)>,
     /// `--vae-relative-tile-size X[xY]`: ≤ 1 a fraction of each axis, > 1 a tile count.
@@ -214,6 +242,7 @@ mod tests {
     fn explicit_sizes_are_validated() {
         let r = |size, relative, overlap| TileRequest {
             mode: TileMode::Blend,
+            hold: TileHold::Auto,
             size,
             relative,
             overlap,

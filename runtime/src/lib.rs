@@ -8,6 +8,7 @@
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod error;
+mod held;
 pub mod image;
 pub mod pipeline;
 pub mod plan;

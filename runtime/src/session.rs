@@ -29,6 +29,7 @@ pub struct Session<'p> {
     kernels: KernelTable,
     streamer: crate::stream::Streamer,
     profile: Option<crate::profile::Profile>,
+    spill_dir: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Session<'_> {
@@ -179,6 +180,7 @@ impl<'p> Session<'p> {
             kernels,
             streamer: crate::stream::Streamer::new(plan.meta(), plan.meta().budget, needed),
             profile: None,
+            spill_dir: None,
         })
     }
 
@@ -282,6 +284,17 @@ impl<'p> Session<'p> {
             out.copy_from_slice(src);
         }
         Ok(())
+    }
+
+    /// Sets the folder where exact tiled VAE decodes whose plan holds activations in a file
+    /// create their (unlinked) spill file; the default is the system's temporary folder.
+    pub fn set_spill_dir(&mut self, dir: std::path::PathBuf) {
+        self.spill_dir = Some(dir);
+    }
+
+    /// The folder for spill files ([`Session::set_spill_dir`], else `std::env::temp_dir()`).
+    pub fn spill_dir(&self) -> std::path::PathBuf {
+        self.spill_dir.clone().unwrap_or_else(std::env::temp_dir)
     }
 
     /// The kernel table this session calls.

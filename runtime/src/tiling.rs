@@ -18,10 +18,11 @@
 //! the blending hides seams (as in stable-diffusion.cpp's `sd_tiling` and diffusers'
 //! `AutoencoderKL.tiled_decode`).
 
-use edge_schema::plan::{GroupNormSync, StageKind, VaeTiling};
+use edge_schema::plan::{GroupNormSync, HeldIn, StageKind, VaeTiling};
 use edge_schema::tiles::{self, AxisWindow};
 
 use crate::error::{Error, Result};
+use crate::held::{Dims, Held};
 use crate::session::{Session, StageInput};
 
 /// What an exact tiled decode did, for `edgerun -v`.
@@ -33,75 +34,11 @@ pub struct ExactReport {
     pub intervals: usize,
     /// The most bytes of whole-image activations held at once.
     pub held_bytes: u64,
+    /// Whether they were held in a spill file rather than in memory.
+    pub in_file: bool,
     /// Pixels the windows cover divided by the image's pixels (the work beside the
     /// whole-image decode, from the halos).
     pub work_factor: f64,
-}
-
-/// The most bytes an exact decode of `size` holds between GroupNorms (0 for other decodes).
-pub fn held_bytes(meta: &edge_schema::plan::PlanMeta, size: &edge_schema::plan::ImageSize) -> u64 {
-    let Some(t) = &size.decoder_tiling else {
-        return 0;
-    };
-    let Some(sync) = &t.sync else { return 0 };
-    let ds = meta.vae.downscale.max(1) as usize;
-    let tail = &meta.stages[t.stage as usize];
-    let schedule = tiles::sync_schedule(tail, &sync.sync_steps);
-    tiles::peak_held_bytes(
-        tail,
-        &schedule,
-        (t.tile_latent_h as usize, t.tile_latent_w as usize),
-        size.height as usize / ds,
-        size.width as usize / ds,
-    )
-    .unwrap_or(0)
-}
-
-/// Copies the window at `(y0, x0)` of size `wh × ww` from `whole` `[c, hh, hw]` into `win`
-/// `[c, wh, ww]` (all in the value's own pixels).
-#[allow(clippy::too_many_arguments)]
-fn crop(
-    whole: &[f32],
-    c: usize,
-    hh: usize,
-    hw: usize,
-    y0: usize,
-    x0: usize,
-    wh: usize,
-    ww: usize,
-    win: &mut [f32],
-) {
-    for ch in 0..c {
-        for y in 0..wh {
-            let src = (ch * hh + y0 + y) * hw + x0;
-            let dst = (ch * wh + y) * ww;
-            win[dst..dst + ww].copy_from_slice(&whole[src..src + ww]);
-        }
-    }
-}
-
-/// Copies the core `[cy, cy+ch) × [cx, cx+cw)` of `win` `[c, wh, ww]` (window coordinates) to
-/// `(y0 + cy, x0 + cx)` of `whole` `[c, hh, hw]`.
-#[allow(clippy::too_many_arguments)]
-fn paste(
-    win: &[f32],
-    c: usize,
-    wh: usize,
-    ww: usize,
-    core: [usize; 4],
-    whole: &mut [f32],
-    hh: usize,
-    hw: usize,
-    origin: (usize, usize),
-) {
-    let [cy, ch, cx, cw] = core;
-    for k in 0..c {
-        for y in cy..cy + ch {
-            let src = (k * wh + y) * ww + cx;
-            let dst = (k * hh + origin.0 + y) * hw + origin.1 + cx;
-            whole[dst..dst + cw].copy_from_slice(&win[src..src + cw]);
-        }
-    }
 }
 
 /// Decodes `latents` `[c, latent_h, latent_w]` into `image` `[3, H, W]` exactly: the head
@@ -150,7 +87,16 @@ pub fn decode_exact(
             .ok_or_else(|| bad(format!("value {id} is not a window")))?;
         Ok((tail.values[id as usize].shape[0] as usize, f))
     };
-    let mut held: Vec<Option<Vec<f32>>> = vec![None; tail.values.len()];
+    let spill_dir = match sync.held {
+        HeldIn::Memory => None,
+        HeldIn::File => Some(session.spill_dir()),
+    };
+    let mut held = Held::new(tail.values.len(), spill_dir.as_deref())?;
+    let whole = |c: usize, f: usize| Dims {
+        c,
+        h: lh * f,
+        w: lw * f,
+    };
     let hidden_id = tail.inputs[0];
     let (hc, _) = geo(hidden_id)?;
     let mut hidden = vec![0f32; hc * lh * lw];
@@ -159,11 +105,12 @@ pub fn decode_exact(
         &[StageInput::F32(latents)],
         &mut [&mut hidden],
     )?;
-    held[hidden_id as usize] = Some(hidden);
+    held.put(hidden_id, whole(hc, 1), hidden)?;
     let report = ExactReport {
         windows: ys.len() * xs.len(),
         intervals: schedule.intervals.len(),
         held_bytes: tiles::peak_held_bytes(tail, &schedule, (th, tw), lh, lw).unwrap_or(0),
+        in_file: sync.held == HeldIn::File,
         work_factor: (ys.len() * th * xs.len() * tw) as f64 / (lh * lw) as f64,
     };
     let kernels = *session.kernels();
@@ -173,70 +120,47 @@ pub fn decode_exact(
             Some((edge_schema::op::Op::GroupNorm { groups, eps }, Some(&x)))
                 if sync.sync_steps.contains(&(iv.first as u32)) =>
             {
-                let (c, f) = geo(x)?;
-                let whole = held[x as usize]
-                    .as_deref()
-                    .ok_or_else(|| bad(format!("GroupNorm input {x} is not held")))?;
-                let g = *groups as usize;
-                let mut st = vec![edge_kernels::GroupStats::default(); g];
-                (kernels.group_norm_stats.run)(whole, c, lh * f * lw * f, g, *eps, &mut st);
+                let mut st = vec![edge_kernels::GroupStats::default(); *groups as usize];
+                held.stats(x, &kernels, *groups as usize, *eps, &mut st)?;
                 Some(st)
             }
             _ => None,
         };
         for &v in &iv.save {
             let (c, f) = geo(v)?;
-            held[v as usize] = Some(vec![0f32; c * lh * f * lw * f]);
+            held.alloc(v, whole(c, f))?;
         }
         for wy in &ys {
             for wx in &xs {
                 for &v in &iv.restore {
-                    let (c, f) = geo(v)?;
-                    let whole = held[v as usize]
-                        .as_deref()
-                        .ok_or_else(|| bad(format!("value {v} is not held")))?;
+                    let (_, f) = geo(v)?;
                     let win = session.value_mut(t.stage, v)?;
-                    crop(
-                        whole,
-                        c,
-                        lh * f,
-                        lw * f,
-                        wy.win_start * f,
-                        wx.win_start * f,
-                        th * f,
-                        tw * f,
+                    held.crop(
+                        v,
+                        (wy.win_start * f, wx.win_start * f),
+                        (th * f, tw * f),
                         win,
-                    );
+                    )?;
                 }
                 session.run_steps(t.stage, iv.first, iv.end, stats.as_deref())?;
                 for &v in &iv.save {
-                    let (c, f) = geo(v)?;
-                    let core = core_of(wy, wx, f);
+                    let (_, f) = geo(v)?;
                     let win = session.value(t.stage, v)?;
-                    let whole = held[v as usize]
-                        .as_deref_mut()
-                        .ok_or_else(|| bad(format!("value {v} is not held")))?;
-                    paste(
+                    held.paste(
+                        v,
                         win,
-                        c,
-                        th * f,
-                        tw * f,
-                        core,
-                        whole,
-                        lh * f,
-                        lw * f,
+                        (th * f, tw * f),
+                        core_of(wy, wx, f),
                         (wy.win_start * f, wx.win_start * f),
-                    );
+                    )?;
                 }
             }
         }
         for &v in &iv.release {
-            held[v as usize] = None;
+            held.release(v);
         }
     }
-    let out = held[tail.outputs[0] as usize]
-        .take()
-        .ok_or_else(|| bad("the image was not produced".into()))?;
+    let out = held.take(tail.outputs[0])?;
     if out.len() != image.len() {
         return Err(bad(format!(
             "{} image values for {}",

@@ -137,6 +137,18 @@ pub struct GroupNormSync {
     pub halo_latent: u32,
     /// The tail stage's GroupNorm steps, ascending: all of them.
     pub sync_steps: Vec<u32>,
+    /// Where the whole-image activations between GroupNorms are held.
+    pub held: HeldIn,
+}
+
+/// Where an exact tiled decode holds the activations that cross its GroupNorms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum HeldIn {
+    /// Host memory ([`crate::tiles::peak_held_bytes`] of them).
+    Memory,
+    /// A temporary file, read and written a band of rows at a time: the process holds only
+    /// [`crate::tiles::spill_buffer_bytes`]; the file's pages are the kernel's page cache.
+    File,
 }
 
 /// What a stage computes; fixes the meaning of its inputs and outputs.

@@ -3,7 +3,7 @@
 //! verifier (to check a plan) and the runtime (to run it) all call.
 //!
 //! The decoder's tail (the up blocks and the output head, stage kind
-//! [`StageKind::VaeDecoderTail`]) holds only local operations and GroupNorms. Its steps are
+//! [`crate::plan::StageKind::VaeDecoderTail`]) holds only local operations and GroupNorms. Its steps are
 //! split at every GroupNorm (the **sync steps**) into intervals. Every activation that crosses
 //! an interval boundary is **held** as a whole-image tensor. An interval runs window by window:
 //! each window's inputs are cut from the held tensors (the window's core plus a **halo** of
@@ -21,7 +21,7 @@
 //! between are their cores widened by the halo on both sides.
 
 use crate::op::Op;
-use crate::plan::{Stage, StageKind, Storage};
+use crate::plan::{HeldIn, ImageSize, PlanMeta, Stage, Storage};
 use crate::DType;
 
 /// One window along an axis, in latent pixels.
@@ -283,9 +283,82 @@ pub fn required_halo(
     Some(halo)
 }
 
-/// Whether `kind` is the window stage of a synced decode.
-pub fn is_tail(kind: StageKind) -> bool {
-    kind == StageKind::VaeDecoderTail
+/// Host bytes a [`crate::plan::HeldIn::File`] decode needs instead of the held tensors: a band
+/// of one channel's rows across the whole width for the tallest window of any held value plus
+/// one GroupNorm group of the largest GroupNorm input (statistics are computed a group at a
+/// time, each group's values being contiguous), or the stage input before it is written, if
+/// larger.
+pub fn spill_buffer_bytes(
+    stage: &Stage,
+    schedule: &SyncSchedule,
+    sync_steps: &[u32],
+    win: (usize, usize),
+    latent_h: usize,
+    latent_w: usize,
+) -> Option<u64> {
+    let mut band = 0u64;
+    for iv in &schedule.intervals {
+        for &v in iv.restore.iter().chain(&iv.save) {
+            let f = spatial_factor(stage, v, win.0, win.1)? as u64;
+            band = band.max((win.0 as u64 * f).checked_mul(latent_w as u64 * f)?);
+        }
+    }
+    let mut group = 0u64;
+    for &s in sync_steps {
+        let step = stage.steps.get(s as usize)?;
+        let Op::GroupNorm { groups, .. } = step.op else {
+            return None;
+        };
+        let bytes = held_bytes_of(stage, *step.inputs.first()?, win, latent_h, latent_w)?;
+        group = group.max(bytes / 4 / u64::from(groups.max(1)));
+    }
+    // The stage input (the head's output) is in memory before it is written to the file.
+    let mut input = 0u64;
+    for &v in &stage.inputs {
+        input = input.max(held_bytes_of(stage, v, win, latent_h, latent_w)? / 4);
+    }
+    band.checked_add(group)?.max(input).checked_mul(4)
+}
+
+/// What an exact decode of `size` holds on the host: the held tensors in
+/// [`crate::plan::HeldIn::Memory`] mode, the spill buffers in `File` mode; 0 for other
+/// decodes or a plan whose tiling does not verify.
+pub fn host_bytes(meta: &PlanMeta, size: &ImageSize) -> u64 {
+    let Some(t) = &size.decoder_tiling else {
+        return 0;
+    };
+    let Some(sync) = &t.sync else { return 0 };
+    let Some(tail) = meta.stages.get(t.stage as usize) else {
+        return 0;
+    };
+    let ds = meta.vae.downscale.max(1) as usize;
+    let schedule = sync_schedule(tail, &sync.sync_steps);
+    let win = (t.tile_latent_h as usize, t.tile_latent_w as usize);
+    let (lh, lw) = (size.height as usize / ds, size.width as usize / ds);
+    match sync.held {
+        HeldIn::Memory => peak_held_bytes(tail, &schedule, win, lh, lw),
+        HeldIn::File => spill_buffer_bytes(tail, &schedule, &sync.sync_steps, win, lh, lw),
+    }
+    .unwrap_or(0)
+}
+
+/// [`peak_held_bytes`] of `size`'s exact decode, wherever it holds them (0 for other decodes).
+pub fn held_bytes(meta: &PlanMeta, size: &ImageSize) -> u64 {
+    let Some(t) = &size.decoder_tiling else {
+        return 0;
+    };
+    let (Some(sync), Some(tail)) = (&t.sync, meta.stages.get(t.stage as usize)) else {
+        return 0;
+    };
+    let ds = meta.vae.downscale.max(1) as usize;
+    peak_held_bytes(
+        tail,
+        &sync_schedule(tail, &sync.sync_steps),
+        (t.tile_latent_h as usize, t.tile_latent_w as usize),
+        size.height as usize / ds,
+        size.width as usize / ds,
+    )
+    .unwrap_or(0)
 }
 
 #[cfg(test)]

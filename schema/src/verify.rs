@@ -299,6 +299,9 @@ fn verify_sync(
         ));
     }
     tiles::peak_held_bytes(tail, &schedule, (th, tw), lh, lw)
+        .and_then(|_| {
+            tiles::spill_buffer_bytes(tail, &schedule, &sync.sync_steps, (th, tw), lh, lw)
+        })
         .ok_or_else(|| invalid("held tensors overflow".into()))?;
     Ok(())
 }

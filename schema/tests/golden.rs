@@ -122,6 +122,7 @@ fn meta() -> PlanMeta {
                         head_stage: 2,
                         halo_latent: 2,
                         sync_steps: vec![0, 3, 300],
+                        held: HeldIn::File,
                     }),
                 }),
             },
@@ -239,5 +240,5 @@ fn header_layout_is_frozen() {
     assert_eq!(&b[224..256], &[0x44; 32]);
 }
 
-const GOLDEN_LEN: usize = 350;
-const GOLDEN_DIGEST: &str = "23f78aa8b76b210587713a374b8e469d3c4b22b5c2a64ba8d7d95c2415b1e144";
+const GOLDEN_LEN: usize = 351;
+const GOLDEN_DIGEST: &str = "926d50359ccfde2f1049a5ffd332b2be5b819e71faa8e4b066a5b38b1bb853b2";

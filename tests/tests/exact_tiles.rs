@@ -1,11 +1,12 @@
 //! Exact tiled VAE decoding (GroupNorm statistics of the whole image, see
 //! `edge_schema::tiles`): from the same latents, the tiled decode equals the whole-image
 //! decode bit for bit, on the fixtures' references and on the demo model, for square and
-//! non-square images, several window sizes, and windows that hold only background; the
-//! blended tiles of before do not (their difference is printed for the record).
+//! non-square images, several window sizes, and windows that hold only background, with the
+//! activations between GroupNorms held in memory or in a spill file; the blended tiles of
+//! before do not (their difference is printed for the record).
 
 use edge_e2e::*;
-use edge_planner::tiling::{TileMode, TileRequest};
+use edge_planner::tiling::{TileHold, TileMode, TileRequest};
 use edge_planner::CompileOptions;
 use edge_runtime::sampler::SamplingMethod;
 use edge_runtime::{GenerateParams, Plan, Session};
@@ -26,6 +27,14 @@ fn tiles(mode: TileMode, w: u32, h: u32) -> TileRequest {
         mode,
         size: Some((w, h)),
         ..Default::default()
+    }
+}
+
+/// Exact tiles whose held activations live in a spill file.
+fn spilled(w: u32, h: u32) -> TileRequest {
+    TileRequest {
+        hold: TileHold::File,
+        ..tiles(TileMode::Exact, w, h)
     }
 }
 
@@ -78,11 +87,22 @@ fn fixture_exact_tiles_equal_the_whole_decode() {
                 sync.halo_latent, 2,
                 "{model}: 1.5 latent pixels of context, rounded up"
             );
+            assert_eq!(sync.held, edge_schema::plan::HeldIn::Memory);
             let img = decode(&p, lat);
             assert!(
                 same_bits(&img, &whole),
                 "{model} {w}x{h} in {tw}x{th} exact tiles: max |diff| {}",
                 max_abs_diff(&img, &whole)
+            );
+            let p = plan(&m, w, h, spilled(tw, th));
+            let held = p.meta().sizes[0]
+                .decoder_tiling
+                .as_ref()
+                .and_then(|t| t.sync.as_ref());
+            assert_eq!(held.map(|s| s.held), Some(edge_schema::plan::HeldIn::File));
+            assert!(
+                same_bits(&decode(&p, lat), &whole),
+                "{model} {w}x{h} in {tw}x{th} exact tiles held in a file differ"
             );
         }
     }
@@ -130,6 +150,11 @@ fn demo_exact_tiles_equal_the_whole_decode_and_blended_tiles_do_not() {
             assert!(
                 same_bits(&exact, &whole),
                 "{w}x{h} in {tw}x{th} exact tiles differ"
+            );
+            let exact = decode(&plan(&m, w, h, spilled(tw, th)), &lat);
+            assert!(
+                same_bits(&exact, &whole),
+                "{w}x{h} in {tw}x{th} exact tiles held in a file differ"
             );
             let blend = decode(&plan(&m, w, h, tiles(TileMode::Blend, tw, th)), &lat);
             let (mean, max, within) = levels(&blend, &whole, w as usize, h as usize);

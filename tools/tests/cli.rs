@@ -1142,3 +1142,88 @@ fn budget_forced_exact_tiles_stay_within_the_predicted_peak_and_match_the_whole_
     };
     assert!(pixels(&a) == pixels(&b), "exact tiles changed the image");
 }
+
+/// A budget too small for the held activations in memory makes `edgeplan` hold them in a spill
+/// file: peak RSS stays within the prediction (and below the untiled plan's), the image is the
+/// untiled plan's, the spill folder is left empty; a spill folder that does not exist is a
+/// one-line error naming it, with no image written.
+#[test]
+fn budget_forced_spilled_exact_tiles_stay_within_the_prediction() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = demo_model();
+    let (tiled, whole) = (dir.path().join("tiled.plan"), dir.path().join("whole.plan"));
+    let base = ["compile", s(&model), "-W", "256", "-H", "256"];
+    let out = run(
+        EDGEPLAN,
+        &[&base[..], &["--max-ram", "150M", "-o", s(&tiled)]].concat(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(run(EDGEPLAN, &[&base[..], &["-o", s(&whole)]].concat())
+        .status
+        .success());
+    let text = String::from_utf8_lossy(&run(EDGEPLAN, &["inspect", s(&tiled)]).stdout).to_string();
+    assert!(
+        text.contains("exact tiles") && text.contains("spill file"),
+        "{text}"
+    );
+    let spill = dir.path().join("spill");
+    std::fs::create_dir(&spill).unwrap();
+    let size = ["-W", "256", "-H", "256", "-s", "3"];
+    let (a, b) = (dir.path().join("a.png"), dir.path().join("b.png"));
+    let run_a = generate(
+        &tiled,
+        &a,
+        &[&size[..], &["-v", "--spill-dir", s(&spill)]].concat(),
+    );
+    let err = String::from_utf8_lossy(&run_a.stderr);
+    assert!(run_a.status.success(), "{err}");
+    assert!(err.contains("in a spill file"), "{err}");
+    let (peak, predicted) = (
+        kib_after(&err, "peak RSS (VmHWM)"),
+        kib_after(&err, "predicted peak"),
+    );
+    assert!(
+        peak <= predicted,
+        "peak {peak} KiB above the predicted {predicted} KiB"
+    );
+    assert_eq!(
+        entries(&spill),
+        Vec::<String>::new(),
+        "spill file left behind"
+    );
+    let run_b = generate(&whole, &b, &[&size[..], &["-v"]].concat());
+    let whole_peak = kib_after(&String::from_utf8_lossy(&run_b.stderr), "peak RSS (VmHWM)");
+    assert!(
+        peak < whole_peak,
+        "spilled {peak} KiB, untiled {whole_peak} KiB"
+    );
+    let pixels = |p: &Path| {
+        let dec = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(p).unwrap()));
+        let mut r = dec.read_info().unwrap();
+        let mut buf = vec![0; r.output_buffer_size().unwrap()];
+        r.next_frame(&mut buf).unwrap();
+        buf
+    };
+    assert!(
+        pixels(&a) == pixels(&b),
+        "spilled exact tiles changed the image"
+    );
+    let c = dir.path().join("c.png");
+    let missing = dir.path().join("no-such-folder");
+    let bad = generate(
+        &tiled,
+        &c,
+        &[&size[..], &["--spill-dir", s(&missing)]].concat(),
+    );
+    let msg = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success(), "{msg}");
+    assert!(
+        msg.contains("no-such-folder") && msg.contains("--spill-dir"),
+        "{msg}"
+    );
+    assert!(!c.exists(), "an image was written after the decode failed");
+}

@@ -120,11 +120,7 @@ pub fn group_norm(
     bias: &[f32],
     out: &mut [f32],
 ) {
-    crate::contract::group_norm(x, c, hw, groups, weight, bias, out);
-    with_group_stats(groups, |stats| {
-        group_norm_stats(x, c, hw, groups, eps, stats);
-        group_norm_apply(x, c, hw, groups, stats, weight, bias, out);
-    });
+    crate::generic().group_norm(x, c, hw, groups, eps, weight, bias, out);
 }
 
 /// Groups whose statistics fit on the stack in [`with_group_stats`].
@@ -132,7 +128,7 @@ const STACK_GROUPS: usize = 256;
 
 /// Calls `f` with a zeroed `[groups]` statistics buffer (on the stack up to 256 groups, so a
 /// GroupNorm step allocates nothing).
-pub fn with_group_stats<R>(groups: usize, f: impl FnOnce(&mut [GroupStats]) -> R) -> R {
+pub(crate) fn with_group_stats<R>(groups: usize, f: impl FnOnce(&mut [GroupStats]) -> R) -> R {
     if groups <= STACK_GROUPS {
         let mut buf = [GroupStats::default(); STACK_GROUPS];
         f(&mut buf[..groups])

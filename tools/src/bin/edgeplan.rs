@@ -187,6 +187,10 @@ struct CompileArgs {
     /// overlaps blended, as stable-diffusion.cpp; less memory, colours can shift).
     #[arg(long = "vae-tile-mode", default_value = "exact")]
     vae_tile_mode: String,
+    /// Where exact tiles hold the activations between GroupNorms on the device: auto (memory
+    /// when they fit the budget, else a temporary file), memory, or file.
+    #[arg(long = "vae-tile-hold", default_value = "auto")]
+    vae_tile_hold: String,
     /// VAE tile overlap as a fraction of the tile (0…0.5, default 0.5; blend mode only).
     #[arg(long = "vae-tile-overlap", allow_hyphen_values = true)]
     vae_tile_overlap: Option<f32>,
@@ -273,6 +277,7 @@ fn compile(a: CompileArgs) -> Result<()> {
         segments: a.segments.parse()?,
         tiling: edge_planner::tiling::TileRequest {
             mode: a.vae_tile_mode.parse()?,
+            hold: a.vae_tile_hold.parse()?,
             size: a
                 .vae_tile_size
                 .as_deref()

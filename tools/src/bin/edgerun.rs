@@ -141,6 +141,11 @@ struct GenArgs {
     /// a plan whose arena plus weights exceed it.
     #[arg(long = "max-ram")]
     max_ram: Option<String>,
+    /// Folder for the spill file of exact VAE tiles whose plan holds the activations between
+    /// GroupNorms in a file (default: the system's temporary folder). The file is unlinked as
+    /// soon as it is created, so nothing is left behind.
+    #[arg(long = "spill-dir")]
+    spill_dir: Option<PathBuf>,
     /// No progress display.
     #[arg(long)]
     quiet: bool,
@@ -427,7 +432,7 @@ fn generate(a: GenArgs) -> Result<()> {
     let host = host_buffer_bytes(meta, width, height)
         + meta
             .size(width, height)
-            .map_or(0, |sz| edge_runtime::tiling::held_bytes(meta, sz));
+            .map_or(0, |sz| edge_schema::tiles::host_bytes(meta, sz));
     let budget = budget.map(|b| b.saturating_sub(rss_start + host));
     if let (Some(b), Some(s)) = (budget, a.max_ram.as_deref()) {
         if floor > b {
@@ -482,6 +487,23 @@ fn generate(a: GenArgs) -> Result<()> {
     )?;
     if let Some(b) = budget {
         session.limit_budget(b);
+    }
+    if let Some(d) = &a.spill_dir {
+        session.set_spill_dir(d.clone());
+    }
+    // A decode that spills needs its folder: check it before any work.
+    let spills = meta
+        .size(width, height)
+        .and_then(|z| z.decoder_tiling.as_ref())
+        .and_then(|t| t.sync.as_ref())
+        .is_some_and(|s| s.held == edge_schema::plan::HeldIn::File);
+    if spills && !session.spill_dir().is_dir() {
+        bail!(
+            "--spill-dir {}: not a folder (this plan's VAE decode holds {} bytes in a spill file there)",
+            session.spill_dir().display(),
+            meta.size(width, height)
+                .map_or(0, |z| edge_schema::tiles::held_bytes(meta, z))
+        );
     }
     let rss_before = rss_start / 1024;
     let params = GenerateParams {
@@ -575,10 +597,11 @@ fn generate(a: GenArgs) -> Result<()> {
         );
         if let Some(r) = &out.exact_tiles {
             say!(
-                "vae decode: exact tiles ({} windows x {} intervals, GroupNorm statistics of the whole image), {} bytes held between GroupNorms, windows cover {:.2}x the image's pixels",
+                "vae decode: exact tiles ({} windows x {} intervals, GroupNorm statistics of the whole image), {} bytes held between GroupNorms in {}, windows cover {:.2}x the image's pixels",
                 r.windows,
                 r.intervals,
                 r.held_bytes,
+                if r.in_file { "a spill file" } else { "memory" },
                 r.work_factor
             );
         } else if let Some(t) = meta
