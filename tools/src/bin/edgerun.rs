@@ -262,6 +262,37 @@ fn peak_rss_kib() -> Option<u64> {
         .ok()
 }
 
+/// `RssAnon` of this process in KiB (anonymous memory: heap and arena, not the mapped plan).
+fn anon_rss_kib() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    s.lines()
+        .find(|l| l.starts_with("RssAnon:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// The largest [`anon_rss_kib`] seen while `f` runs, sampled every 5 ms by a second thread
+/// (the kernel keeps no peak of anonymous memory; a peak shorter than 5 ms can be missed).
+fn with_anon_peak<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let peak = AtomicU64::new(anon_rss_kib().unwrap_or(0));
+    let done = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                peak.fetch_max(anon_rss_kib().unwrap_or(0), Ordering::Relaxed);
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        });
+        let v = f();
+        peak.fetch_max(anon_rss_kib().unwrap_or(0), Ordering::Relaxed);
+        done.store(true, Ordering::Relaxed);
+        (v, peak.load(Ordering::Relaxed))
+    })
+}
+
 /// Starts the worker pool for `-t`: 0 means one thread per core; more than 4 per core (at
 /// least 8) only slows the run down and is clamped with a warning; a pool the OS cannot start
 /// is an error naming `-t`.
@@ -742,8 +773,16 @@ fn bench(a: BenchArgs) -> Result<()> {
     }
     if which == "all" || which == "vae" {
         let lat: Vec<f32> = latent.iter().map(|v| v * 0.5).collect();
-        let (_, t) = timed(|| Ok(edge_runtime::pipeline::decode_latents(&mut s, size, &lat)?))?;
-        out!("vae decode: {t:.3} s");
+        let before = anon_rss_kib().unwrap_or(0);
+        let (r, peak) = with_anon_peak(|| {
+            timed(|| Ok(edge_runtime::pipeline::decode_latents(&mut s, size, &lat)?))
+        });
+        let (_, t) = r?;
+        out!(
+            "vae decode: {t:.3} s; anonymous memory (RssAnon, sampled every 5 ms) {} MiB before, peak {} MiB",
+            before / 1024,
+            peak / 1024
+        );
     }
     let Some(prof) = s.profile() else {
         return Ok(());
