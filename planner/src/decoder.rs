@@ -84,6 +84,13 @@ fn tighten(len: u32, win: u32, halo: u32) -> u32 {
         .clamp(2 * halo + 1, win)
 }
 
+fn hold_name(h: HeldIn) -> &'static str {
+    match h {
+        HeldIn::Memory => "memory",
+        HeldIn::File => "a file",
+    }
+}
+
 /// Bytes of a graph's weights, counted as f32 (conservative).
 fn weights_of(g: &Graph) -> u64 {
     g.values
@@ -174,15 +181,26 @@ pub fn plan_tiling(
                     (2 * halo + 1) * ds
                 )));
             }
-            // An explicit window is kept; the budget only decides where the held tensors go.
-            let mut held = holds[holds.len() - 1];
+            // An explicit window is kept; the budget only decides where the held tensors go,
+            // and a window that fits nowhere the flags allow is an error.
             for &hd in holds {
                 if fits(hd)(tw, th)? {
-                    held = hd;
+                    chosen = Some((tw, th, hd));
                     break;
                 }
             }
-            chosen = Some((tw, th, held));
+            if chosen.is_none() {
+                let hd = holds[holds.len() - 1];
+                return Err(PlanError::Invalid(format!(
+                    "--max-ram: exact VAE tiles of {}x{} image pixels with the activations held in {} need {} bytes, more than the {} bytes the budget leaves; use a smaller --vae-tile-size{}, or --vae-tile-mode blend",
+                    tw * ds,
+                    th * ds,
+                    hold_name(hd),
+                    need(tw, th, hd)?,
+                    budget_left.unwrap_or(0),
+                    if hd == HeldIn::Memory { ", --vae-tile-hold auto|file" } else { "" }
+                )));
+            }
         } else {
             for &held in holds {
                 if let Some(t) = crate::tiling::largest_fitting(lw, lh, 0.0, fits(held))? {
@@ -206,6 +224,17 @@ pub fn plan_tiling(
                     held,
                 }),
             }));
+        }
+        if req.hold != TileHold::Auto {
+            let hd = holds[0];
+            let m = 2 * halo + 1;
+            return Err(PlanError::Invalid(format!(
+                "--max-ram: exact VAE tiles with the activations held in {} do not fit: even {m}x{m}-latent-pixel windows need {} bytes, more than the {} bytes the budget leaves; use --vae-tile-hold auto{}, or --vae-tile-mode blend",
+                hold_name(hd),
+                need(m.min(lw), m.min(lh), hd)?,
+                budget_left.unwrap_or(0),
+                if hd == HeldIn::Memory { " or file" } else { "" }
+            )));
         }
         notes.push(format!(
             "size {w}x{h}: exact VAE tiles do not fit the budget even with their {} bytes of activations held in a file; the tiles are decoded alone and blended (colours can shift)",

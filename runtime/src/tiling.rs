@@ -41,6 +41,12 @@ pub struct ExactReport {
     pub work_factor: f64,
 }
 
+/// Creates (and at once removes) a spill file in `dir`, so that a run whose decode spills finds
+/// out before any work that the folder is missing or not writable; the error names it.
+pub fn check_spill_dir(dir: &std::path::Path) -> Result<()> {
+    Held::new(0, Some(dir)).map(drop)
+}
+
 /// Decodes `latents` `[c, latent_h, latent_w]` into `image` `[3, H, W]` exactly: the head
 /// stage on the whole latent, then the tail stage's intervals window by window with the whole
 /// image's GroupNorm statistics (see the module doc). Errors name the stage when the plan's

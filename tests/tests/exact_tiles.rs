@@ -184,3 +184,41 @@ fn exact_windows_too_small_for_the_halo_are_refused() {
         "{err}"
     );
 }
+
+/// Under a budget too small for the held activations in memory: `auto` spills them to a file,
+/// while an explicit `--vae-tile-hold memory` (with or without a tile size) is refused naming
+/// the way out instead of falling back to blended tiles or writing a plan that cannot run.
+#[test]
+fn hold_choices_under_a_tight_budget() {
+    let m = demo("pixart-shapes-64");
+    let compile = |hold: TileHold, size: Option<(u32, u32)>| {
+        let opts = CompileOptions {
+            sizes: vec![(512, 512)],
+            max_ram: Some(150 << 20),
+            tiling: TileRequest {
+                hold,
+                size,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        edge_planner::compile_folder(&m, &opts)
+    };
+    let auto = compile(TileHold::Auto, None).expect("auto fits by spilling");
+    let sync = auto.meta.sizes[0]
+        .decoder_tiling
+        .as_ref()
+        .and_then(|t| t.sync.clone())
+        .expect("exact tiles");
+    assert_eq!(sync.held, edge_schema::plan::HeldIn::File);
+    for size in [None, Some((128, 128))] {
+        let err = compile(TileHold::Memory, size)
+            .err()
+            .unwrap_or_else(|| panic!("memory hold with {size:?} fits a 150M budget?"))
+            .to_string();
+        assert!(
+            err.contains("--max-ram") && err.contains("--vae-tile-hold auto"),
+            "{size:?}: {err}"
+        );
+    }
+}

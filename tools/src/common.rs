@@ -1,5 +1,22 @@
 //! Helpers shared by the two command-line programs (included by each binary).
 
+/// `eprintln!` that never panics: diagnostics to a closed stderr (`2>&1 | head -1`) are lost,
+/// not fatal.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
+/// `println!` that never panics; a closed stdout (`| head -1`) ends the output quietly.
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
 /// The error and its causes as one line: causes joined with `: `, a cause the line already
 /// contains skipped, newlines turned into spaces.
 pub fn one_line(e: &anyhow::Error) -> String {

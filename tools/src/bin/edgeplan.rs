@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 #[path = "../common.rs"]
+#[macro_use]
 mod common;
 use common::{one_line, parse_size, read_file};
 
@@ -342,7 +343,7 @@ fn compile(a: CompileArgs) -> Result<()> {
         edge_planner::compile::compile_inputs_to_file(a.model.as_deref(), &files, &opts, &a.output)
             .with_context(|| format!("compiling {what}"))?;
     let len = std::fs::metadata(&a.output).map(|m| m.len()).unwrap_or(0);
-    eprintln!(
+    say!(
         "wrote {} ({} bytes, {} stages, {} tensors) in {:.2}s",
         a.output.display(),
         len,
@@ -358,12 +359,12 @@ fn compile(a: CompileArgs) -> Result<()> {
 /// and says so; a corrupted section is an error after the summary.
 fn inspect(plan: PathBuf) -> Result<()> {
     let p = edge_runtime::Plan::open(&plan)?;
-    print!(
+    out!(
         "{}",
-        edge_planner::inspect::summary(p.meta(), p.file_len() as u64)
+        edge_planner::inspect::summary(p.meta(), p.file_len() as u64).trim_end()
     );
     p.verify_all_sections().map_err(|e| e.in_file(&plan))?;
-    println!(
+    out!(
         "sections: {} weight sections verified (BLAKE3)",
         p.meta().sections.len()
     );
@@ -387,7 +388,7 @@ fn synth(a: SynthArgs) -> Result<()> {
         .iter()
         .map(|(c, n)| format!("{c} {n}"))
         .collect();
-    eprintln!(
+    say!(
         "wrote {} ({} bytes in {} weight files; parameters: {}) in {:.2}s",
         a.output.display(),
         r.bytes,
@@ -413,7 +414,7 @@ fn main() {
         } => verify(plan, trusted_key, reference),
     };
     if let Err(e) = r {
-        eprintln!("error: {}", one_line(&e));
+        say!("error: {}", one_line(&e));
         std::process::exit(1);
     }
 }
@@ -421,7 +422,7 @@ fn main() {
 fn keygen(out: PathBuf) -> Result<()> {
     let key = edge_planner::sign::SecretKey::generate()?;
     let pub_path = key.write_pair(&out)?;
-    eprintln!(
+    say!(
         "wrote secret key {} and public key {} ({})",
         out.display(),
         pub_path.display(),
@@ -437,7 +438,7 @@ fn sign(plan: PathBuf, key: PathBuf, output: Option<PathBuf>) -> Result<()> {
     common::refuse_clobber(&[("--key", key.as_path())], &[("--output", out.as_path())])?;
     edge_planner::sign::sign_file(&plan, &out, &secret)
         .with_context(|| format!("signing plan {}", plan.display()))?;
-    eprintln!(
+    say!(
         "signed {} with key {}",
         out.display(),
         edge_schema::header::encode_hex(&secret.public_key())
@@ -463,7 +464,7 @@ fn verify(plan: PathBuf, trusted_key: Option<PathBuf>, r: ReferenceArgs) -> Resu
     } else {
         "signature not checked"
     };
-    println!(
+    out!(
         "{}: ok ({} bytes, {} sections; signer {signer}, {how})",
         plan.display(),
         p.file_len(),
@@ -550,7 +551,7 @@ fn compare_with_reference(
     let den: f64 = want.iter().map(|&b| f64::from(b).powi(2)).sum();
     let rel = (num / den.max(1e-300)).sqrt();
     let score = max_diff / max_ref.max(1.0);
-    println!(
+    out!(
         "{}: final latents vs {}: max |diff| {max_diff:.3e} ({score:.3e} of max(1, max |ref|)), rel L2 {rel:.3e}",
         plan.meta().model.name,
         path.display()

@@ -5,24 +5,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[path = "../common.rs"]
+#[macro_use]
 mod common;
 
-/// `eprintln!` that never panics: diagnostics to a closed stderr (`2>&1 | head -1`) are lost,
-/// not fatal.
-macro_rules! say {
-    ($($t:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($t)*);
-    }};
-}
-
-/// `println!` that never panics; a closed stdout (`| head -1`) ends the output quietly.
-macro_rules! out {
-    ($($t:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($t)*);
-    }};
-}
 use common::{one_line, parse_size, read_file, refuse_clobber};
 
 use anyhow::{bail, Context, Result};
@@ -528,13 +513,15 @@ fn generate(a: GenArgs) -> Result<()> {
         .and_then(|z| z.decoder_tiling.as_ref())
         .and_then(|t| t.sync.as_ref())
         .is_some_and(|s| s.held == edge_schema::plan::HeldIn::File);
-    if spills && !session.spill_dir().is_dir() {
-        bail!(
-            "--spill-dir {}: not a folder (this plan's VAE decode holds {} bytes in a spill file there)",
-            session.spill_dir().display(),
-            meta.size(width, height)
-                .map_or(0, |z| edge_schema::tiles::held_bytes(meta, z))
-        );
+    if spills {
+        edge_runtime::tiling::check_spill_dir(&session.spill_dir()).with_context(|| {
+            format!(
+                "--spill-dir {}: this plan's VAE decode holds {} bytes in a spill file there",
+                session.spill_dir().display(),
+                meta.size(width, height)
+                    .map_or(0, |z| edge_schema::tiles::held_bytes(meta, z))
+            )
+        })?;
     }
     let rss_before = rss_start / 1024;
     let params = GenerateParams {
@@ -652,7 +639,7 @@ fn generate(a: GenArgs) -> Result<()> {
             session.streamer().released_bytes()
         );
         say!(
-            "peak RSS (VmHWM) {} KiB; predicted peak {} KiB = {} KiB at start (process) + {} KiB host buffers (exact VAE tiles included) + {} KiB arena + {} KiB resident weights",
+            "peak RSS (VmHWM) {} KiB; predicted peak {} KiB = {} KiB at start (process) + {} KiB host buffers + {} KiB arena + {} KiB resident weights",
             peak_rss_kib().unwrap_or(0),
             rss_before + (host + predicted) / 1024,
             rss_before,
