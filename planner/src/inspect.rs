@@ -46,7 +46,14 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
     for z in &meta.sizes {
         let Some(t) = &z.decoder_tiling else { continue };
         let ds = meta.vae.downscale;
-        match &t.sync {
+        let tile = format!(
+            "{}x{} latent pixels ({}x{} image pixels)",
+            t.tile_latent_w,
+            t.tile_latent_h,
+            t.tile_latent_w * ds,
+            t.tile_latent_h * ds
+        );
+        let how = match &t.sync {
             Some(sync) => {
                 let held = edge_schema::tiles::held_bytes(meta, z);
                 let place = match sync.held {
@@ -56,34 +63,18 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
                         edge_schema::tiles::host_bytes(meta, z)
                     ),
                 };
-                let _ = writeln!(
-                    s,
-                    "  {}x{}: VAE decoded in exact tiles: windows of {}x{} latent pixels ({}x{} image pixels) with a halo of {} latent pixels, {} GroupNorms normalised with the whole image's statistics, {held} bytes held between them {place} (mode exact: the whole-image decode's values)",
-                    z.width,
-                    z.height,
-                    t.tile_latent_w,
-                    t.tile_latent_h,
-                    t.tile_latent_w * ds,
-                    t.tile_latent_h * ds,
+                format!(
+                    "exact tiles: windows of {tile} with a halo of {} latent pixels, {} GroupNorms normalised with the whole image's statistics, {held} bytes held between them {place} (mode exact: the whole-image decode's values)",
                     sync.halo_latent,
                     sync.sync_steps.len()
-                );
+                )
             }
-            None => {
-                let _ = writeln!(
-                    s,
-                    "  {}x{}: VAE decoded in blended tiles of {}x{} latent pixels ({}x{} image pixels), overlap {}x{} latent pixels (mode blend: each tile normalised alone)",
-                    z.width,
-                    z.height,
-                    t.tile_latent_w,
-                    t.tile_latent_h,
-                    t.tile_latent_w * ds,
-                    t.tile_latent_h * ds,
-                    t.overlap_latent_w,
-                    t.overlap_latent_h
-                );
-            }
-        }
+            None => format!(
+                "blended tiles of {tile}, overlap {}x{} latent pixels (mode blend: each tile normalised alone)",
+                t.overlap_latent_w, t.overlap_latent_h
+            ),
+        };
+        let _ = writeln!(s, "  {}x{}: VAE decoded in {how}", z.width, z.height);
     }
     let _ = writeln!(
         s,

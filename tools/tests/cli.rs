@@ -1088,18 +1088,15 @@ fn kib_after(text: &str, label: &str) -> u64 {
         .unwrap_or_else(|| panic!("no number after `{label}` in: {text}"))
 }
 
-/// A budget that the whole-image VAE decoder does not fit makes `edgeplan` choose exact tiles
-/// (shown by `inspect`); `edgerun -v` names the mode and the bytes held, measures a peak RSS
-/// within its prediction, and writes the image of the untiled plan, pixel for pixel.
-#[test]
-fn budget_forced_exact_tiles_stay_within_the_predicted_peak_and_match_the_whole_image() {
-    let dir = tempfile::tempdir().unwrap();
+/// The demo compiled at 256² under `--max-ram budget` and without a budget, in `dir`, and the
+/// first plan's `inspect` text.
+fn budget_plans(dir: &Path, budget: &str) -> (PathBuf, PathBuf, String) {
     let model = demo_model();
-    let (tiled, whole) = (dir.path().join("tiled.plan"), dir.path().join("whole.plan"));
+    let (tiled, whole) = (dir.join("tiled.plan"), dir.join("whole.plan"));
     let base = ["compile", s(&model), "-W", "256", "-H", "256"];
     let out = run(
         EDGEPLAN,
-        &[&base[..], &["--max-ram", "172M", "-o", s(&tiled)]].concat(),
+        &[&base[..], &["--max-ram", budget, "-o", s(&tiled)]].concat(),
     );
     assert!(
         out.status.success(),
@@ -1109,8 +1106,26 @@ fn budget_forced_exact_tiles_stay_within_the_predicted_peak_and_match_the_whole_
     assert!(run(EDGEPLAN, &[&base[..], &["-o", s(&whole)]].concat())
         .status
         .success());
-    let inspect = run(EDGEPLAN, &["inspect", s(&tiled)]);
-    let text = String::from_utf8_lossy(&inspect.stdout);
+    let text = String::from_utf8_lossy(&run(EDGEPLAN, &["inspect", s(&tiled)]).stdout).to_string();
+    (tiled, whole, text)
+}
+
+/// The decoded pixel bytes of the PNG at `p`.
+fn png_pixels(p: &Path) -> Vec<u8> {
+    let dec = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(p).unwrap()));
+    let mut r = dec.read_info().unwrap();
+    let mut buf = vec![0; r.output_buffer_size().unwrap()];
+    r.next_frame(&mut buf).unwrap();
+    buf
+}
+
+/// A budget that the whole-image VAE decoder does not fit makes `edgeplan` choose exact tiles
+/// (shown by `inspect`); `edgerun -v` names the mode and the bytes held, measures a peak RSS
+/// within its prediction, and writes the image of the untiled plan, pixel for pixel.
+#[test]
+fn budget_forced_exact_tiles_stay_within_the_predicted_peak_and_match_the_whole_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tiled, whole, text) = budget_plans(dir.path(), "172M");
     assert!(
         text.contains("exact tiles") && text.contains("halo of 2"),
         "{text}"
@@ -1133,14 +1148,10 @@ fn budget_forced_exact_tiles_stay_within_the_predicted_peak_and_match_the_whole_
         "peak {peak} KiB above the predicted {predicted} KiB"
     );
     assert!(generate(&whole, &b, &size).status.success());
-    let pixels = |p: &Path| {
-        let dec = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(p).unwrap()));
-        let mut r = dec.read_info().unwrap();
-        let mut buf = vec![0; r.output_buffer_size().unwrap()];
-        r.next_frame(&mut buf).unwrap();
-        buf
-    };
-    assert!(pixels(&a) == pixels(&b), "exact tiles changed the image");
+    assert!(
+        png_pixels(&a) == png_pixels(&b),
+        "exact tiles changed the image"
+    );
 }
 
 /// A budget too small for the held activations in memory makes `edgeplan` hold them in a spill
@@ -1150,22 +1161,7 @@ fn budget_forced_exact_tiles_stay_within_the_predicted_peak_and_match_the_whole_
 #[test]
 fn budget_forced_spilled_exact_tiles_stay_within_the_prediction() {
     let dir = tempfile::tempdir().unwrap();
-    let model = demo_model();
-    let (tiled, whole) = (dir.path().join("tiled.plan"), dir.path().join("whole.plan"));
-    let base = ["compile", s(&model), "-W", "256", "-H", "256"];
-    let out = run(
-        EDGEPLAN,
-        &[&base[..], &["--max-ram", "150M", "-o", s(&tiled)]].concat(),
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(run(EDGEPLAN, &[&base[..], &["-o", s(&whole)]].concat())
-        .status
-        .success());
-    let text = String::from_utf8_lossy(&run(EDGEPLAN, &["inspect", s(&tiled)]).stdout).to_string();
+    let (tiled, whole, text) = budget_plans(dir.path(), "150M");
     assert!(
         text.contains("exact tiles") && text.contains("spill file"),
         "{text}"
@@ -1201,15 +1197,8 @@ fn budget_forced_spilled_exact_tiles_stay_within_the_prediction() {
         peak < whole_peak,
         "spilled {peak} KiB, untiled {whole_peak} KiB"
     );
-    let pixels = |p: &Path| {
-        let dec = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(p).unwrap()));
-        let mut r = dec.read_info().unwrap();
-        let mut buf = vec![0; r.output_buffer_size().unwrap()];
-        r.next_frame(&mut buf).unwrap();
-        buf
-    };
     assert!(
-        pixels(&a) == pixels(&b),
+        png_pixels(&a) == png_pixels(&b),
         "spilled exact tiles changed the image"
     );
     let c = dir.path().join("c.png");
