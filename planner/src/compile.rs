@@ -71,12 +71,60 @@ pub struct Compiled {
     pub table: TensorTable,
 }
 
-/// Resolves graph weights from one component's tensors (diffusers names).
+/// Resolves graph weights from one component's tensors (diffusers names), remembering which
+/// tensors the graphs used (for [`SourceResolver::unused`]) and checking each once for
+/// non-finite values.
 pub struct SourceResolver<'a> {
     pub source: &'a dyn TensorSource,
+    used: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
-impl SourceResolver<'_> {
+impl<'a> SourceResolver<'a> {
+    /// A resolver over `source` that has used nothing yet.
+    pub fn new(source: &'a dyn TensorSource) -> SourceResolver<'a> {
+        SourceResolver {
+            source,
+            used: Default::default(),
+        }
+    }
+
+    /// The source's tensors no graph asked for, sorted, leaving out those `ignored` accepts
+    /// (parts of the checkpoint the plan does not contain by design).
+    pub fn unused(&self, ignored: impl Fn(&str) -> bool) -> Vec<String> {
+        let used = self.used.lock().map(|u| u.clone()).unwrap_or_default();
+        self.source
+            .names()
+            .into_iter()
+            .filter(|n| !used.contains(n) && !ignored(n))
+            .collect()
+    }
+
+    /// Marks `names` used; true for those not used before (checked for finiteness then).
+    fn first_use(&self, names: &[String]) -> bool {
+        let Ok(mut used) = self.used.lock() else {
+            return true;
+        };
+        let mut fresh = false;
+        for n in names {
+            fresh |= used.insert(n.clone());
+        }
+        fresh
+    }
+
+    /// Refuses a tensor holding NaN or infinity, naming the file, tensor and first index:
+    /// sampling would otherwise diverge and blame the guidance scale.
+    fn check_finite(&self, name: &str, t: &crate::load::RawTensor<'_>) -> Result<()> {
+        let Some((i, v)) = first_non_finite(t) else {
+            return Ok(());
+        };
+        Err(PlanError::Invalid(format!(
+            "{}: tensor `{name}` (shape {:?}, {}) holds {v} at flat index {i}; weights must be finite",
+            self.source.describe(),
+            t.shape,
+            t.dtype.name()
+        )))
+    }
+
     fn stored(&self, name: &str) -> String {
         match self.source.stored_name(name) {
             Some(s) => format!(" (stored as {s})"),
@@ -119,6 +167,14 @@ impl WeightResolver for SourceResolver<'_> {
                     let name = format!("{}{stored}", spec.parts.join(" + "));
                     return Err(shape_err(name, found, shape.to_vec()));
                 }
+                if self.first_use(&spec.parts) {
+                    let stored = self.stored(&spec.parts[0]);
+                    let stored = match stored.split_once(" (rows part") {
+                        Some((whole, _)) => format!("{whole})"),
+                        None => stored,
+                    };
+                    self.check_finite(&format!("{}{stored}", spec.parts.join(" + ")), &t)?;
+                }
                 return Ok(LoadedWeight {
                     dtype: t.dtype,
                     shape: shape.to_vec(),
@@ -154,6 +210,9 @@ impl WeightResolver for SourceResolver<'_> {
                     expected.clone(),
                 ));
             }
+            if self.first_use(std::slice::from_ref(name)) {
+                self.check_finite(&format!("{name}{}", self.stored(name)), &t)?;
+            }
             parts.push(t);
         }
         let same_dtype = parts.iter().all(|t| t.dtype == parts[0].dtype);
@@ -177,6 +236,44 @@ impl WeightResolver for SourceResolver<'_> {
             shape: shape.to_vec(),
             bytes,
         })
+    }
+}
+
+/// The first value of `t` that is NaN or infinite, with its flat index (row-major); block
+/// types are dequantized to find it (a NaN scale poisons its whole block).
+fn first_non_finite(t: &crate::load::RawTensor<'_>) -> Option<(usize, f32)> {
+    let bits16 = |exp_mask: u16, f: fn(u16) -> f32| {
+        t.data
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .position(|h| h & exp_mask == exp_mask)
+            .map(|i| {
+                let c = &t.data[2 * i..2 * i + 2];
+                (i, f(u16::from_le_bytes([c[0], c[1]])))
+            })
+    };
+    match t.dtype {
+        DType::F32 => t
+            .data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .enumerate()
+            .find(|(_, v)| !v.is_finite()),
+        DType::F16 => bits16(0x7c00, |h| half::f16::from_bits(h).to_f32()),
+        DType::BF16 => bits16(0x7f80, |h| half::bf16::from_bits(h).to_f32()),
+        DType::I32 => None,
+        _ => crate::load::to_f32(t)
+            .into_iter()
+            .enumerate()
+            .find(|(_, v)| !v.is_finite()),
+    }
+}
+
+/// The family's display name.
+fn family_name(f: ModelFamily) -> &'static str {
+    match f {
+        ModelFamily::PixArtSigma => "PixArt-Σ",
+        ModelFamily::PixArtAlpha => "PixArt-α",
     }
 }
 
@@ -232,11 +329,17 @@ pub struct ComponentFiles {
     /// PixArt-XL has 16). A GGUF `pixart.attention.head_count` key is used when absent.
     pub heads: Option<usize>,
     /// The transformer's native latent size (`sample_size`) when there is no folder config;
-    /// default: GGUF `pixart.sample_size`, else 128 (PixArt-XL 1024 px).
+    /// default: GGUF `pixart.sample_size`; required otherwise (no tensor reveals it).
     pub sample_size: Option<usize>,
     /// GroupNorm groups of the VAE when there is no folder config (shapes cannot tell);
     /// default 32, as in every published SD / SDXL VAE.
     pub vae_norm_groups: Option<usize>,
+    /// The model family when there is no folder (`model_index.json` names it otherwise).
+    /// PixArt-α at 1024 px is recognised by its micro-condition embedders; PixArt-Σ and
+    /// PixArt-α at 512 px have the same tensors, and the family sets the VAE scale factor
+    /// ([`SIGMA_VAE_SCALE`] / [`ALPHA_VAE_SCALE`]) and the default token count (300 / 120),
+    /// so without those embedders it must be given.
+    pub family: Option<ModelFamily>,
 }
 
 impl ComponentFiles {
@@ -431,7 +534,12 @@ fn infer_pixart_config(
         "num_layers": depth,
         "cross_attention_dim": d,
         "attention_bias": true,
-        "sample_size": files.sample_size.or(hints.sample_size).unwrap_or(128),
+        "sample_size": files.sample_size.or(hints.sample_size).ok_or_else(|| {
+            PlanError::Invalid(format!(
+                "{}: the transformer's native latent size cannot be read from tensor shapes (PixArt models ship 32, 64, 128 and 256 for 256 to 2048 px); give it with --sample-size N (1024-px models: 128)",
+                src.describe()
+            ))
+        })?,
         "patch_size": p,
         "caption_channels": caption,
         "use_additional_conditions": alpha,
@@ -532,6 +640,8 @@ fn infer_vae_config(
 
 /// Everything a plan is compiled from, whatever the files were.
 struct Inputs<'a> {
+    /// Values no file stated (folderless compiles), for the plan's notes.
+    assumed: Vec<String>,
     name: String,
     pipeline_class: String,
     family: ModelFamily,
@@ -560,6 +670,7 @@ fn folder_inputs<'a>(
     tokenizer_file: Option<&Path>,
 ) -> Result<Inputs<'a>> {
     Ok(Inputs {
+        assumed: Vec::new(),
         name: folder_name(&folder.root),
         pipeline_class: folder.pipeline_class.clone(),
         family: family_of(folder)?,
@@ -639,23 +750,74 @@ pub fn compile_inputs(
         .as_deref()
         .ok_or_else(|| need("tokenizer", "--tokenizer"))?;
     let dit_json = infer_pixart_config(dit.as_ref(), &hints, files)?;
-    let alpha = dit_json
+    let micro = dit_json
         .get("use_additional_conditions")
         .and_then(serde_json::Value::as_bool)
         .unwrap_or(false);
-    let (family, pipeline_class, scale) = if alpha {
-        (
-            ModelFamily::PixArtAlpha,
-            "PixArtAlphaPipeline",
-            ALPHA_VAE_SCALE,
-        )
-    } else {
-        (
-            ModelFamily::PixArtSigma,
-            "PixArtSigmaPipeline",
-            SIGMA_VAE_SCALE,
-        )
+    // Every value no file states is recorded in the plan's notes (and printed by edgeplan).
+    let mut assumed: Vec<String> = Vec::new();
+    let family = match (files.family, micro) {
+        (Some(ModelFamily::PixArtSigma), true) => {
+            return Err(PlanError::Invalid(format!(
+                "--family sigma: {} has PixArt-α's micro-condition embedders (adaln_single.emb.resolution_embedder); it is a PixArt-α transformer",
+                dit.describe()
+            )))
+        }
+        (Some(f), _) => f,
+        (None, true) => {
+            assumed.push("assumed family PixArt-α: the transformer has micro-condition embedders (resolution, aspect ratio)".into());
+            ModelFamily::PixArtAlpha
+        }
+        (None, false) => {
+            return Err(PlanError::Invalid(format!(
+                "{}: without a pipeline folder the family cannot be told from the weights (PixArt-Σ and PixArt-α 512 px have the same tensors); give --family sigma (SDXL VAE, scale 0.13025, 300 tokens) or --family alpha (SD VAE, scale 0.18215, 120 tokens)",
+                dit.describe()
+            )))
+        }
     };
+    let (pipeline_class, scale, vae_name) = match family {
+        ModelFamily::PixArtAlpha => ("PixArtAlphaPipeline", ALPHA_VAE_SCALE, "SD"),
+        ModelFamily::PixArtSigma => ("PixArtSigmaPipeline", SIGMA_VAE_SCALE, "SDXL"),
+    };
+    let src_of = |flag: Option<usize>, gguf: Option<usize>, flag_name: &str, key: &str| {
+        if flag.is_some() {
+            flag_name.to_string()
+        } else if gguf.is_some() {
+            format!("GGUF {key}")
+        } else {
+            "default".to_string()
+        }
+    };
+    assumed.push(format!(
+        "transformer config from tensor shapes: {} attention heads ({}), sample size {} ({}), interpolation scale {}, norm eps {} ({})",
+        dit_json["num_attention_heads"],
+        src_of(files.heads, hints.heads, "--heads", "pixart.attention.head_count"),
+        dit_json["sample_size"],
+        src_of(files.sample_size, hints.sample_size, "--sample-size", "pixart.sample_size"),
+        hints.interpolation_scale.map_or("sample size / 64".to_string(), |x| x.to_string()),
+        hints.norm_eps.map_or("1e-6".to_string(), |x| x.to_string()),
+        if hints.interpolation_scale.is_some() || hints.norm_eps.is_some() { "GGUF pixart.*" } else { "diffusers defaults" }
+    ));
+    assumed.push("assumed T5 config (T5 v1.1, as PixArt's T5-XXL): gated-gelu feed-forward, relative attention max distance 128, layer norm eps 1e-6".into());
+    assumed.push(format!(
+        "assumed VAE config: GroupNorm groups {} ({}), scaling factor {} ({})",
+        files.vae_norm_groups.unwrap_or(32),
+        if files.vae_norm_groups.is_some() {
+            "--vae-norm-groups"
+        } else {
+            "every published SD/SDXL VAE; --vae-norm-groups to change"
+        },
+        opts.vae_scale_factor.unwrap_or(scale),
+        if opts.vae_scale_factor.is_some() {
+            "--vae-scale-factor".to_string()
+        } else {
+            format!(
+                "the {vae_name} VAE of {}; --vae-scale-factor to change",
+                family_name(family)
+            )
+        }
+    ));
+    assumed.push("assumed scheduler: the PixArt pipelines' DPMSolverMultistepScheduler config (no scheduler_config.json)".into());
     let file_err = |p: &Option<PathBuf>, e: edge_models::config::ConfigError| {
         PlanError::Invalid(format!(
             "{} (config inferred from tensor shapes): {e}",
@@ -668,6 +830,7 @@ pub fn compile_inputs(
     let vae_json = infer_vae_config(vae.as_ref(), scale, files.vae_norm_groups)?;
     let dit_path = files.diffusion_model.as_deref().unwrap_or(Path::new(""));
     let inputs = Inputs {
+        assumed,
         name: dit_path
             .file_stem()
             .map(|n| n.to_string_lossy().to_string())
@@ -720,7 +883,7 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
     let mut stages = Vec::new();
 
     let t5_graph = build_t5_encoder(t5_cfg, seq_len as usize)?;
-    let t5_src = SourceResolver { source: inp.t5 };
+    let t5_src = SourceResolver::new(inp.t5);
     stages.push(lower(
         &t5_graph,
         StageKind::TextEncoder,
@@ -749,7 +912,7 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         }
     }
 
-    let dit_src = SourceResolver { source: inp.dit };
+    let dit_src = SourceResolver::new(inp.dit);
     let mut notes: Vec<String> = Vec::new();
     let cross_kv_stage = Some(stages.len() as u32);
     stages.push(lower(
@@ -761,7 +924,7 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         &dit_src,
         policy,
     )?);
-    let vae_src = SourceResolver { source: inp.vae };
+    let vae_src = SourceResolver::new(inp.vae);
     let mut sizes = Vec::new();
     for &(w, h) in &opts.sizes {
         let unit = downscale * patch;
@@ -860,7 +1023,10 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         notes,
         budget: None,
     };
+    policy.check_rules_applied(&table.rules_applied)?;
     let mut meta = meta;
+    meta.notes.splice(0..0, inp.assumed.iter().cloned());
+    meta.notes.extend(unused_notes(&t5_src, &dit_src, &vae_src));
     crate::pack::repack_for_target(&mut table, &meta.stages, &meta.target);
     crate::budget::apply(
         &mut meta,
@@ -870,6 +1036,57 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         opts.headroom,
     )?;
     Ok(Compiled { meta, table })
+}
+
+/// Plan notes (warnings) for checkpoint tensors the graphs did not use, as diffusers warns
+/// ("Some weights of the model checkpoint … were not used"): a config with fewer layers than
+/// the weights, or a tensor under a misspelt name. Not reported: the VAE encoder and
+/// `quant_conv` (this plan has no encoder stage), a T5 checkpoint's decoder and `lm_head`
+/// (PixArt uses the encoder, as `T5EncoderModel` ignores them), and the second name of T5's
+/// tied embedding (`shared.weight` / `encoder.embed_tokens.weight`).
+fn unused_notes(
+    t5: &SourceResolver<'_>,
+    dit: &SourceResolver<'_>,
+    vae: &SourceResolver<'_>,
+) -> Vec<String> {
+    let t5_used = |n: &str| t5.used.lock().is_ok_and(|u| u.contains(n));
+    let tied = ["shared.weight", "encoder.embed_tokens.weight"];
+    let lists = [
+        (
+            "text encoder",
+            t5,
+            t5.unused(|n| {
+                n.starts_with("decoder.")
+                    || n == "lm_head.weight"
+                    || (tied.contains(&n) && tied.iter().any(|t| t5_used(t)))
+            }),
+        ),
+        ("transformer", dit, dit.unused(|_| false)),
+        (
+            "VAE",
+            vae,
+            vae.unused(|n| n.starts_with("encoder.") || n.starts_with("quant_conv.")),
+        ),
+    ];
+    let mut notes = Vec::new();
+    for (what, r, unused) in lists {
+        if unused.is_empty() {
+            continue;
+        }
+        const SHOWN: usize = 12;
+        let more = if unused.len() > SHOWN {
+            format!(", and {} more", unused.len() - SHOWN)
+        } else {
+            String::new()
+        };
+        notes.push(format!(
+            "warning: {} {what} tensors of {} were not used by the model's config (a config with fewer layers than the weights, or names the model does not have): {}{more}",
+            unused.len(),
+            r.source.describe(),
+            unused[..unused.len().min(SHOWN)].join(", ")
+        ));
+    }
+    notes
 }
 
 /// Replaces the decoder's leading `Scale { 1 / scaling_factor }` with the overridden factor.

@@ -92,10 +92,25 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
         meta.text.hidden,
         meta.tokenizer.vocab_len()
     );
+    // The GroupNorm group count of the decoder (no weight reveals it; a wrong one gives a
+    // visibly wrong image), read from its first GroupNorm step.
+    let groups = meta
+        .sizes
+        .first()
+        .and_then(|z| meta.stages.get(z.decoder_stage as usize))
+        .and_then(|st| {
+            st.steps.iter().find_map(|step| match step.op {
+                edge_schema::op::Op::GroupNorm { groups, .. } => Some(groups),
+                _ => None,
+            })
+        });
     let _ = writeln!(
         s,
-        "scheduler: {:?}, {} train steps; vae scale factor {}",
-        meta.scheduler.class, meta.scheduler.num_train_timesteps, meta.vae.scaling_factor
+        "scheduler: {:?}, {} train steps; vae scale factor {}, GroupNorm groups {}",
+        meta.scheduler.class,
+        meta.scheduler.num_train_timesteps,
+        meta.vae.scaling_factor,
+        groups.map_or("none".to_string(), |g| g.to_string())
     );
     let mut total_by_type: BTreeMap<&'static str, u64> = BTreeMap::new();
     for (i, st) in meta.stages.iter().enumerate() {
@@ -161,9 +176,9 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
         meta.sections.len()
     );
     if meta.notes.is_empty() {
-        let _ = writeln!(s, "fallbacks: none");
+        let _ = writeln!(s, "notes: none");
     } else {
-        let _ = writeln!(s, "fallbacks:");
+        let _ = writeln!(s, "notes (fallbacks, assumed values, warnings):");
         for n in &meta.notes {
             let _ = writeln!(s, "  {n}");
         }

@@ -39,6 +39,8 @@ pub struct TensorTable {
     /// Tensor ids per section, in storage order.
     pub sections: Vec<Vec<u32>>,
     pub fallbacks: Vec<Fallback>,
+    /// Indices of the [`PackPolicy::rules`] that chose the type of at least one matrix.
+    pub rules_applied: std::collections::BTreeSet<usize>,
     dedup: HashMap<(Vec<String>, DType), u32>,
     /// Section of each tensor once assigned.
     section_of: Vec<Option<u32>>,
@@ -71,6 +73,9 @@ impl TensorTable {
         let name = spec.parts.join("+");
         let row = shape.last().copied().unwrap_or(1);
         let (dtype, fb) = policy.choose(&name, spec.kind, loaded.dtype, row);
+        if let Some(r) = policy.rule_for(&name, spec.kind) {
+            self.rules_applied.insert(r);
+        }
         if let Some(&id) = self.dedup.get(&(spec.parts.clone(), dtype)) {
             return Ok(id);
         }

@@ -72,6 +72,40 @@ fn fallback_of(d: DType) -> DType {
 }
 
 impl PackPolicy {
+    /// The index of the rule that decides the type of a weight of `kind` named `name`: the
+    /// first matching rule, for matrices only (other kinds are never quantized).
+    pub fn rule_for(&self, name: &str, kind: WeightKind) -> Option<usize> {
+        if kind != WeightKind::Matrix {
+            return None;
+        }
+        self.rules
+            .iter()
+            .position(|(p, _)| pattern_matches(p, name))
+    }
+
+    /// Refuses rules that decided no weight's type (`applied` holds those that did): a rule
+    /// that matches nothing, only weights that are never quantized, or only weights an
+    /// earlier rule takes would otherwise be ignored without a word.
+    pub fn check_rules_applied(
+        &self,
+        applied: &std::collections::BTreeSet<usize>,
+    ) -> Result<(), crate::PlanError> {
+        let unused: Vec<String> = self
+            .rules
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !applied.contains(i))
+            .map(|(_, (p, d))| format!("`{p}={}`", d.name()))
+            .collect();
+        if unused.is_empty() {
+            return Ok(());
+        }
+        Err(crate::PlanError::Invalid(format!(
+            "--quant-rule {}: decides the type of no matrix weight of this model (a rule applies to matrix weights whose diffusers name contains the pattern or matches its * glob, e.g. `transformer_blocks.*.ff.*` or `attn2`; norms, biases, embeddings and tables are never quantized; the first matching rule wins); fix or remove it",
+            unused.join(", ")
+        )))
+    }
+
     /// The stored type for a tensor of `kind` named `name`, whose checkpoint type is `source`
     /// and whose rows have `row` elements. Returns the type and a fallback record if the asked
     /// type could not be used.

@@ -12,7 +12,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use ed25519_dalek::{Signer, SigningKey};
-use edge_schema::header::{decode_key, encode_hex, Header, SignatureBlock, HEADER_LEN};
+use edge_schema::header::{
+    decode_key, encode_hex, Header, SignatureBlock, HEADER_LEN, PUBLIC_LABEL, SECRET_LABEL,
+};
 use edge_schema::plan::PlanMeta;
 use edge_schema::verify;
 use zerocopy::IntoBytes;
@@ -36,6 +38,20 @@ pub enum SignError {
     Plan(#[from] edge_schema::Error),
     #[error(transparent)]
     Write(#[from] crate::PlanError),
+    #[error("the plan is already signed by key {signer}; give --resign to replace that signature with one by key {key}")]
+    AlreadySigned { signer: String, key: String },
+}
+
+/// What [`sign_plan`] did to the plan's signature block.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Signed {
+    /// The plan was unsigned; it now carries a signature by the key.
+    New,
+    /// The plan was already signed by the same key; the (deterministic) signature was
+    /// written again, the same bytes.
+    Same,
+    /// The plan was signed by another key (its public key, hex), replaced on request.
+    Replaced(String),
 }
 
 /// A 32-byte Ed25519 secret seed (RFC 8032 "private key").
@@ -69,19 +85,57 @@ impl SecretKey {
     }
 
     /// Reads a secret key file: 64 hexadecimal digits or 32 raw bytes (the seed).
+    ///
+    /// Files `keygen` writes start with [`SECRET_LABEL`]; bare 64 hex digits or 32 raw bytes
+    /// (keys of earlier releases, or made elsewhere) are accepted too. Because a bare public
+    /// key looks like a bare seed, a file named `*.pub`, a file that starts with
+    /// [`PUBLIC_LABEL`], and a seed whose `KEY.pub` beside it holds another public key are
+    /// refused: signing with any of them would make signatures nobody can check against the
+    /// key they were meant for.
     pub fn from_file(path: &Path) -> Result<SecretKey, SignError> {
+        let bad = |reason: String| SignError::KeyFile {
+            path: path.display().to_string(),
+            reason,
+        };
         let bytes = std::fs::read(path).map_err(|source| SignError::Io {
             path: path.display().to_string(),
             source,
         })?;
-        let seed = decode_key(&bytes).ok_or_else(|| SignError::KeyFile {
-            path: path.display().to_string(),
-            reason: format!(
-                "{} bytes, expected 64 hexadecimal digits or 32 raw bytes",
+        if bytes.starts_with(PUBLIC_LABEL.as_bytes()) {
+            return Err(bad(
+                "is a public key (KEY.pub from `edgeplan keygen`); sign with the secret key KEY beside it".into(),
+            ));
+        }
+        let labelled = bytes.strip_prefix(SECRET_LABEL.as_bytes());
+        if labelled.is_none()
+            && path
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("pub"))
+        {
+            return Err(bad(
+                "is named like a public key (.pub); sign with the secret key file (KEY, without .pub)".into(),
+            ));
+        }
+        let seed = decode_key(labelled.unwrap_or(&bytes)).ok_or_else(|| {
+            bad(format!(
+                "{} bytes, expected a key from `edgeplan keygen`, 64 hexadecimal digits or 32 raw bytes",
                 bytes.len()
-            ),
+            ))
         })?;
-        Ok(SecretKey::from_seed(&seed))
+        let key = SecretKey::from_seed(&seed);
+        let mut pub_name = path.as_os_str().to_owned();
+        pub_name.push(".pub");
+        if let Ok(text) = std::fs::read(PathBuf::from(&pub_name)) {
+            let text = text.strip_prefix(PUBLIC_LABEL.as_bytes()).unwrap_or(&text);
+            if decode_key(text).is_some_and(|p| p != key.public_key()) {
+                return Err(bad(format!(
+                    "its public key {} is not the one in {} beside it; the two files are not a pair",
+                    encode_hex(&key.public_key()),
+                    PathBuf::from(&pub_name).display()
+                )));
+            }
+        }
+        Ok(key)
     }
 
     /// The matching 32-byte public key.
@@ -102,7 +156,11 @@ impl SecretKey {
                 });
             }
         }
-        write_new(path, &encode_hex(self.key.as_bytes()), true)?;
+        write_new(
+            path,
+            &format!("{SECRET_LABEL}{}", encode_hex(self.key.as_bytes())),
+            true,
+        )?;
         write_new(&pub_path, &encode_hex(&self.public_key()), false)?;
         Ok(pub_path)
     }
@@ -162,10 +220,22 @@ fn verify_plan(plan: &[u8]) -> Result<Header, SignError> {
     Ok(h)
 }
 
-/// Signs the plan file bytes `plan` in place with `key` (replacing any earlier signature),
-/// after verifying the whole plan. Only the header's signature block and digest change.
-pub fn sign_plan(plan: &mut [u8], key: &SecretKey) -> Result<(), SignError> {
+/// Signs the plan file bytes `plan` in place with `key`, after verifying the whole plan. Only
+/// the header's signature block and digest change. A signature by another key is replaced
+/// only with `resign` ([`SignError::AlreadySigned`] otherwise, the bytes untouched).
+pub fn sign_plan(plan: &mut [u8], key: &SecretKey, resign: bool) -> Result<Signed, SignError> {
     let mut h = verify_plan(plan)?;
+    let done = match h.signature_block()? {
+        None => Signed::New,
+        Some(b) if b.public_key == key.public_key() => Signed::Same,
+        Some(b) if resign => Signed::Replaced(encode_hex(&b.public_key)),
+        Some(b) => {
+            return Err(SignError::AlreadySigned {
+                signer: encode_hex(&b.public_key),
+                key: encode_hex(&key.public_key()),
+            })
+        }
+    };
     let mut block = SignatureBlock {
         public_key: key.public_key(),
         signature: [0; 64],
@@ -174,19 +244,24 @@ pub fn sign_plan(plan: &mut [u8], key: &SecretKey) -> Result<(), SignError> {
     block.signature = key.key.sign(&h.signed_message()).to_bytes();
     h.set_signature_block(&block);
     plan[..HEADER_LEN].copy_from_slice(h.as_bytes());
-    Ok(())
+    Ok(done)
 }
 
 /// Reads the plan at `input`, signs it with `key` ([`sign_plan`]) and writes it atomically to
-/// `output` (which may be `input`).
-pub fn sign_file(input: &Path, output: &Path, key: &SecretKey) -> Result<(), SignError> {
+/// `output` (which may be `input`); `resign` as in [`sign_plan`].
+pub fn sign_file(
+    input: &Path,
+    output: &Path,
+    key: &SecretKey,
+    resign: bool,
+) -> Result<Signed, SignError> {
     let mut bytes = std::fs::read(input).map_err(|source| SignError::Io {
         path: input.display().to_string(),
         source,
     })?;
-    sign_plan(&mut bytes, key)?;
+    let done = sign_plan(&mut bytes, key, resign)?;
     crate::write::write_atomic(output, &bytes)?;
-    Ok(())
+    Ok(done)
 }
 
 #[cfg(test)]
@@ -222,6 +297,39 @@ mod tests {
     }
 
     #[test]
+    fn key_files_are_told_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k");
+        let key = SecretKey::generate().unwrap();
+        let pub_path = key.write_pair(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with(SECRET_LABEL), "{text}");
+        // The public key is not a secret key, by name or by label.
+        let e = SecretKey::from_file(&pub_path).unwrap_err().to_string();
+        assert!(e.contains("k.pub") && e.contains("public key"), "{e}");
+        let labelled = dir.path().join("labelled");
+        std::fs::write(
+            &labelled,
+            format!("{PUBLIC_LABEL}{}", encode_hex(&key.public_key())),
+        )
+        .unwrap();
+        let e = SecretKey::from_file(&labelled).unwrap_err().to_string();
+        assert!(e.contains("public key"), "{e}");
+        // A seed whose KEY.pub beside it is another key's.
+        let other = SecretKey::generate().unwrap();
+        std::fs::write(&path, encode_hex(other.key.as_bytes())).unwrap();
+        let e = SecretKey::from_file(&path).unwrap_err().to_string();
+        assert!(e.contains("not a pair") && e.contains("k.pub"), "{e}");
+        // Bare hex without a .pub beside it: accepted (keys of earlier releases).
+        let bare = dir.path().join("bare");
+        std::fs::write(&bare, encode_hex(other.key.as_bytes())).unwrap();
+        assert_eq!(
+            SecretKey::from_file(&bare).unwrap().public_key(),
+            other.public_key()
+        );
+    }
+
+    #[test]
     fn two_generated_keys_differ() {
         let a = SecretKey::generate().unwrap();
         let b = SecretKey::generate().unwrap();
@@ -244,7 +352,7 @@ mod tests {
         let key = SecretKey::from_seed(&[7; 32]);
         let mut junk = vec![0u8; 4096];
         assert!(matches!(
-            sign_plan(&mut junk, &key),
+            sign_plan(&mut junk, &key, false),
             Err(SignError::Plan(_))
         ));
     }

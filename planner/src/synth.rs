@@ -45,6 +45,10 @@ pub enum SynthError {
     /// The output folder exists and is not empty, and overwriting was not asked for.
     #[error("{path}: exists and is not empty (pass --force to replace it)")]
     NotEmpty { path: String },
+    /// `--force` was given for a folder that is not a pipeline folder, or one that holds
+    /// the current folder: replacing it would delete what synth did not write.
+    #[error("{path}: {reason}; refusing to replace it (give a new or empty folder, or a pipeline folder synth wrote)")]
+    NotReplaceable { path: String, reason: String },
     /// The output path exists and is not a folder.
     #[error("{path}: exists and is not a folder")]
     NotAFolder { path: String },
@@ -1017,6 +1021,22 @@ pub fn synthesize(
                 path: out.display().to_string(),
             });
         }
+        let refuse = |reason: &str| SynthError::NotReplaceable {
+            path: out.display().to_string(),
+            reason: reason.to_string(),
+        };
+        let real = std::fs::canonicalize(out).map_err(io_err(out))?;
+        if std::env::current_dir()
+            .and_then(std::fs::canonicalize)
+            .is_ok_and(|cwd| cwd.starts_with(&real))
+        {
+            return Err(refuse("it is or contains the current folder"));
+        }
+        if occupied && !real.join("model_index.json").is_file() {
+            return Err(refuse(
+                "it is not empty and not a pipeline folder (no model_index.json)",
+            ));
+        }
     }
     let name = out
         .file_name()
@@ -1387,6 +1407,12 @@ mod tests {
         assert!(matches!(e, SynthError::NotEmpty { .. }), "{e}");
         assert!(out.join("keep").is_file());
         opts.force = true;
+        // --force replaces only a pipeline folder: a folder of other files is kept.
+        let e = synthesize(&p, &out, &opts).unwrap_err();
+        assert!(matches!(e, SynthError::NotReplaceable { .. }), "{e}");
+        assert!(e.to_string().contains("model_index.json"), "{e}");
+        assert!(out.join("keep").is_file());
+        std::fs::write(out.join("model_index.json"), b"{}").unwrap();
         synthesize(&p, &out, &opts).unwrap();
         assert!(!out.join("keep").exists());
         assert!(out.join("vae/config.json").is_file());

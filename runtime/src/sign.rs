@@ -11,7 +11,7 @@
 use std::path::Path;
 
 use ed25519_dalek::{Signature, VerifyingKey};
-use edge_schema::header::{decode_key, encode_hex, Header};
+use edge_schema::header::{decode_key, encode_hex, Header, PUBLIC_LABEL, SECRET_LABEL};
 
 /// Why a plan's signature was refused, or a key file could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -46,15 +46,25 @@ impl TrustedKey {
         Ok(TrustedKey { key })
     }
 
-    /// Reads a public key file (`KEY.pub` from `edgeplan keygen`): 64 hex digits or 32 raw
-    /// bytes (see [`edge_schema::header::decode_key`]).
+    /// Reads a public key file (`KEY.pub` from `edgeplan keygen`): 64 hex digits (optionally
+    /// after [`edge_schema::header::PUBLIC_LABEL`]) or 32 raw bytes (see
+    /// [`edge_schema::header::decode_key`]). A secret key file (it starts with
+    /// [`edge_schema::header::SECRET_LABEL`]) is refused, naming the `.pub` file to give.
     pub fn from_file(path: &Path) -> Result<TrustedKey, SignatureError> {
         let err = |reason: String| SignatureError::KeyFile {
             path: path.display().to_string(),
             reason,
         };
         let bytes = std::fs::read(path).map_err(|e| err(e.to_string()))?;
-        let raw = decode_key(&bytes).ok_or_else(|| {
+        if bytes.starts_with(SECRET_LABEL.as_bytes()) {
+            return Err(err(
+                "is a secret key (KEY from `edgeplan keygen`); give its public key KEY.pub".into(),
+            ));
+        }
+        let bytes = bytes
+            .strip_prefix(PUBLIC_LABEL.as_bytes())
+            .unwrap_or(&bytes);
+        let raw = decode_key(bytes).ok_or_else(|| {
             err(format!(
                 "{} bytes, expected 64 hexadecimal digits or 32 raw bytes",
                 bytes.len()

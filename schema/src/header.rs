@@ -46,7 +46,8 @@
 //!
 //! Key files ([`decode_key`]): 32 bytes, either raw or as 64 hexadecimal digits (surrounding
 //! whitespace ignored). `edgeplan keygen` writes hex: the secret 32-byte Ed25519 seed to
-//! `KEY` and the public key to `KEY.pub`.
+//! `KEY` after [`SECRET_LABEL`], and the public key to `KEY.pub` (bare digits; a reader also
+//! accepts them after [`PUBLIC_LABEL`]). The labels let each side refuse the other's file.
 
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
@@ -85,6 +86,13 @@ pub struct SignatureBlock {
     /// The Ed25519 signature over [`Header::signed_message`] (64 bytes).
     pub signature: [u8; 64],
 }
+
+/// The first bytes of a secret key file `edgeplan keygen` writes, before the seed's 64 hex
+/// digits.
+pub const SECRET_LABEL: &str = "edgediff-ed25519-secret-key ";
+/// The first bytes a public key file may carry before its 64 hex digits (`keygen` writes the
+/// bare digits, which every release reads).
+pub const PUBLIC_LABEL: &str = "edgediff-ed25519-public-key ";
 
 /// Parses a key file's contents: exactly 32 raw bytes, or 64 hexadecimal digits with optional
 /// surrounding whitespace. `None` for anything else.

@@ -512,7 +512,7 @@ fn quant_flags_on_folders() {
         let (_, d) = table_bytes(&c, &qkv_name(0));
         assert_eq!(d, stored, "sigma --quant {q}");
         if q == stored {
-            assert!(summary.contains("fallbacks: none"), "{summary}");
+            assert!(summary.contains("notes: none"), "{summary}");
         } else {
             assert!(
                 summary.contains(&format!("asked {q}, stored {stored}")),
@@ -691,6 +691,7 @@ fn folderless_matches_folder(name: &str, groups: usize, family: ModelFamily, sca
         ))),
         tokenizer: Some(fixture(&format!("{name}/tokenizer/tokenizer.json"))),
         vae_norm_groups: Some(groups),
+        family: (family == ModelFamily::PixArtSigma).then_some(family),
         ..Default::default()
     };
     let (c, plan) = build(None, &files, None);
@@ -812,4 +813,240 @@ fn aarch64_plans_repack_linear_weights_and_run_identically_here() {
             "{q}: the aarch64 plan's latents differ from the generic plan's"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// What no file states is said, what no graph uses is reported, non-finite weights are named
+// ---------------------------------------------------------------------------------------------
+
+/// The four role files of the Σ fixture with its F16 GGUF transformer.
+fn sigma_role_files() -> ComponentFiles {
+    ComponentFiles {
+        diffusion_model: Some(gguf(SIGMA, "F16")),
+        t5xxl: Some(fixture(&format!(
+            "{SIGMA}/text_encoder/model.safetensors.index.json"
+        ))),
+        vae: Some(fixture(&format!(
+            "{SIGMA}/vae/diffusion_pytorch_model.safetensors"
+        ))),
+        tokenizer: Some(fixture(&format!("{SIGMA}/tokenizer/tokenizer.json"))),
+        vae_norm_groups: Some(8),
+        ..Default::default()
+    }
+}
+
+/// Without a folder, a family the weights cannot tell must be given; every value no file
+/// states is in the plan's notes (and so in `edgeplan compile`'s output and `inspect`).
+#[test]
+fn folderless_compiles_name_every_assumed_value() {
+    let e = compile_err(None, &sigma_role_files());
+    assert!(
+        e.contains("--family sigma") && e.contains("--family alpha") && e.contains("0.13025"),
+        "{e}"
+    );
+    let files = ComponentFiles {
+        family: Some(ModelFamily::PixArtSigma),
+        ..sigma_role_files()
+    };
+    let (c, _) = build(None, &files, None);
+    let notes = c.meta.notes.join("\n");
+    for needle in [
+        "GroupNorm groups 8 (--vae-norm-groups)",
+        "scaling factor 0.13025 (the SDXL VAE of PixArt-Σ",
+        "4 attention heads (GGUF pixart.attention.head_count)",
+        "sample size 8 (GGUF pixart.sample_size)",
+        "T5 v1.1",
+        "DPMSolverMultistepScheduler",
+    ] {
+        assert!(notes.contains(needle), "{needle:?} not in notes:\n{notes}");
+    }
+    let summary = edge_planner::inspect::summary(&c.meta, 0);
+    assert!(summary.contains("GroupNorm groups 8"), "{summary}");
+    assert!(summary.contains("assumed VAE config"), "{summary}");
+
+    // A family that contradicts the weights is refused; α is recognised by its embedders.
+    let alpha = ComponentFiles {
+        diffusion_model: Some(gguf(ALPHA, "F16")),
+        t5xxl: Some(fixture(&format!(
+            "{ALPHA}/text_encoder/model.safetensors.index.json"
+        ))),
+        vae: Some(fixture(&format!(
+            "{ALPHA}/vae/diffusion_pytorch_model.safetensors"
+        ))),
+        tokenizer: Some(fixture(&format!("{ALPHA}/tokenizer/tokenizer.json"))),
+        vae_norm_groups: Some(16),
+        ..Default::default()
+    };
+    let e = compile_err(
+        None,
+        &ComponentFiles {
+            family: Some(ModelFamily::PixArtSigma),
+            ..alpha.clone()
+        },
+    );
+    assert!(
+        e.contains("--family sigma") && e.contains("PixArt-α"),
+        "{e}"
+    );
+    let (c, _) = build(None, &alpha, None);
+    assert!(
+        c.meta.notes.join("\n").contains("assumed family PixArt-α"),
+        "{:?}",
+        c.meta.notes
+    );
+
+    // A safetensors transformer has no sample-size key: the flag is required.
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("dit.safetensors");
+    write_all(&p, &diffusers_transformer(SIGMA));
+    let files = ComponentFiles {
+        diffusion_model: Some(p),
+        heads: Some(4),
+        family: Some(ModelFamily::PixArtSigma),
+        ..sigma_role_files()
+    };
+    let e = compile_err(None, &files);
+    assert!(e.contains("--sample-size"), "{e}");
+}
+
+/// Copies the fixture folder `name` into `dst` (files only, recursively).
+fn copy_tree(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        let to = dst.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &to);
+        } else {
+            std::fs::copy(e.path(), &to).unwrap();
+        }
+    }
+}
+
+/// A config with fewer layers than the weights, and tensors under names the model does not
+/// have, are reported (diffusers warns about unused checkpoint weights too); a folder the
+/// config matches reports nothing.
+#[test]
+fn unused_checkpoint_tensors_are_reported() {
+    let (c, _) = build(Some(&fixture(SIGMA)), &ComponentFiles::default(), None);
+    assert!(
+        !c.meta.notes.iter().any(|n| n.contains("not used")),
+        "{:?}",
+        c.meta.notes
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("m");
+    copy_tree(&fixture(SIGMA), &folder);
+    let cfg_path = folder.join("transformer/config.json");
+    let cfg = std::fs::read_to_string(&cfg_path).unwrap();
+    std::fs::write(
+        &cfg_path,
+        cfg.replace("\"num_layers\": 2", "\"num_layers\": 1"),
+    )
+    .unwrap();
+    let (c, _) = build(Some(&folder), &ComponentFiles::default(), None);
+    let notes = c.meta.notes.join("\n");
+    assert!(
+        notes.contains("warning:")
+            && notes.contains("transformer tensors")
+            && notes.contains("transformer_blocks.1.attn1.to_q.weight"),
+        "{notes}"
+    );
+    assert!(!notes.contains("transformer_blocks.0."), "{notes}");
+
+    // An extra tensor in the VAE under a name no graph reads (the encoder is not reported).
+    let mut v = read_all(&folder.join("vae/diffusion_pytorch_model.safetensors"));
+    let extra = Owned {
+        dtype: safetensors::Dtype::F32,
+        shape: vec![2],
+        data: vec![0; 8],
+    };
+    v.insert("decoder.conv_out.weight_typo".into(), extra);
+    write_all(&folder.join("vae/diffusion_pytorch_model.safetensors"), &v);
+    let (c, _) = build(Some(&folder), &ComponentFiles::default(), None);
+    let notes = c.meta.notes.join("\n");
+    assert!(
+        notes.contains("1 VAE tensors") && notes.contains("decoder.conv_out.weight_typo"),
+        "{notes}"
+    );
+    assert!(!notes.contains("encoder.conv_in"), "{notes}");
+}
+
+/// NaN or infinity in a weight is refused at compile time naming the file, the tensor and the
+/// first index, in every storage type (F32, F16, and a ggml block whose scale is NaN).
+#[test]
+fn non_finite_weights_are_named_at_compile_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = fixture(SIGMA);
+    let name = "transformer_blocks.1.ff.net.2.weight";
+    for (i, (dtype, bad)) in [
+        (safetensors::Dtype::F32, f32::NAN.to_le_bytes().to_vec()),
+        (
+            safetensors::Dtype::F32,
+            f32::INFINITY.to_le_bytes().to_vec(),
+        ),
+        (
+            safetensors::Dtype::F16,
+            half::f16::NEG_INFINITY.to_le_bytes().to_vec(),
+        ),
+        (
+            safetensors::Dtype::BF16,
+            half::bf16::NAN.to_le_bytes().to_vec(),
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut d = diffusers_transformer(SIGMA);
+        let t = d.get_mut(name).unwrap();
+        let vals: Vec<f32> = t
+            .data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let width = bad.len();
+        t.data = match dtype {
+            safetensors::Dtype::F16 => vals
+                .iter()
+                .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                .collect(),
+            safetensors::Dtype::BF16 => vals
+                .iter()
+                .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+                .collect(),
+            _ => t.data.clone(),
+        };
+        t.dtype = dtype;
+        let at = 37 + i;
+        t.data[at * width..(at + 1) * width].copy_from_slice(&bad);
+        let p = dir.path().join(format!("nan{i}.safetensors"));
+        write_all(&p, &d);
+        let e = compile_err(Some(&folder), &with_model(&p));
+        assert!(
+            e.contains(name)
+                && e.contains(&format!("flat index {at}"))
+                && e.contains(&format!("nan{i}.safetensors"))
+                && e.contains("finite"),
+            "{e}"
+        );
+    }
+    // A Q8_0 GGUF block with a NaN scale: the first element of that block is named.
+    let path = gguf(SIGMA, "Q8_0");
+    let g = GgufFile::open(&path).unwrap();
+    let gname = format!("{GGUF_PREFIX}blocks.0.attn.qkv.weight");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let tb = g.tensor_bytes(&gname).unwrap();
+    let off = bytes
+        .windows(tb.len())
+        .position(|w| w == tb)
+        .expect("tensor data in the file");
+    // Block 2 (bytes 68..102): its f16 scale becomes NaN.
+    bytes[off + 68..off + 70].copy_from_slice(&half::f16::NAN.to_le_bytes());
+    let p = dir.path().join("nan.gguf");
+    std::fs::write(&p, &bytes).unwrap();
+    let e = compile_err(Some(&folder), &with_model(&p));
+    assert!(
+        e.contains("flat index 64") && e.contains("nan.gguf") && e.contains("qkv"),
+        "{e}"
+    );
 }

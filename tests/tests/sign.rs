@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use edge_e2e::{compiled_plan, demo};
-use edge_planner::sign::{sign_plan, SecretKey};
+use edge_planner::sign::{sign_plan, SecretKey, Signed};
 use edge_runtime::{Error, Plan, Session, SignatureError, StageInput, TrustedKey};
 use edge_schema::header::{Header, HEADER_LEN};
 use edge_schema::plan::{StageKind, Storage};
@@ -23,7 +23,10 @@ fn trusted(k: &SecretKey) -> TrustedKey {
 
 fn signed_by(k: &SecretKey) -> Vec<u8> {
     let mut b = unsigned();
-    sign_plan(&mut b, k).expect("sign the demo plan");
+    assert_eq!(
+        sign_plan(&mut b, k, false).expect("sign the demo plan"),
+        Signed::New
+    );
     b
 }
 
@@ -50,10 +53,26 @@ fn signed_plan_verifies_with_the_right_key() {
     // Only the header changed, and a reader without a key still opens it.
     assert_eq!(plan_bytes[HEADER_LEN..], unsigned()[HEADER_LEN..]);
     assert!(Plan::from_bytes(&plan_bytes).is_ok());
-    // Re-signing with another key replaces the signature.
+    // Signing again with the same key writes the same bytes.
+    let mut same = plan_bytes.clone();
+    assert_eq!(sign_plan(&mut same, &k, false).unwrap(), Signed::Same);
+    assert!(same == plan_bytes);
+    // Another key is refused without `resign`, the bytes untouched, and replaces the
+    // signature with it.
     let k2 = key(2);
     let mut again = plan_bytes.clone();
-    sign_plan(&mut again, &k2).unwrap();
+    let e = sign_plan(&mut again, &k2, false).unwrap_err().to_string();
+    assert!(
+        e.contains("already signed")
+            && e.contains(&edge_schema::header::encode_hex(&k.public_key()))
+            && e.contains("--resign"),
+        "{e}"
+    );
+    assert!(again == plan_bytes);
+    assert_eq!(
+        sign_plan(&mut again, &k2, true).unwrap(),
+        Signed::Replaced(edge_schema::header::encode_hex(&k.public_key()))
+    );
     Plan::from_bytes_signed(&again, &trusted(&k2)).expect("re-signed plan verifies");
 }
 
