@@ -53,6 +53,10 @@ pub enum Error {
     Argument { flag: &'static str, reason: String },
     #[error("writing {path}: {reason}")]
     Output { path: String, reason: String },
+    #[error("plan {path} is locked for writing by another process (an updater replacing it in place); run again when it is done")]
+    PlanLocked { path: String },
+    #[error("plan {path} changed while in use ({what}); nothing was written. Replace a plan by writing the new file elsewhere and renaming it over the old one")]
+    PlanChanged { path: String, what: String },
     #[error("sampling diverged: the latents hold NaN or infinity after step {step} (guidance scale {cfg_scale}; values far outside 1…20 overflow f32)")]
     Diverged { step: usize, cfg_scale: f32 },
 }

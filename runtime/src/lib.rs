@@ -3,11 +3,14 @@
 //!
 //! Depends only on `edge-schema`, the kernel crates and a few small libraries (memmap2,
 //! zerocopy, png); never on the planner, graph, models, safetensors, clap or anyhow.
-//! `unsafe` exists in one place: the `mmap` call in [`plan`].
+//! `unsafe` exists for two concerns: the `mmap` call and its page advice in [`plan`], and the
+//! `SIGBUS` guard of the mapping in `guard`.
 #![deny(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod error;
+#[allow(unsafe_code)]
+mod guard;
 mod held;
 pub mod image;
 pub mod pipeline;

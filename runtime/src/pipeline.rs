@@ -256,6 +256,7 @@ pub fn generate(
     } else {
         None
     };
+    session.plan().check_unchanged()?;
     progress(Progress::Encoded);
 
     let den = &meta.stages[size.denoiser_stage as usize];
@@ -302,6 +303,8 @@ pub fn generate(
             }
         }
         sampler.step(i, &eps_c, &mut latents)?;
+        // A plan rewritten in place under the run is the cause to name, before divergence.
+        session.plan().check_unchanged()?;
         if latents.iter().any(|v| !v.is_finite()) {
             return Err(Error::Diverged {
                 step: i + 1,
@@ -315,6 +318,7 @@ pub fn generate(
         });
     }
     let (image, exact_tiles) = decode_latents_reported(session, &size, &latents)?;
+    session.plan().check_unchanged()?;
     progress(Progress::Decoded);
     let rgb = crate::image::to_rgb8(&image, params.width as usize, params.height as usize);
     Ok(Generated {

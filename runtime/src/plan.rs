@@ -22,8 +22,12 @@
 //!
 //! [`Plan::open`] memory-maps the file read-only. As with any `mmap`, the file must not be
 //! modified or truncated by another process while the plan is open: the verification done at
-//! open (and first use) cannot protect against bytes changing underneath it.
-//! [`Plan::from_bytes`] is the safe alternative (tests, embedded use): it owns an aligned copy.
+//! open (and first use) cannot protect against bytes changing underneath it. The plan holds a
+//! shared `flock` on the file, checks its stamp on request ([`Plan::check_unchanged`]) and
+//! turns a `SIGBUS` on the mapping into a one-line error (see `guard`), so an in-place rewrite
+//! ends the run with an error instead of a crash or a silently different image; replacing a
+//! plan by `rename(2)` is always safe. [`Plan::from_bytes`] is the other safe alternative
+//! (tests, embedded use): it owns an aligned copy.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -56,6 +60,9 @@ impl Bytes {
 
 /// A verified plan: its metadata and its weight bytes.
 pub struct Plan {
+    /// The open file's lock, stamp and SIGBUS registration (plans from [`Plan::open`]);
+    /// dropped before the mapping.
+    guard: Option<crate::guard::FileGuard>,
     bytes: Bytes,
     meta: PlanMeta,
     weights_offset: usize,
@@ -63,6 +70,8 @@ pub struct Plan {
     /// Per section: unset until first use, then whether its digest matched.
     checked: Vec<OnceLock<bool>>,
     signer: Option<[u8; 32]>,
+    /// BLAKE3 digest of the metadata (and through it of every section).
+    digest: [u8; 32],
     /// The file, for errors found after opening (lazy section checks).
     path: Option<std::path::PathBuf>,
 }
@@ -156,10 +165,13 @@ impl Plan {
             )));
         }
         let file = std::fs::File::open(path).map_err(io)?;
-        let map = map_file(&file).map_err(io)?;
+        let mut guard = crate::guard::FileGuard::lock(file, path)?;
+        let map = map_file(guard.file()).map_err(io)?;
+        guard.guard_mapping(map.as_ptr(), map.len());
         let mut plan = Plan::verify(Bytes::Mapped(map), trusted, Sections::OnFirstUse)
             .map_err(|e| e.in_file(path))?;
         plan.path = Some(path.to_path_buf());
+        plan.guard = Some(guard);
         Ok(plan)
     }
 
@@ -204,6 +216,8 @@ impl Plan {
         verify::verify_meta(&meta, weights_len)?;
         check_padding(file, &h, &meta)?;
         let plan = Plan {
+            guard: None,
+            digest: h.meta_digest,
             weights_offset: h.weights_offset.get() as usize,
             weights_len: weights_len as usize,
             checked: meta.sections.iter().map(|_| OnceLock::new()).collect(),
@@ -276,6 +290,21 @@ impl Plan {
     /// unsigned.
     pub fn signer(&self) -> Option<[u8; 32]> {
         self.signer
+    }
+
+    /// BLAKE3 digest of the plan's metadata, which holds every section's digest: one value
+    /// that names these exact weights and graphs (unchanged by signing).
+    pub fn digest(&self) -> [u8; 32] {
+        self.digest
+    }
+
+    /// Checks that the file of a plan from [`Plan::open`] is still the one opened (same inode,
+    /// length and modification time; see `guard`). Plans from bytes always
+    /// pass.
+    ///
+    /// Errors: [`Error::PlanChanged`] naming the plan and what changed.
+    pub fn check_unchanged(&self) -> Result<()> {
+        self.guard.as_ref().map_or(Ok(()), |g| g.check())
     }
 
     /// The whole file's length in bytes.

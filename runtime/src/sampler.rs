@@ -73,6 +73,14 @@ impl SamplingMethod {
             SamplingMethod::Euler => "euler",
         }
     }
+
+    /// The name AUTOMATIC1111's web UI (and its PNG `parameters`) gives the sampler.
+    pub const fn a1111_name(self) -> &'static str {
+        match self {
+            SamplingMethod::DpmPp2m => "DPM++ 2M",
+            SamplingMethod::Euler => "Euler",
+        }
+    }
 }
 
 impl fmt::Display for SamplingMethod {

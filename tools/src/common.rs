@@ -34,29 +34,43 @@ pub fn one_line(e: &anyhow::Error) -> String {
     line
 }
 
-/// Parses a memory size for `flag`: `1.5G`, `800M`, `64K`, `2T` (binary units, fractions
-/// allowed) or a whole number of bytes (`1048576`). Errors name the flag and say what was
-/// expected: no unit with a fraction, unknown units, zero, negative, NaN, or more than 2⁶⁴ − 1
-/// bytes.
+/// Parses a memory size for `flag`: `1.5G`, `800M`, `64K`, `2T` or `1.5GiB`, `800MiB` (binary
+/// units, 2¹⁰ⁿ bytes), `1.5GB`, `800MB`, `64kB` (decimal units, 10³ⁿ bytes, in any case:
+/// `mb`), or a whole number of bytes (`1048576`, `1048576B`); fractions need a unit. Errors
+/// name the flag and say what was expected: unknown units, zero, negative, NaN, or more than
+/// 2⁶⁴ − 1 bytes.
 pub fn parse_size(s: &str, flag: &str) -> anyhow::Result<u64> {
     let t = s.trim();
     let bad = |why: &str| {
-        anyhow::anyhow!("{flag} `{s}`: {why} (expected a size like 1.5G, 800M or 1048576)")
+        anyhow::anyhow!(
+            "{flag} `{s}`: {why} (expected a size like 1.5G, 800M, 800MiB, 800MB or 1048576)"
+        )
     };
-    let (num, mult) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m: u64 = match c.to_ascii_uppercase() {
-                'K' => 1 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                _ => return Err(bad("unknown unit (K, M, G or T)")),
-            };
-            (t[..i].trim(), m)
-        }
-        _ => (t, 1),
+    let split = t
+        .char_indices()
+        .find(|(_, c)| c.is_ascii_alphabetic())
+        .map_or(t.len(), |(i, _)| i);
+    let (num, unit) = (t[..split].trim(), &t[split..]);
+    let power = |c: char| match c.to_ascii_uppercase() {
+        'K' => Some(1),
+        'M' => Some(2),
+        'G' => Some(3),
+        'T' => Some(4),
+        _ => None,
     };
-    if mult == 1 {
+    let chars: Vec<char> = unit.chars().collect();
+    let mult: f64 = match chars.as_slice() {
+        [] => 1.0,
+        ['b' | 'B'] => 1.0,
+        [p] => power(*p).map_or(0.0, |n| 1024f64.powi(n)),
+        [p, 'i', 'B' | 'b'] => power(*p).map_or(0.0, |n| 1024f64.powi(n)),
+        [p, 'B' | 'b'] => power(*p).map_or(0.0, |n| 1000f64.powi(n)),
+        _ => 0.0,
+    };
+    if mult == 0.0 {
+        return Err(bad("unknown unit (K, M, G, T; KiB…TiB; kB…TB; B)"));
+    }
+    if mult == 1.0 {
         let v: u64 = num
             .parse()
             .map_err(|_| bad("not a whole number of bytes (add a unit for fractions)"))?;
@@ -65,11 +79,14 @@ pub fn parse_size(s: &str, flag: &str) -> anyhow::Result<u64> {
         }
         return Ok(v);
     }
+    if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return Err(bad("not a number"));
+    }
     let v: f64 = num.parse().map_err(|_| bad("not a number"))?;
     if !(v.is_finite() && v > 0.0) {
         return Err(bad("must be positive"));
     }
-    let bytes = v * mult as f64;
+    let bytes = v * mult;
     if bytes >= u64::MAX as f64 {
         return Err(bad("too large"));
     }
@@ -191,6 +208,14 @@ mod tests {
         assert_eq!(parse_size("800M", "--max-ram").unwrap(), 800 << 20);
         assert_eq!(parse_size(" 64k ", "--max-ram").unwrap(), 64 << 10);
         assert_eq!(parse_size("1048576", "--max-ram").unwrap(), 1 << 20);
+        assert_eq!(parse_size("1048576B", "--max-ram").unwrap(), 1 << 20);
+        assert_eq!(parse_size("768MiB", "--max-ram").unwrap(), 768 << 20);
+        assert_eq!(parse_size("1.5GiB", "--max-ram").unwrap(), 3 << 29);
+        assert_eq!(parse_size("1 gib", "--max-ram").unwrap(), 1 << 30);
+        assert_eq!(parse_size("4MB", "--max-ram").unwrap(), 4_000_000);
+        assert_eq!(parse_size("800mb", "--max-ram").unwrap(), 800_000_000);
+        assert_eq!(parse_size("1.5GB", "--max-ram").unwrap(), 1_500_000_000);
+        assert_eq!(parse_size("64kB", "--max-ram").unwrap(), 64_000);
         for bad in [
             "0",
             "-5",
@@ -198,7 +223,11 @@ mod tests {
             "abc",
             "NaN",
             "inf",
-            "4MB",
+            "4XB",
+            "4MiBs",
+            "M",
+            "-1G",
+            "1.5B",
             "1e30",
             "99999999999999999999G",
             "18446744073709551616",

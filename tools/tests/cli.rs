@@ -43,8 +43,15 @@ fn entries(dir: &Path) -> Vec<String> {
     v
 }
 
-/// Asserts a failed run: non-zero exit, exactly one stderr line starting with `error:` that
-/// contains every `needle`, and nothing written into `out_dir`.
+/// Whether `line` is one of `edgerun generate`'s plain progress lines (stderr not a terminal).
+fn is_progress(line: &str) -> bool {
+    line.starts_with("encoded the prompt in ")
+        || line.starts_with("decoded the latents in ")
+        || (line.starts_with("step ") && line.contains(" in "))
+}
+
+/// Asserts a failed run: non-zero exit, exactly one stderr line (besides progress lines)
+/// starting with `error:` that contains every `needle`, and nothing written into `out_dir`.
 fn assert_refused(what: &str, out: &Output, needles: &[&str], out_dir: &Path) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -56,7 +63,10 @@ fn assert_refused(what: &str, out: &Output, needles: &[&str], out_dir: &Path) {
         Some(1),
         "{what}: exit status; stderr: {err}"
     );
-    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !is_progress(l))
+        .collect();
     assert_eq!(lines.len(), 1, "{what}: stderr must be one line, is: {err}");
     assert!(lines[0].starts_with("error: "), "{what}: {err}");
     for n in needles {
@@ -382,6 +392,210 @@ fn png_text(png: &[u8]) -> Vec<(String, String)> {
     out
 }
 
+/// Parses AUTOMATIC1111 `parameters` text: the prompt line, the `Negative prompt: ` line and
+/// the last line's `Key: value` fields (values quoted as JSON strings when they hold `,` or
+/// `:`). Panics when the layout is not that.
+fn a1111(text: &str) -> (String, String, std::collections::BTreeMap<String, String>) {
+    let lines: Vec<&str> = text.split('\n').collect();
+    assert_eq!(lines.len(), 3, "three lines: {text:?}");
+    let negative = lines[1]
+        .strip_prefix("Negative prompt: ")
+        .unwrap_or_else(|| panic!("second line: {text:?}"));
+    let mut fields = std::collections::BTreeMap::new();
+    let mut rest = lines[2];
+    while !rest.is_empty() {
+        let (key, after) = rest
+            .split_once(": ")
+            .unwrap_or_else(|| panic!("field in {rest:?}"));
+        let (value, next) = if after.starts_with('"') {
+            let mut end = 1;
+            let b = after.as_bytes();
+            while b[end] != b'"' {
+                end += if b[end] == b'\\' { 2 } else { 1 };
+            }
+            let v: String = serde_json::from_str(&after[..=end]).expect("JSON string");
+            (v, after[end + 1..].strip_prefix(", ").unwrap_or(""))
+        } else {
+            match after.split_once(", ") {
+                Some((v, n)) => (v.to_string(), n),
+                None => (after.to_string(), ""),
+            }
+        };
+        assert!(
+            fields.insert(key.to_string(), value).is_none(),
+            "{key} twice in {text:?}"
+        );
+        rest = next;
+    }
+    (lines[0].to_string(), negative.to_string(), fields)
+}
+
+/// Every field of the PNG's `parameters` is the one the run used (each with a value no other
+/// field has, so a field recording another's value is caught); the plan is named by file name
+/// and digest, never by the path as typed; prompts cannot forge lines or fields.
+#[test]
+fn png_parameters_record_every_field() {
+    let t = tempfile::tempdir().unwrap();
+    let sub = t.path().join("private-folder-name");
+    std::fs::create_dir(&sub).unwrap();
+    let plan = sub.join("my.plan");
+    std::fs::copy(demo_plan(), &plan).unwrap();
+    let png = t.path().join("p.png");
+    let init = t.path().join("noise.safetensors");
+    let noise: Vec<u8> = (0..256)
+        .flat_map(|i| ((i as f32 * 0.37).sin()).to_le_bytes())
+        .collect();
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 4, 8, 8], &noise)
+            .unwrap();
+    std::fs::write(
+        &init,
+        safetensors::serialize([("latents", view)], None).unwrap(),
+    )
+    .unwrap();
+    let prompt = "a red circle\nNegative prompt: forged\nSteps: 99, Seed: 1";
+    let o = run(
+        EDGERUN,
+        &[
+            "generate",
+            "--plan",
+            s(&plan),
+            "-p",
+            prompt,
+            "-n",
+            "blurry, \\ ugly",
+            "--steps",
+            "3",
+            "--cfg-scale",
+            "2.5",
+            "--sampling-method",
+            "euler",
+            "-s",
+            "12345",
+            "--init-latents",
+            s(&init),
+            "-o",
+            s(&png),
+            "--quiet",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = png_text(&std::fs::read(&png).unwrap());
+    let params = &text
+        .iter()
+        .find(|(k, _)| k == "parameters")
+        .expect("parameters")
+        .1;
+    let (p, n, f) = a1111(params);
+    assert_eq!(
+        p,
+        "a red circle\\nNegative prompt: forged\\nSteps: 99, Seed: 1"
+    );
+    assert_eq!(n, "blurry, \\\\ ugly");
+    let digest = {
+        let plan = edge_runtime::Plan::open(&plan).unwrap();
+        edge_schema::header::encode_hex(&plan.digest())
+    };
+    let want = [
+        ("Steps", "3".to_string()),
+        ("Sampler", "Euler".to_string()),
+        ("CFG scale", "2.5".to_string()),
+        ("Seed", "12345".to_string()),
+        ("Size", "64x64".to_string()),
+        ("Model hash", digest[..10].to_string()),
+        ("Model", "pixart-shapes-64".to_string()),
+        ("Plan", "my.plan".to_string()),
+        ("Plan digest", digest.clone()),
+        ("Init latents", "noise.safetensors".to_string()),
+        ("Version", format!("edgerun {}", env!("CARGO_PKG_VERSION"))),
+    ];
+    for (k, v) in &want {
+        assert_eq!(f.get(*k), Some(v), "field {k} in {params:?}");
+    }
+    assert_eq!(f.len(), want.len(), "{f:?}");
+    for (k, v) in &text {
+        assert!(
+            !v.contains("private-folder-name"),
+            "the plan's path leaked into {k}: {v}"
+        );
+    }
+    // DPM++ 2M spelled as A1111 does; the seeded run records no init latents.
+    let png2 = t.path().join("q.png");
+    let o = generate(&plan, &png2, &["--quiet", "-s", "7"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = png_text(&std::fs::read(&png2).unwrap());
+    let (_, _, f) = a1111(&text.iter().find(|(k, _)| k == "parameters").unwrap().1);
+    assert_eq!(f["Sampler"], "DPM++ 2M");
+    assert_eq!(f["Seed"], "7");
+    assert!(!f.contains_key("Init latents"));
+}
+
+/// Prompts may start with `-`; an output named like another format is refused before any
+/// work; progress is printed as plain lines when stderr is not a terminal, and not at all
+/// with `--quiet`.
+#[test]
+fn hyphen_prompts_output_names_and_plain_progress() {
+    let t = tempfile::tempdir().unwrap();
+    let png = t.path().join("h.png");
+    let o = run(
+        EDGERUN,
+        &[
+            "generate",
+            "--plan",
+            s(demo_plan()),
+            "-p",
+            "-a red circle",
+            "-n",
+            "--blurry",
+            "--steps",
+            "2",
+            "-o",
+            s(&png),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    for line in [
+        "encoded the prompt in",
+        "step 1/2 in",
+        "step 2/2 in",
+        "decoded the latents in",
+    ] {
+        assert!(err.contains(line), "no `{line}` in {err}");
+    }
+    let text = png_text(&std::fs::read(&png).unwrap());
+    let (p, n, _) = a1111(&text.iter().find(|(k, _)| k == "parameters").unwrap().1);
+    assert_eq!((p.as_str(), n.as_str()), ("-a red circle", "--blurry"));
+    let o = generate(demo_plan(), &t.path().join("q.png"), &["--quiet"]);
+    assert!(o.status.success());
+    assert!(
+        o.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for (flag, name, needles) in [
+        ("-o", "out.jpg", vec!["-o", "out.jpg", ".png"]),
+        ("-o", "out.PNG.webp", vec!["-o", ".webp", ".png"]),
+        (
+            "--latents-out",
+            "lat.png",
+            vec!["--latents-out", "lat.png", ".safetensors"],
+        ),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        let target = d.path().join(name);
+        let mut extra = vec![];
+        let out = if flag == "-o" {
+            target.clone()
+        } else {
+            extra = vec![flag, s(&target)];
+            d.path().join("ok.png")
+        };
+        let o = generate(demo_plan(), &out, &extra);
+        assert_refused(name, &o, &needles, d.path());
+    }
+}
+
 #[test]
 fn compile_and_generate_png_with_prompt_and_latents() {
     let t = tempfile::tempdir().unwrap();
@@ -414,11 +628,10 @@ fn compile_and_generate_png_with_prompt_and_latents() {
         .iter()
         .find(|(k, _)| k == "parameters")
         .unwrap_or_else(|| panic!("no `parameters` tEXt chunk in {text:?}"));
-    assert!(
-        params.1.contains(&format!("prompt: {PROMPT}")),
-        "{}",
-        params.1
-    );
+    let (prompt, negative, fields) = a1111(&params.1);
+    assert_eq!(prompt, PROMPT);
+    assert_eq!(negative, "");
+    assert_eq!(fields["Steps"], "2");
     let lbytes = std::fs::read(&lat).unwrap();
     let st = safetensors::SafeTensors::deserialize(&lbytes).unwrap();
     let l = st.tensor("latents").unwrap();
@@ -1018,14 +1231,7 @@ fn seed_minus_one_picks_a_random_seed_and_records_it() {
             .find(|(k, _)| k == "parameters")
             .expect("parameters")
             .1;
-        let after = params.split("seed: ").nth(1).expect("seed recorded");
-        after
-            .split(',')
-            .next()
-            .unwrap()
-            .trim()
-            .parse()
-            .expect("a whole seed")
+        a1111(params).2["Seed"].parse().expect("a whole seed")
     };
     let (a, b) = (t.path().join("a.png"), t.path().join("b.png"));
     for p in [&a, &b] {
@@ -1215,4 +1421,222 @@ fn budget_forced_spilled_exact_tiles_stay_within_the_prediction() {
         "{msg}"
     );
     assert!(!c.exists(), "an image was written after the decode failed");
+}
+
+/// A plan rewritten in place while `edgerun` runs on it ends the run with one error line
+/// naming the plan, exit 1 and no image (issue 15, defect 8).
+#[test]
+fn a_plan_rewritten_during_a_run_gives_no_image() {
+    use std::io::{BufRead, Seek, SeekFrom, Write};
+    let t = tempfile::tempdir().unwrap();
+    let plan = t.path().join("live.plan");
+    std::fs::copy(demo_plan(), &plan).unwrap();
+    let out_dir = tempfile::tempdir().unwrap();
+    let png = out_dir.path().join("x.png");
+    let mut child = Command::new(EDGERUN)
+        .args([
+            "generate",
+            "--plan",
+            s(&plan),
+            "-p",
+            PROMPT,
+            "--steps",
+            "1000",
+            "-o",
+            s(&png),
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(err.read_line(&mut line).unwrap() > 0, "ended early: {seen}");
+        seen.push_str(&line);
+        if line.starts_with("step 1/1000") {
+            break;
+        }
+    }
+    // Same bytes written over the file in place (no truncation, so no fault): the run must
+    // still notice the file changed.
+    let bytes = std::fs::read(&plan).unwrap();
+    let mut f = std::fs::OpenOptions::new().write(true).open(&plan).unwrap();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.write_all(&bytes).unwrap();
+    f.sync_all().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(1), "{seen}{rest}");
+    let last = rest.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("error: plan ")
+            && last.contains("live.plan")
+            && last.contains("changed while in use"),
+        "{rest}"
+    );
+    assert!(
+        entries(out_dir.path()).is_empty(),
+        "{:?}",
+        entries(out_dir.path())
+    );
+}
+
+/// `edgeplan sign` refuses a public key, a key file whose `.pub` beside it is another key's,
+/// and replacing another key's signature without `--resign`; `edgerun --trusted-key` refuses
+/// a secret key. The plan is byte-identical after every refusal.
+#[test]
+fn signing_refuses_the_wrong_key_files() {
+    let t = tempfile::tempdir().unwrap();
+    let plan = t.path().join("s.plan");
+    std::fs::copy(demo_plan(), &plan).unwrap();
+    let (k1, k2) = (t.path().join("k1"), t.path().join("k2"));
+    for k in [&k1, &k2] {
+        let o = run(EDGEPLAN, &["keygen", "--out", s(k)]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let pub1 = t.path().join("k1.pub");
+    let before = std::fs::read(&plan).unwrap();
+    let refused = |args: &[&str], needles: &[&str]| {
+        let o = run(EDGEPLAN, args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        for n in needles {
+            assert!(err.contains(n), "{args:?}: no `{n}` in {err}");
+        }
+        assert!(
+            std::fs::read(&plan).unwrap() == before,
+            "{args:?} changed the plan"
+        );
+    };
+    refused(
+        &["sign", s(&plan), "--key", s(&pub1)],
+        &["k1.pub", "public key"],
+    );
+    // A public key copied to a name without .pub is still recognised... when labelled; a bare
+    // one is caught by its pair: k2's seed beside k1's public key.
+    let mixed = t.path().join("mixed");
+    std::fs::copy(&k2, &mixed).unwrap();
+    std::fs::copy(&pub1, t.path().join("mixed.pub")).unwrap();
+    refused(
+        &["sign", s(&plan), "--key", s(&mixed)],
+        &["mixed.pub", "not a pair"],
+    );
+    let o = run(EDGEPLAN, &["sign", s(&plan), "--key", s(&k1)]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let signed = std::fs::read(&plan).unwrap();
+    let o = run(EDGEPLAN, &["sign", s(&plan), "--key", s(&k1)]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("already signed with key"));
+    assert!(
+        std::fs::read(&plan).unwrap() == signed,
+        "same key: same bytes"
+    );
+    let before = signed.clone();
+    let o = run(EDGEPLAN, &["sign", s(&plan), "--key", s(&k2)]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("already signed") && err.contains("--resign"),
+        "{err}"
+    );
+    assert!(std::fs::read(&plan).unwrap() == before);
+    let o = run(EDGEPLAN, &["sign", s(&plan), "--key", s(&k2), "--resign"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("replacing the signature by key"));
+    // The device side: a secret key is not a trusted key.
+    let out_dir = tempfile::tempdir().unwrap();
+    let o = generate(
+        &plan,
+        &out_dir.path().join("x.png"),
+        &["--trusted-key", s(&k2)],
+    );
+    assert_refused(
+        "secret key as trusted key",
+        &o,
+        &["k2", "secret key", "KEY.pub"],
+        out_dir.path(),
+    );
+    let o = generate(
+        &plan,
+        &out_dir.path().join("x.png"),
+        &["--trusted-key", s(&t.path().join("k2.pub")), "--quiet"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// A `--quant-rule` that decides no weight's type is an error naming it (before, it was
+/// ignored without a word), in its several spellings of the mistake.
+#[test]
+fn quant_rules_that_match_nothing_are_refused() {
+    for (rule, extra) in [
+        ("no_such_layer=q8_0", None),
+        ("norm=q8_0", None), // only never-quantized tensors
+        ("transformer_blocks=q4_0", Some("attn1=q8_0")), // shadowed: the first rule takes all
+    ] {
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("q.plan");
+        let model = demo_model();
+        let mut args = compile_args(s(&model), s(&out), "64");
+        args.extend(["--quant-rule", rule]);
+        if let Some(e) = extra {
+            args.extend(["--quant-rule", e]);
+        }
+        let o = run(EDGEPLAN, &args);
+        let bad = extra.unwrap_or(rule);
+        assert_refused(rule, &o, &["--quant-rule", &format!("`{bad}`")], t.path());
+    }
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("q.plan");
+    let model = demo_model();
+    let mut args = compile_args(s(&model), s(&out), "64");
+    args.extend(["--quant-rule", "attn1=q8_0"]);
+    let o = run(EDGEPLAN, &args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// `edgeplan synth --force` replaces only a pipeline folder, never the current folder or one
+/// holding it, and never a folder of other files.
+#[test]
+fn synth_force_never_replaces_what_it_did_not_write() {
+    let t = tempfile::tempdir().unwrap();
+    let work = t.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    std::fs::write(work.join("model_index.json"), b"{}").unwrap();
+    std::fs::write(work.join("notes.txt"), b"mine").unwrap();
+    for out in [".", "..", s(&work)] {
+        let o = Command::new(EDGEPLAN)
+            .current_dir(&work)
+            .args([
+                "synth",
+                "--preset",
+                "pixart-sigma-small",
+                "-o",
+                out,
+                "--force",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "-o {out}: {err}");
+        assert!(err.contains("refusing to replace"), "-o {out}: {err}");
+        assert_eq!(std::fs::read(work.join("notes.txt")).unwrap(), b"mine");
+    }
+    let other = t.path().join("docs");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("a.txt"), b"x").unwrap();
+    let o = run(
+        EDGEPLAN,
+        &[
+            "synth",
+            "--preset",
+            "pixart-sigma-small",
+            "-o",
+            s(&other),
+            "--force",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no model_index.json"));
+    assert!(other.join("a.txt").is_file());
 }

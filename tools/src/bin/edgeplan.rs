@@ -48,12 +48,15 @@ enum Cmd {
     Sign {
         /// The plan file; it must verify in full before it is signed.
         plan: PathBuf,
-        /// The secret key file (64 hex digits or 32 raw bytes).
+        /// The secret key file KEY from `keygen` (not KEY.pub).
         #[arg(long)]
         key: PathBuf,
         /// Write the signed plan here instead of replacing PLAN.
         #[arg(short = 'o', long = "output")]
         output: Option<PathBuf>,
+        /// Replace a signature by another key (refused otherwise).
+        #[arg(long)]
+        resign: bool,
     },
     /// Verify every digest of a plan (and, with --trusted-key, its signature); with
     /// --reference, also run it here with the generic kernels (which understand every pack,
@@ -77,10 +80,20 @@ struct ReferenceArgs {
     #[arg(long)]
     reference: Option<PathBuf>,
     /// The reference run's prompt.
-    #[arg(short = 'p', long = "prompt", default_value = "")]
+    #[arg(
+        short = 'p',
+        long = "prompt",
+        default_value = "",
+        allow_hyphen_values = true
+    )]
     prompt: String,
     /// The reference run's negative prompt.
-    #[arg(short = 'n', long = "negative-prompt", default_value = "")]
+    #[arg(
+        short = 'n',
+        long = "negative-prompt",
+        default_value = "",
+        allow_hyphen_values = true
+    )]
     negative_prompt: String,
     /// The reference run's steps.
     #[arg(long, default_value_t = 20)]
@@ -141,12 +154,17 @@ struct CompileArgs {
     /// Attention heads of the transformer when there is no folder config (PixArt-XL: 16).
     #[arg(long)]
     heads: Option<usize>,
-    /// Native latent size of the transformer when there is no folder config (default 128).
+    /// Native latent size of the transformer when there is no folder config or GGUF key
+    /// (1024-px models: 128, 512-px: 64).
     #[arg(long)]
     sample_size: Option<usize>,
     /// GroupNorm groups of the VAE when there is no folder config (default 32).
     #[arg(long)]
     vae_norm_groups: Option<usize>,
+    /// Model family when there is no folder: sigma (SDXL VAE, 300 tokens) or alpha (SD VAE,
+    /// 120 tokens); needed unless the transformer has PixArt-α's micro-condition embedders.
+    #[arg(long)]
+    family: Option<String>,
     /// Image width in pixels; repeat (or give a comma list) for several sizes, paired with -H.
     #[arg(short = 'W', long = "width", value_delimiter = ',', required = true)]
     width: Vec<u32>,
@@ -211,6 +229,15 @@ fn parse_type(s: &str, flag: &str) -> Result<DType> {
         bail!("{flag}: type `{s}` cannot be used for weights (expected f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)");
     }
     Ok(d)
+}
+
+fn parse_family(s: &str) -> Result<edge_schema::plan::ModelFamily> {
+    use edge_schema::plan::ModelFamily;
+    match s.to_ascii_lowercase().as_str() {
+        "sigma" | "pixart-sigma" | "σ" => Ok(ModelFamily::PixArtSigma),
+        "alpha" | "pixart-alpha" | "α" => Ok(ModelFamily::PixArtAlpha),
+        _ => bail!("--family: unknown family `{s}` (expected sigma or alpha)"),
+    }
 }
 
 fn parse_target(s: &str) -> Result<Target> {
@@ -331,6 +358,7 @@ fn compile(a: CompileArgs) -> Result<()> {
         heads: a.heads,
         sample_size: a.sample_size,
         vae_norm_groups: a.vae_norm_groups,
+        family: a.family.as_deref().map(parse_family).transpose()?,
     };
     let what = match (&a.model, &files.diffusion_model) {
         (Some(m), _) => m.display().to_string(),
@@ -342,6 +370,13 @@ fn compile(a: CompileArgs) -> Result<()> {
     let c =
         edge_planner::compile::compile_inputs_to_file(a.model.as_deref(), &files, &opts, &a.output)
             .with_context(|| format!("compiling {what}"))?;
+    for n in &c.meta.notes {
+        if n.starts_with("warning:") {
+            say!("{n}");
+        } else {
+            say!("note: {n}");
+        }
+    }
     let len = std::fs::metadata(&a.output).map(|m| m.len()).unwrap_or(0);
     say!(
         "wrote {} ({} bytes, {} stages, {} tensors) in {:.2}s",
@@ -406,7 +441,12 @@ fn main() {
         Cmd::Inspect { plan } => inspect(plan),
         Cmd::Synth(a) => synth(a),
         Cmd::Keygen { out } => keygen(out),
-        Cmd::Sign { plan, key, output } => sign(plan, key, output),
+        Cmd::Sign {
+            plan,
+            key,
+            output,
+            resign,
+        } => sign(plan, key, output, resign),
         Cmd::Verify {
             plan,
             trusted_key,
@@ -431,18 +471,25 @@ fn keygen(out: PathBuf) -> Result<()> {
     Ok(())
 }
 
-fn sign(plan: PathBuf, key: PathBuf, output: Option<PathBuf>) -> Result<()> {
+fn sign(plan: PathBuf, key: PathBuf, output: Option<PathBuf>, resign: bool) -> Result<()> {
     let secret = edge_planner::sign::SecretKey::from_file(&key)?;
     let out = output.unwrap_or_else(|| plan.clone());
     // Signing in place (the default) rewrites the plan on purpose; the key must survive.
     common::refuse_clobber(&[("--key", key.as_path())], &[("--output", out.as_path())])?;
-    edge_planner::sign::sign_file(&plan, &out, &secret)
+    let done = edge_planner::sign::sign_file(&plan, &out, &secret, resign)
         .with_context(|| format!("signing plan {}", plan.display()))?;
-    say!(
-        "signed {} with key {}",
-        out.display(),
-        edge_schema::header::encode_hex(&secret.public_key())
-    );
+    let key_hex = edge_schema::header::encode_hex(&secret.public_key());
+    match done {
+        edge_planner::sign::Signed::New => say!("signed {} with key {key_hex}", out.display()),
+        edge_planner::sign::Signed::Same => say!(
+            "{} was already signed with key {key_hex}; signature unchanged",
+            out.display()
+        ),
+        edge_planner::sign::Signed::Replaced(old) => say!(
+            "signed {} with key {key_hex}, replacing the signature by key {old}",
+            out.display()
+        ),
+    }
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! `edgerun`: the device side. Generates an image from a plan.
 
 use std::collections::HashMap;
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -61,7 +62,8 @@ struct BenchArgs {
     #[arg(
         short = 'p',
         long = "prompt",
-        default_value = "a large red circle on a blue background"
+        default_value = "a large red circle on a blue background",
+        allow_hyphen_values = true
     )]
     prompt: String,
 }
@@ -76,10 +78,20 @@ struct GenArgs {
     #[arg(long = "trusted-key")]
     trusted_key: Option<PathBuf>,
     /// The prompt.
-    #[arg(short = 'p', long = "prompt", default_value = "")]
+    #[arg(
+        short = 'p',
+        long = "prompt",
+        default_value = "",
+        allow_hyphen_values = true
+    )]
     prompt: String,
     /// The negative prompt.
-    #[arg(short = 'n', long = "negative-prompt", default_value = "")]
+    #[arg(
+        short = 'n',
+        long = "negative-prompt",
+        default_value = "",
+        allow_hyphen_values = true
+    )]
     negative_prompt: String,
     /// Denoising steps.
     #[arg(long, default_value_t = 20)]
@@ -105,7 +117,7 @@ struct GenArgs {
     /// Image height in pixels (default: the plan's only size).
     #[arg(short = 'H', long = "height")]
     height: Option<u32>,
-    /// Output PNG.
+    /// Output PNG (the name must end in .png, or have no extension).
     #[arg(short = 'o', long = "output", default_value = "output.png")]
     output: PathBuf,
     /// Worker threads (default: one per core).
@@ -119,7 +131,8 @@ struct GenArgs {
     /// Initial noise: safetensors with one f32 tensor `latents` [1, 4, H/8, W/8] (replaces the seeded noise).
     #[arg(long = "init-latents")]
     init_latents: Option<PathBuf>,
-    /// Also write the final latents (before VAE decoding) as safetensors `latents` [1, 4, H/8, W/8].
+    /// Also write the final latents (before VAE decoding) as safetensors `latents` [1, 4, H/8, W/8]
+    /// (the name must end in .safetensors, or have no extension).
     #[arg(long = "latents-out")]
     latents_out: Option<PathBuf>,
     /// Memory budget (e.g. `1.5G`, `800M`, bytes without a suffix): refuse, before allocating,
@@ -169,6 +182,99 @@ fn read_latents(path: &Path, shape: &[usize]) -> Result<Vec<f32>> {
         );
     }
     Ok(v)
+}
+
+/// What a PNG records about the run that made it.
+struct GenerationInfo<'a> {
+    prompt: &'a str,
+    negative_prompt: &'a str,
+    steps: usize,
+    sampler: SamplingMethod,
+    cfg_scale: f32,
+    seed: u64,
+    width: u32,
+    height: u32,
+    model: &'a str,
+    plan_name: &'a str,
+    plan_digest: &'a str,
+    init_latents: Option<String>,
+}
+
+impl GenerationInfo<'_> {
+    /// The `parameters` text in the AUTOMATIC1111 layout (also written by stable-diffusion.cpp
+    /// and read by PNG-info tools): the prompt, `Negative prompt: …`, then one line of
+    /// `Key: value` fields. Newlines, carriage returns and backslashes in the prompts are
+    /// escaped (`\n`, `\r`, `\\`) so a prompt cannot forge a line; a field value holding `,`,
+    /// `:` or `"` is quoted as a JSON string (A1111's rule), so it cannot forge a field. The
+    /// plan is named by its file name and the BLAKE3 digest of its metadata (`Model hash`: the
+    /// first 10 hex digits; `Plan digest`: all 64), never by the path as typed.
+    fn a1111(&self) -> String {
+        let mut fields = vec![
+            ("Steps", self.steps.to_string()),
+            ("Sampler", self.sampler.a1111_name().to_string()),
+            ("CFG scale", self.cfg_scale.to_string()),
+            ("Seed", self.seed.to_string()),
+            ("Size", format!("{}x{}", self.width, self.height)),
+            ("Model hash", self.plan_digest[..10].to_string()),
+            ("Model", self.model.to_string()),
+            ("Plan", self.plan_name.to_string()),
+            ("Plan digest", self.plan_digest.to_string()),
+        ];
+        if let Some(f) = &self.init_latents {
+            fields.push(("Init latents", f.clone()));
+        }
+        fields.push(("Version", format!("edgerun {}", env!("CARGO_PKG_VERSION"))));
+        let line: Vec<String> = fields
+            .iter()
+            .map(|(k, v)| format!("{k}: {}", quote_field(v)))
+            .collect();
+        format!(
+            "{}\nNegative prompt: {}\n{}",
+            escape_lines(self.prompt),
+            escape_lines(self.negative_prompt),
+            line.join(", ")
+        )
+    }
+}
+
+/// `s` with `\`, newline and carriage return escaped, so it stays on one line.
+fn escape_lines(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('\n', "\\n")
+        .replace('\r', "\\r")
+}
+
+/// A field value as A1111 writes it: as is, or as a JSON string when it holds `,`, `:`, `"`
+/// or a line break.
+fn quote_field(v: &str) -> String {
+    if !v.contains([',', ':', '"', '\n', '\r']) {
+        return v.to_string();
+    }
+    let mut q = String::from("\"");
+    for c in v.chars() {
+        match c {
+            '"' => q.push_str("\\\""),
+            '\\' => q.push_str("\\\\"),
+            '\n' => q.push_str("\\n"),
+            '\r' => q.push_str("\\r"),
+            c if (c as u32) < 0x20 => q.push_str(&format!("\\u{:04x}", c as u32)),
+            c => q.push(c),
+        }
+    }
+    q.push('"');
+    q
+}
+
+/// Refuses an output name whose extension says another format than the one written: `-o
+/// out.jpg` would be a PNG named like a JPEG. No extension is accepted.
+fn check_extension(flag: &str, out: &Path, format: &str, ext: &str) -> Result<()> {
+    match out.extension().map(|e| e.to_string_lossy()) {
+        Some(e) if !e.eq_ignore_ascii_case(ext) => bail!(
+            "{flag} {}: edgerun writes {format} here, not .{e}; name the file .{ext}",
+            out.display()
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// Refuses, before any work, an output whose folder does not exist or is not a folder.
@@ -396,6 +502,10 @@ fn generate(a: GenArgs) -> Result<()> {
         outputs.push(("--latents-out", p));
     }
     refuse_clobber(&inputs, &outputs)?;
+    check_extension("-o", &a.output, "PNG", "png")?;
+    if let Some(p) = &a.latents_out {
+        check_extension("--latents-out", p, "safetensors", "safetensors")?;
+    }
     for (flag, out) in &outputs {
         check_output_dir(flag, out)?;
     }
@@ -535,8 +645,10 @@ fn generate(a: GenArgs) -> Result<()> {
         height,
         init_latents,
     };
+    // A bar on a terminal; plain lines otherwise (logs, systemd), so progress is never silent.
+    let lines = !a.quiet && !std::io::stderr().is_terminal();
     let bar = ProgressBar::new(a.steps as u64);
-    if a.quiet {
+    if a.quiet || lines {
         bar.set_draw_target(ProgressDrawTarget::hidden());
     } else {
         bar.set_style(
@@ -555,14 +667,23 @@ fn generate(a: GenArgs) -> Result<()> {
             Progress::Encoded => {
                 timings.insert("encode", dt);
                 bar.set_message("sampling");
+                if lines {
+                    say!("encoded the prompt in {dt:.2}s");
+                }
             }
-            Progress::Step { done, .. } => {
+            Progress::Step { done, total } => {
                 *timings.entry("sample").or_default() += dt;
                 bar.set_position(done as u64);
+                if lines {
+                    say!("step {done}/{total} in {dt:.2}s");
+                }
             }
             Progress::Decoded => {
                 timings.insert("decode", dt);
                 bar.set_message("decoded");
+                if lines {
+                    say!("decoded the latents in {dt:.2}s");
+                }
             }
         }
     })?;
@@ -576,21 +697,33 @@ fn generate(a: GenArgs) -> Result<()> {
     if let Some(p) = &a.latents_out {
         write_latents(p, &out.latents, &lshape)?;
     }
+    let plan_name = a
+        .plan
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let digest = edge_schema::header::encode_hex(&plan.digest());
+    let fields = GenerationInfo {
+        prompt: &a.prompt,
+        negative_prompt: &a.negative_prompt,
+        steps: a.steps,
+        sampler: method,
+        cfg_scale: a.cfg_scale,
+        seed,
+        width,
+        height,
+        model: &meta.model.name,
+        plan_name: &plan_name,
+        plan_digest: &digest,
+        init_latents: a
+            .init_latents
+            .as_ref()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().to_string()),
+    };
     let text = [
-        ("parameters", format!(
-            "prompt: {}\nnegative prompt: {}\nsteps: {}, sampler: {}, cfg scale: {}, seed: {}, size: {}x{}, init latents: {}",
-            a.prompt,
-            a.negative_prompt,
-            a.steps,
-            a.sampling_method,
-            a.cfg_scale,
-            seed,
-            width,
-            height,
-            a.init_latents.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "seeded".into())
-        )),
+        ("parameters", fields.a1111()),
         ("Software", format!("edgerun {}", env!("CARGO_PKG_VERSION"))),
-        ("plan", a.plan.display().to_string()),
     ];
     edge_runtime::image::write_png(&a.output, &out.rgb, width, height, &text)?;
     if !a.quiet {
