@@ -263,4 +263,104 @@ mod tests {
         assert_eq!(st.state.resident[..2], [false, false]);
         assert!(st.state.resident[2] && st.state.resident[3]);
     }
+
+    /// Records every release and prefetch, and keeps its own account of what is resident
+    /// (a section becomes resident when a segment that reads it runs, and stops being
+    /// resident when released).
+    #[derive(Default)]
+    struct RecordingPager {
+        released: std::cell::RefCell<Vec<usize>>,
+        prefetched: std::cell::RefCell<Vec<usize>>,
+    }
+
+    impl Pager for RecordingPager {
+        fn release_section(&self, s: usize) {
+            self.released.borrow_mut().push(s);
+        }
+        fn prefetch_section(&self, s: usize) {
+            self.prefetched.borrow_mut().push(s);
+        }
+    }
+
+    /// Seen through the pager (what the process really does to its mapping): a release never
+    /// hits a section of the running segment or of the next one, the pages the pager holds
+    /// plus the arena stay within the budget, the next segment's missing sections are
+    /// prefetched, and sections are released only when the budget requires it. Segments share
+    /// sections and sections differ in size, so "current" and "next" overlap.
+    #[test]
+    fn releases_never_touch_the_running_or_next_segment() {
+        let needs = vec![
+            vec![vec![0], vec![1]],
+            vec![
+                vec![2, 3],
+                vec![3, 4],
+                vec![4, 5, 2],
+                vec![6],
+                vec![6, 7],
+                vec![2, 7],
+            ],
+        ];
+        let len = vec![300, 50, 120, 80, 60, 140, 200, 90];
+        for budget in [430u64, 500, 700] {
+            let arena = 40;
+            let pager = RecordingPager::default();
+            let mut st = Streamer::from_needs(needs.clone(), len.clone(), Some(budget), arena);
+            let mut resident = vec![false; len.len()];
+            let mut order: Vec<(usize, usize)> = vec![(0, 0), (0, 1)];
+            for _ in 0..5 {
+                order.extend((0..6).map(|g| (1, g)));
+            }
+            for (k, &(stage, seg)) in order.iter().enumerate() {
+                let next = order
+                    .get(k + 1)
+                    .filter(|&&(s, _)| s == stage)
+                    .map(|&(_, g)| g);
+                pager.released.borrow_mut().clear();
+                pager.prefetched.borrow_mut().clear();
+                st.before_segment(&pager, stage, seg, next);
+                let now = &needs[stage][seg];
+                let upcoming: &[u32] = next.map_or(&[], |n| &needs[stage][n]);
+                for &r in pager.released.borrow().iter() {
+                    assert!(
+                        !now.contains(&(r as u32)) && !upcoming.contains(&(r as u32)),
+                        "budget {budget}, stage {stage} segment {seg}: released section {r} of the current or next segment"
+                    );
+                    assert!(resident[r], "released section {r}, which was not resident");
+                    resident[r] = false;
+                }
+                for &s in now {
+                    resident[s as usize] = true;
+                }
+                let held: u64 = (0..len.len())
+                    .filter(|&s| resident[s])
+                    .map(|s| len[s])
+                    .sum();
+                let fetching: u64 = upcoming
+                    .iter()
+                    .filter(|&&s| !resident[s as usize])
+                    .map(|&s| len[s as usize])
+                    .sum();
+                let floor: u64 = now.iter().chain(upcoming).map(|&s| len[s as usize]).sum();
+                if arena + floor <= budget {
+                    assert!(
+                        arena + held + fetching <= budget,
+                        "budget {budget}, stage {stage} segment {seg}: {held} resident + {fetching} prefetched + {arena} arena"
+                    );
+                }
+                for &s in upcoming {
+                    assert_eq!(
+                        pager.prefetched.borrow().contains(&(s as usize)),
+                        !resident[s as usize],
+                        "section {s} of the next segment: prefetched iff not resident"
+                    );
+                }
+                // Nothing is released while there was room without releasing.
+                if !pager.released.borrow().is_empty() {
+                    let before: u64 =
+                        held + pager.released.borrow().iter().map(|&r| len[r]).sum::<u64>();
+                    assert!(arena + before + fetching > budget, "released without need");
+                }
+            }
+        }
+    }
 }

@@ -387,4 +387,81 @@ mod tests {
             }
         }
     }
+
+    /// The blend weights themselves: each tile decodes to one constant (its first latent
+    /// value, here its start position), so across an overlap of `ov` image pixels the result
+    /// must ramp linearly from the earlier tile's value to the later one's,
+    /// `a + (b − a)·(j + ½)/ov` at overlap pixel `j`, and equal a tile's value where only it
+    /// covers the image. A reversed or one-sided ramp fails this at once (a pointwise decoder
+    /// cannot see blend weights: every tile agrees there).
+    #[test]
+    fn overlaps_ramp_linearly_from_one_tile_to_the_next() {
+        for vertical in [false, true] {
+            let (len, tile, overlap, scale) = (12usize, 6usize, 3usize, 2usize);
+            let (h, w) = if vertical { (len, 4) } else { (4, len) };
+            // Latent value = position along the tiled axis, so a tile's first value is its start.
+            let lat: Vec<f32> = (0..h * w)
+                .map(|i| {
+                    if vertical {
+                        (i / w) as f32
+                    } else {
+                        (i % w) as f32
+                    }
+                })
+                .collect();
+            let (th, tw) = if vertical { (tile, w) } else { (h, tile) };
+            let g = TileGrid {
+                channels: 1,
+                latent_h: h,
+                latent_w: w,
+                tile_h: th,
+                tile_w: tw,
+                overlap_h: if vertical { overlap } else { 0 },
+                overlap_w: if vertical { 0 } else { overlap },
+                scale,
+            };
+            let mut img = vec![0f32; 3 * h * w * scale * scale];
+            decode_tiled(
+                &g,
+                &lat,
+                &mut img,
+                |t: &[f32], out: &mut [f32]| -> Result<(), ()> {
+                    out.iter_mut().for_each(|o| *o = t[0]);
+                    Ok(())
+                },
+            )
+            .unwrap();
+            let starts = tile_starts(len, tile, overlap);
+            assert!(starts.len() >= 3, "{starts:?}");
+            // Expected value at image position p along the axis.
+            let want = |p: usize| -> f32 {
+                let cover: Vec<usize> = starts
+                    .iter()
+                    .copied()
+                    .filter(|&s0| p >= s0 * scale && p < (s0 + tile) * scale)
+                    .collect();
+                match cover.as_slice() {
+                    [only] => *only as f32,
+                    [a, b] => {
+                        let ov = (a + tile - b) * scale;
+                        let j = p - b * scale;
+                        *a as f32 + (*b as f32 - *a as f32) * (j as f32 + 0.5) / ov as f32
+                    }
+                    other => panic!("position {p} covered by {other:?}"),
+                }
+            };
+            let iw = w * scale;
+            for y in 0..h * scale {
+                for x in 0..iw {
+                    let p = if vertical { y } else { x };
+                    let got = img[y * iw + x];
+                    assert!(
+                        (got - want(p)).abs() <= 1e-5,
+                        "vertical {vertical}, pixel ({y}, {x}): {got} vs {}",
+                        want(p)
+                    );
+                }
+            }
+        }
+    }
 }

@@ -359,6 +359,54 @@ fn live_values_overlap() {
     );
 }
 
+/// A step's scratch on the bytes of an input the step itself reads last: the two are live
+/// at the same step (the input until its last read, inclusive), so the plan is refused. The
+/// sweep must keep an interval that ends at the step where the next one starts.
+#[test]
+fn scratch_over_its_own_steps_last_read_input() {
+    refused(
+        "scratch on the step's own last-read input",
+        &["overlap while both are live", "scratch of step"],
+        |m| {
+            for s in m.stages.iter_mut() {
+                let n = s.steps.len();
+                // The last read of each value.
+                let mut last = vec![usize::MAX; s.values.len()];
+                for (k, st) in s.steps.iter().enumerate() {
+                    for &i in &st.inputs {
+                        last[i as usize] = k;
+                    }
+                }
+                for &o in &s.outputs {
+                    last[o as usize] = n;
+                }
+                for k in 0..n {
+                    let Some(sc) = s.steps[k].scratch else {
+                        continue;
+                    };
+                    let own = s.steps[k].inputs.iter().copied().find(|&i| {
+                        last[i as usize] == k
+                            && matches!(s.values[i as usize].storage, Storage::Arena(a) if a.len >= 4)
+                    });
+                    if let Some(i) = own {
+                        let Storage::Arena(a) = s.values[i as usize].storage else {
+                            unreachable!()
+                        };
+                        let sc_new = edge_schema::plan::ArenaSlice {
+                            offset: a.offset,
+                            len: sc.len.min(a.len),
+                            ..sc
+                        };
+                        s.steps[k].scratch = Some(sc_new);
+                        return;
+                    }
+                }
+            }
+            panic!("no step with scratch reads an arena input for the last time");
+        },
+    );
+}
+
 #[test]
 fn segment_past_step_list() {
     refused("segment runs past the steps", &["segment", "steps"], |m| {

@@ -335,3 +335,47 @@ fn bad_configs_and_names_are_refused() {
         Err(SamplerError::BadSteps { .. })
     ));
 }
+
+/// DPM-Solver++ 2M with `solver_type: "heun"` (no PixArt config uses it, so no pipeline trace
+/// does): the guided model outputs of the Σ fixture's DPM runs replayed through diffusers'
+/// scheduler with `solver_type="heun"` (`tests/fixtures/scripts/make_dpm_heun_traces.py`).
+/// Each step's latents must match; the midpoint rule must not (so the test sees the branch).
+#[test]
+fn dpm_solver_heun_matches_diffusers() {
+    let dir = repo().join(FIXTURES[0]);
+    for steps in [4usize, 20] {
+        let path = dir.join(format!(
+            "reference/scheduler_dpm_heun_{steps}_cat_64x64.safetensors"
+        ));
+        let bytes = std::fs::read(&path).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let eps = f32s(&st, "trace.noise_pred");
+        let after = f32s(&st, "trace.latents_after_step");
+        let final_ref = f32s(&st, "final_latents");
+        let n = final_ref.len();
+        let run = |solver: edge_schema::scheduler::SolverType| {
+            let mut cfg = config(&dir);
+            cfg.solver_type = solver;
+            let mut sampler = Sampler::new(&cfg, SamplingMethod::DpmPp2m, steps, n).unwrap();
+            let want_t = values(&st, "timesteps");
+            let ours_t: Vec<f64> = sampler.timesteps().iter().map(|&t| f64::from(t)).collect();
+            assert_eq!(ours_t, want_t, "heun {steps}: timesteps");
+            let mut latents = f32s(&st, "latents_start");
+            let mut worst = 0f64;
+            for i in 0..steps {
+                let cur = i * n..(i + 1) * n;
+                sampler.step(i, &eps[cur.clone()], &mut latents).unwrap();
+                worst = worst.max(rel_l2(&latents, &after[cur]));
+            }
+            (worst, rel_l2(&latents, &final_ref))
+        };
+        let (worst, fin) = run(edge_schema::scheduler::SolverType::Heun);
+        println!("dpm++2m heun {steps} steps: worst step rel-L2 {worst:.3e}, final {fin:.3e}");
+        assert!(
+            worst < 1e-5 && fin < 1e-5,
+            "heun {steps}: {worst:e} / {fin:e}"
+        );
+        let (_, mid) = run(edge_schema::scheduler::SolverType::Midpoint);
+        assert!(mid > 1e-3, "midpoint is indistinguishable here ({mid:e})");
+    }
+}

@@ -71,6 +71,14 @@ fn cases() -> Vec<Conv2dParams> {
         params(17, 6, 5, 33, 1, 1, [0, 0, 0, 0]), // 1×1 (quant_conv, shortcut)
         params(33, 17, 17, 5, 3, 1, [1, 1, 1, 1]), // 289 output pixels: several im2col tiles
         params(2, 4, 3, 1, 3, 1, [2, 0, 1, 3]),   // asymmetric padding on every side
+        // One padded side at a time (a swapped top/bottom or left/right shows as a shift),
+        // with stride 2 and non-square kernels' worth of rows and columns.
+        params(3, 7, 6, 4, 3, 1, [1, 0, 0, 0]),
+        params(3, 7, 6, 4, 3, 1, [0, 1, 0, 0]),
+        params(3, 7, 6, 4, 3, 1, [0, 0, 1, 0]),
+        params(3, 7, 6, 4, 3, 1, [0, 0, 0, 1]),
+        params(2, 8, 9, 3, 3, 2, [1, 0, 2, 0]),
+        params(2, 9, 8, 3, 3, 2, [0, 2, 0, 1]),
         params(1, 1, 1, 1, 1, 1, [0, 0, 0, 0]),
     ]
 }

@@ -174,3 +174,67 @@ fn group_norm_of_a_window_with_whole_statistics_equals_the_whole() {
         }
     }
 }
+
+/// Rows whose variance is at or below `eps` (near-constant activations: padding tokens, flat
+/// image regions) tell `1/sqrt(var + eps)` from `1/(sqrt(var) + eps)` and from dropping eps:
+/// layer, group and RMS norm against the torch formula on such rows.
+#[test]
+fn norms_of_near_constant_rows_use_eps_inside_the_root() {
+    let eps = 1e-5f32;
+    let d = 64;
+    // Constant rows (variance 0), and rows with variance ≈ eps/10, ≈ eps and ≈ 10·eps.
+    let mut rows: Vec<Vec<f32>> = vec![vec![0.25; d], vec![-3.0; d]];
+    for (k, scale) in [(1usize, 1e-3f32), (2, 3.2e-3), (3, 1e-2)] {
+        rows.push(
+            (0..d)
+                .map(|j| 1.5 + scale * if (j * 7 + k) % 2 == 0 { 1.0 } else { -1.0 })
+                .collect(),
+        );
+    }
+    let m = rows.len();
+    let x: Vec<f32> = rows.concat();
+    let mut out = vec![0.0; m * d];
+    layer_norm(&x, m, d, eps, None, None, &mut out);
+    let mut want = vec![0.0f64; m * d];
+    for (r, row) in rows.iter().enumerate() {
+        let v: Vec<f64> = row.iter().map(|&a| f64::from(a)).collect();
+        let (mean, var) = mean_var(&v);
+        for j in 0..d {
+            want[r * d + j] = (v[j] - mean) / (var + f64::from(eps)).sqrt();
+        }
+    }
+    assert_close("layer_norm near-constant rows", &out, &want, |i| {
+        1e-5 * want[i].abs().max(1e-3)
+    });
+
+    // GroupNorm: one group per near-constant row (channels of 8 pixels).
+    let (c, hw) = (m * 8, d / 8);
+    let w = vec![1.0; c];
+    let b = vec![0.0; c];
+    let mut out = vec![0.0; c * hw];
+    group_norm(&x, c, hw, m, eps, &w, &b, &mut out);
+    assert_close("group_norm near-constant groups", &out, &want, |i| {
+        1e-5 * want[i].abs().max(1e-3)
+    });
+
+    // RMS norm of tiny rows: mean of squares at or below eps.
+    let tiny: Vec<f32> = x.iter().map(|v| v * 1e-3).collect();
+    let ones = vec![1.0; d];
+    let mut out = vec![0.0; m * d];
+    rms_norm(&tiny, m, d, eps, &ones, &mut out);
+    let mut want = vec![0.0f64; m * d];
+    for r in 0..m {
+        let row = &tiny[r * d..(r + 1) * d];
+        let ms = row
+            .iter()
+            .map(|&a| f64::from(a) * f64::from(a))
+            .sum::<f64>()
+            / d as f64;
+        for j in 0..d {
+            want[r * d + j] = f64::from(row[j]) / (ms + f64::from(eps)).sqrt();
+        }
+    }
+    assert_close("rms_norm tiny rows", &out, &want, |i| {
+        1e-5 * want[i].abs().max(1e-3)
+    });
+}
