@@ -1,13 +1,16 @@
 //! Planning under a memory budget: monolithic or segmented execution per stage, and the
 //! predicted peak.
 //!
-//! A stage's monolithic peak is the bytes of all the weights it reads plus the session arena
-//! (the largest stage arena, allocated once). If it fits the budget minus [`HEADROOM`], the
-//! stage runs monolithic; otherwise it runs segment by segment, and every segment together with
-//! the next one (which the runtime prefetches) plus the arena must fit, or compiling fails and
-//! names the segment and what it needs.
+//! A stage's monolithic peak is the charges of all the weights it reads (an embedding table
+//! is charged only the rows a lookup gathers, see [`edge_schema::memory`]) plus its own arena
+//! (the runtime releases the arena pages above a stage's size on entering it) plus the host
+//! buffers of the largest image. If it fits the budget minus [`HEADROOM`], the stage runs
+//! monolithic; otherwise it runs segment by segment, and every segment together with the next
+//! one (which the runtime prefetches) plus the arena and host buffers must fit, or compiling
+//! fails and names the segment and what it needs.
 
-use edge_schema::plan::{PlanMeta, Stage, Storage, TensorEntry};
+use edge_schema::memory;
+use edge_schema::plan::{PlanMeta, TensorEntry};
 
 use crate::error::{PlanError, Result};
 
@@ -41,31 +44,18 @@ impl std::str::FromStr for SegmentMode {
     }
 }
 
-fn tensors_of(stage: &Stage, first: usize, end: usize) -> Vec<u32> {
-    let mut ts = Vec::new();
-    for step in stage.steps.get(first..end).unwrap_or(&[]) {
-        for &i in &step.inputs {
-            if let Some(Storage::Weight(t)) = stage.values.get(i as usize).map(|v| &v.storage) {
-                if !ts.contains(t) {
-                    ts.push(*t);
-                }
-            }
-        }
-    }
-    ts
-}
-
-fn bytes(ts: &[u32], tensors: &[TensorEntry]) -> u64 {
-    ts.iter().map(|&t| tensors[t as usize].len).sum()
-}
-
-/// Memory figures of one stage, in bytes.
+/// Memory figures of one stage, in bytes (charges as [`edge_schema::memory`] defines them).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StageMemory {
+    /// Charges of all the stage's weights.
     pub weights: u64,
-    /// Weights + session arena.
+    /// The stage's own arena.
+    pub arena: u64,
+    /// Host buffers while the stage runs (the largest image size's).
+    pub host: u64,
+    /// Weights + arena + host.
     pub monolithic_peak: u64,
-    /// The largest (segment + next segment) weights + arena.
+    /// The largest (segment + next segment) weights + arena + host.
     pub segmented_peak: u64,
     pub segmented: bool,
 }
@@ -79,19 +69,38 @@ pub fn apply(
     mode: SegmentMode,
     headroom: u64,
 ) -> Result<Vec<StageMemory>> {
-    let arena = meta.stages.iter().map(|s| s.arena_size).max().unwrap_or(0);
+    let charges = memory::tensor_charges(&meta.stages, tensors);
+    let charge = |ts: &[u32]| -> u64 {
+        ts.iter()
+            .map(|&t| charges.get(t as usize).copied().unwrap_or(0))
+            .sum()
+    };
+    // Host buffers per stage: the most any image size holds while the stage runs.
+    let hosts: Vec<u64> = meta
+        .stages
+        .iter()
+        .map(|st| {
+            meta.sizes
+                .iter()
+                .map(|z| memory::host_bytes_at(meta, z, st))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
     let limit = budget.map(|b| b.saturating_sub(headroom));
     let mut out = Vec::with_capacity(meta.stages.len());
-    for st in meta.stages.iter_mut() {
-        let weights = bytes(&tensors_of(st, 0, st.steps.len()), tensors);
+    for (st, &host) in meta.stages.iter_mut().zip(&hosts) {
+        let arena = st.arena_size;
+        let weights = charge(&memory::tensors_of(st, 0, st.steps.len()));
         let seg_w: Vec<u64> = st
             .segments
             .iter()
             .map(|g| {
-                bytes(
-                    &tensors_of(st, g.first_step as usize, g.end_step as usize),
-                    tensors,
-                )
+                charge(&memory::tensors_of(
+                    st,
+                    g.first_step as usize,
+                    g.end_step as usize,
+                ))
             })
             .collect();
         let mut worst = (0u64, 0usize);
@@ -101,8 +110,8 @@ pub fn apply(
                 worst = (pair, j);
             }
         }
-        let monolithic_peak = weights + arena;
-        let segmented_peak = worst.0 + arena;
+        let monolithic_peak = weights + arena + host;
+        let segmented_peak = worst.0 + arena + host;
         let segmented = match mode {
             SegmentMode::EveryCut => true,
             SegmentMode::Monolithic => false,
@@ -118,12 +127,12 @@ pub fn apply(
                 let what = if segmented {
                     let seg = &st.segments[worst.1];
                     format!(
-                        "segment {} ({}) with the next one prefetched needs {} bytes of weights + {arena} of arena",
+                        "segment {} ({}) with the next one prefetched needs {} bytes of weights + {arena} of arena + {host} of host buffers",
                         worst.1, seg.label, worst.0
                     )
                 } else {
                     format!(
-                        "running it monolithic needs {weights} bytes of weights + {arena} of arena"
+                        "running it monolithic needs {weights} bytes of weights + {arena} of arena + {host} of host buffers"
                     )
                 };
                 return Err(PlanError::Invalid(format!(
@@ -136,6 +145,8 @@ pub fn apply(
         st.segmented = segmented;
         out.push(StageMemory {
             weights,
+            arena,
+            host,
             monolithic_peak,
             segmented_peak,
             segmented,

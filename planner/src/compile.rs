@@ -959,7 +959,13 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
             &dit_src,
             policy,
         )?);
-        let budget_left = opts.max_ram.map(|b| b.saturating_sub(opts.headroom));
+        // What the budget leaves the decoder: minus the headroom and the decoded image (the
+        // conditions are freed before decoding; the exact tiles' held bytes are counted by
+        // the tiling choice itself), as `edge_schema::memory::host_bytes_at` counts them.
+        let host_fixed = 3 * u64::from(w) * u64::from(h) * 4;
+        let budget_left = opts
+            .max_ram
+            .map(|b| b.saturating_sub(opts.headroom + host_fixed));
         let tiling = crate::decoder::plan_tiling(
             vae_cfg,
             w,

@@ -317,6 +317,10 @@ pub fn generate(
             total: timesteps.len(),
         });
     }
+    // The conditions (T5 states and cross-attention K/V of both prompts) are not needed to
+    // decode: freed first, so the decoder's peak does not include them.
+    drop(cond);
+    drop(uncond);
     let (image, exact_tiles) = decode_latents_reported(session, &size, &latents)?;
     session.plan().check_unchanged()?;
     progress(Progress::Decoded);

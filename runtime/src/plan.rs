@@ -248,12 +248,20 @@ impl Plan {
         let ok = *cell.get_or_init(|| {
             // Ranges were checked against the weight region by `verify_meta`.
             let start = self.weights_offset + s.offset as usize;
+            // A mapped plan is hashed through the file, not the mapping: reading the mapping
+            // would make the whole section resident (a 263 MB embedding table of which a
+            // prompt gathers a few rows), which the memory plan does not count.
+            if let (Some(g), Bytes::Mapped(_)) = (&self.guard, &self.bytes) {
+                return file_digest(g.file(), start as u64, s.len).is_ok_and(|d| d == s.digest);
+            }
             let bytes = &self.bytes.as_slice()[start..start + s.len as usize];
             verify::verify_section_digest(&self.meta, section, bytes).is_ok()
         });
         if ok {
             return Ok(());
         }
+        // A file changed under the plan is the cause to name, not the digest.
+        self.check_unchanged()?;
         let err = Error::from(edge_schema::Error::ChecksumMismatch {
             what: format!("weight section {section}"),
         });
@@ -313,6 +321,34 @@ impl Plan {
     }
 }
 
+/// BLAKE3 of `len` bytes of `file` from `offset`, read with `pread` in 1 MiB pieces (the page
+/// cache, not this process's mapping).
+fn file_digest(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<[u8; 32]> {
+    let mut h = blake3::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut done = 0u64;
+    while done < len {
+        let n = usize::try_from((len - done).min(buf.len() as u64)).unwrap_or(buf.len());
+        read_at(file, &mut buf[..n], offset + done)?;
+        h.update(&buf[..n]);
+        done += n as u64;
+    }
+    Ok(*h.finalize().as_bytes())
+}
+
+#[cfg(unix)]
+fn read_at(file: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+}
+
+#[cfg(not(unix))]
+fn read_at(file: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = file;
+    f.seek(SeekFrom::Start(offset))?;
+    f.read_exact(buf)
+}
+
 /// Page-residency advice for weight streaming ([`crate::stream`]); no-ops for owned bytes.
 impl Plan {
     fn section_file_range(&self, section: usize) -> Option<(usize, usize)> {
@@ -341,6 +377,33 @@ impl Plan {
             release_pages(m, start, len);
         }
     }
+}
+
+/// Releases the pages of the anonymous arena `m` from byte `from` (rounded up to a page) to its
+/// end (`madvise(DONTNEED)`: they read as zero when next touched, and stop counting in the
+/// resident set). The caller holds `m` mutably, so no view into it is alive.
+#[allow(unsafe_code)]
+pub(crate) fn release_anon_above(m: &mut memmap2::MmapMut, from: usize) {
+    #[cfg(unix)]
+    {
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+            .ok()
+            .filter(|&p| p.is_power_of_two())
+            .unwrap_or(65536);
+        let start = from.div_ceil(page) * page;
+        if start < m.len() {
+            // SAFETY: the range lies inside the anonymous mapping, starts on a page boundary
+            // (the mapping is page-aligned), and nothing borrows it (`&mut`); the arena's
+            // contents above `from` are not needed (the running stage's values all lie below
+            // its arena size), and dropped anonymous pages read back as zeros.
+            let _ = unsafe {
+                m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, m.len() - start)
+            };
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (m, from);
 }
 
 /// `madvise(DONTNEED)` on a range of the read-only mapping.

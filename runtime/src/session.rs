@@ -25,7 +25,12 @@ pub enum StageInput<'a> {
 /// One plan bound to an arena and a kernel table.
 pub struct Session<'p> {
     plan: &'p Plan,
-    arena: Vec<u64>,
+    /// Anonymous, page-aligned memory: pages become resident when first written, and those
+    /// above a stage's arena size are released when a smaller stage starts.
+    arena: memmap2::MmapMut,
+    /// Bytes of the arena that may be resident (the largest stage arena since the last
+    /// release).
+    touched: u64,
     kernels: KernelTable,
     streamer: crate::stream::Streamer,
     profile: Option<crate::profile::Profile>,
@@ -35,9 +40,23 @@ pub struct Session<'p> {
 impl std::fmt::Debug for Session<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
-            .field("arena_bytes", &(self.arena.len() * 8))
+            .field("arena_bytes", &self.arena.len())
             .finish()
     }
+}
+
+/// Arena pages above the running stage's size are released only when at least this many bytes
+/// would go (smaller differences are not worth a system call and the faults after it).
+const RELEASE_MIN: u64 = 1 << 20;
+
+/// The host buffers of `plan`'s largest image size ([`edge_schema::memory::host_bytes`]).
+pub fn max_host_bytes(plan: &Plan) -> u64 {
+    let meta = plan.meta();
+    meta.sizes
+        .iter()
+        .map(|z| edge_schema::memory::host_bytes(meta, z))
+        .max()
+        .unwrap_or(0)
 }
 
 /// The largest arena any stage of `plan` needs, in bytes.
@@ -170,15 +189,25 @@ impl<'p> Session<'p> {
                 return Err(Error::ArenaTooLarge { needed, limit });
             }
         }
-        let words = usize::try_from(needed.div_ceil(8)).map_err(|_| Error::ArenaTooLarge {
+        let bytes = usize::try_from(needed).map_err(|_| Error::ArenaTooLarge {
             needed,
             limit: usize::MAX as u64,
         })?;
+        let arena = memmap2::MmapMut::map_anon(bytes.max(1)).map_err(|source| Error::Io {
+            path: format!("the {needed}-byte arena (anonymous memory)"),
+            source,
+        })?;
         Ok(Session {
             plan,
-            arena: vec![0u64; words],
+            arena,
+            touched: 0,
             kernels,
-            streamer: crate::stream::Streamer::new(plan.meta(), plan.meta().budget, needed),
+            streamer: crate::stream::Streamer::new(
+                plan.meta(),
+                plan.meta()
+                    .budget
+                    .map(|b| b.saturating_sub(max_host_bytes(plan))),
+            ),
             profile: None,
             spill_dir: None,
         })
@@ -194,11 +223,21 @@ impl<'p> Session<'p> {
         self.profile.as_ref()
     }
 
-    /// Lowers (never raises) the weight + arena budget the session streams weights under.
+    /// Lowers (never raises) the budget the session streams weights under: bytes for the
+    /// arena, the resident weights and the host buffers of one image
+    /// ([`edge_schema::memory::host_bytes`], the largest size's, taken off before streaming).
     pub fn limit_budget(&mut self, budget: u64) {
         let b = self.plan.meta().budget.map_or(budget, |p| p.min(budget));
-        self.streamer =
-            crate::stream::Streamer::new(self.plan.meta(), Some(b), arena_bytes(self.plan));
+        self.streamer = crate::stream::Streamer::new(
+            self.plan.meta(),
+            Some(b.saturating_sub(max_host_bytes(self.plan))),
+        );
+    }
+
+    /// Bytes of the arena that may be resident now: the running (or last) stage's arena size;
+    /// the pages above it were released when that stage started (if at least 1 MiB).
+    pub fn resident_arena_bytes(&self) -> u64 {
+        self.touched
     }
 
     /// Weight streaming figures so far.
@@ -321,6 +360,12 @@ impl<'p> Session<'p> {
                 stage.name
             ))));
         }
+        // A smaller stage than the last does not keep the larger one's arena pages resident.
+        let need = stage.arena_size;
+        if self.touched >= need + RELEASE_MIN {
+            crate::plan::release_anon_above(&mut self.arena, need as usize);
+        }
+        self.touched = need;
         // Segments cover the steps in order (checked by `verify_meta`); a segment's weight
         // section is hashed before its first step runs (tensor reads check it again, cheaply).
         for (j, seg) in stage.segments.iter().enumerate() {

@@ -44,10 +44,14 @@ impl Pager for Plan {
 #[derive(Debug)]
 pub struct Streamer {
     budget: Option<u64>,
-    arena: u64,
+    /// Per stage: its arena bytes (the pages resident while it runs).
+    arena: Vec<u64>,
     /// `[stage][segment]` → sections its steps read weights from.
     needs: Vec<Vec<Vec<u32>>>,
+    /// Per section: its charge (bytes it makes resident).
     section_len: Vec<u64>,
+    /// Per section: read only in part (gathered embedding rows), so never prefetched whole.
+    gathered: Vec<bool>,
     state: State,
 }
 
@@ -62,9 +66,11 @@ struct State {
 }
 
 impl Streamer {
-    /// Prepares streaming for `meta` with an optional weight + arena `budget` (bytes) and the
-    /// session's `arena` size.
-    pub fn new(meta: &PlanMeta, budget: Option<u64>, arena: u64) -> Streamer {
+    /// Prepares streaming for `meta` with an optional weight + arena `budget` (bytes). Each
+    /// stage is charged its own arena (the session releases the pages above it), each section
+    /// the pages its tensors make resident ([`edge_schema::memory::section_charges`]: an
+    /// embedding table only its gathered rows).
+    pub fn new(meta: &PlanMeta, budget: Option<u64>) -> Streamer {
         let needs = meta
             .stages
             .iter()
@@ -95,12 +101,16 @@ impl Streamer {
                     .collect()
             })
             .collect();
-        Streamer::from_needs(
-            needs,
-            meta.sections.iter().map(|s| s.len).collect(),
-            budget,
-            arena,
-        )
+        let mut st =
+            Streamer::from_needs(needs, edge_schema::memory::section_charges(meta), budget, 0);
+        st.arena = meta.stages.iter().map(|s| s.arena_size).collect();
+        st.gathered = meta
+            .sections
+            .iter()
+            .zip(&st.section_len)
+            .map(|(s, &charge)| charge < s.len)
+            .collect();
+        st
     }
 
     /// A streamer over `section_len.len()` sections, `needs[stage][segment]` listing the
@@ -114,7 +124,8 @@ impl Streamer {
         let n = section_len.len();
         Streamer {
             budget,
-            arena,
+            arena: vec![arena; needs.len()],
+            gathered: vec![false; n],
             needs,
             section_len,
             state: State {
@@ -170,7 +181,8 @@ impl Streamer {
                     .find(|d| segments[(seg + d) % segments.len()].contains(&s))
                     .map(|d| d as u64)
             };
-            while self.arena + st.resident_bytes + prefetch > budget {
+            let arena = self.arena.get(stage).copied().unwrap_or(0);
+            while arena + st.resident_bytes + prefetch > budget {
                 let victim = (0..st.resident.len())
                     .filter(|&s| {
                         st.resident[s]
@@ -189,7 +201,7 @@ impl Streamer {
             }
         }
         for &s in upcoming {
-            if !st.resident[s as usize] {
+            if !st.resident[s as usize] && !self.gathered[s as usize] {
                 pager.prefetch_section(s as usize);
             }
         }

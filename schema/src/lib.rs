@@ -13,6 +13,7 @@ pub mod error;
 pub mod header;
 #[cfg(feature = "io")]
 pub mod io;
+pub mod memory;
 pub mod op;
 pub mod plan;
 pub mod scheduler;

@@ -29,6 +29,9 @@ fn child_reads_a_truncated_mapping() {
         return; // Only meaningful as the child process.
     };
     let plan = Plan::open(Path::new(&path)).expect("open");
+    // Digests are checked through the file (not the mapping) before the truncation.
+    plan.verify_all_sections()
+        .expect("intact before the truncation");
     let last = plan.meta().tensors.len() as u32 - 1;
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.set_len(4096).unwrap();
@@ -98,6 +101,23 @@ fn an_in_place_rewrite_is_refused_and_a_rename_is_not() {
         "{msg}"
     );
     drop(plan);
+
+    // Truncated before a section's first check: the check names the change, not the digest.
+    let plan = Plan::open(&path).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(bytes.len() as u64 / 2)
+        .unwrap();
+    let last = plan.meta().tensors.len() as u32 - 1;
+    let msg = plan.tensor_bytes(last).unwrap_err().to_string();
+    assert!(
+        msg.contains("changed while in use") && msg.contains("length changed"),
+        "{msg}"
+    );
+    drop(plan);
+    std::fs::write(&path, &bytes).unwrap();
 
     // Appended to: the message says how the length changed.
     let plan = Plan::open(&path).unwrap();

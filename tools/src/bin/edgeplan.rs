@@ -377,6 +377,9 @@ fn compile(a: CompileArgs) -> Result<()> {
             say!("note: {n}");
         }
     }
+    if let Some(budget) = opts.max_ram {
+        print_memory_plan(&c, budget, opts.headroom);
+    }
     let len = std::fs::metadata(&a.output).map(|m| m.len()).unwrap_or(0);
     say!(
         "wrote {} ({} bytes, {} stages, {} tensors) in {:.2}s",
@@ -387,6 +390,59 @@ fn compile(a: CompileArgs) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// Prints, per image size, the predicted peak of every stage the run goes through (the shared
+/// model of `edge_schema::memory`: arena, resident weights, host buffers; the process itself is
+/// covered by the headroom) and how each stage runs.
+fn print_memory_plan(c: &edge_planner::compile::Compiled, budget: u64, headroom: u64) {
+    use edge_schema::memory;
+    let meta = &c.meta;
+    let charges = memory::tensor_charges(&meta.stages, &c.table.entries);
+    let limit = budget.saturating_sub(headroom);
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / f64::from(1u32 << 20));
+    for z in &meta.sizes {
+        let peaks = memory::stage_peaks(meta, &c.table.entries, &charges, z, Some(limit));
+        let top = peaks.iter().map(|p| p.peak).max().unwrap_or(0);
+        say!(
+            "memory at {}x{}: predicted peak {} of the {} budget ({} kept for the process itself)",
+            z.width,
+            z.height,
+            mib(top + headroom),
+            mib(budget),
+            mib(headroom)
+        );
+        for p in &peaks {
+            let st = &meta.stages[p.stage as usize];
+            let how = if st.segmented {
+                format!("segmented ({} segments, one prefetched)", st.segments.len())
+            } else {
+                "monolithic".to_string()
+            };
+            say!(
+                "  {}: {} = arena {} + weights {} + host buffers {}; {how}",
+                st.name,
+                mib(p.peak),
+                mib(p.arena),
+                mib(p.peak - p.arena - p.host),
+                mib(p.host)
+            );
+        }
+        let gathered: u64 = c
+            .table
+            .entries
+            .iter()
+            .zip(&charges)
+            .filter(|(t, &ch)| ch < t.len)
+            .map(|(t, &ch)| t.len - ch)
+            .sum();
+        if gathered > 0 {
+            say!(
+                "  embedding tables: rows gathered from the mapping ({} of the tables never made resident)",
+                mib(gathered)
+            );
+        }
+    }
 }
 
 /// Prints the plan's summary (header, metadata and layout verified by the runtime's reader,

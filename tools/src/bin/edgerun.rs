@@ -309,38 +309,10 @@ fn write_latents(path: &Path, data: &[f32], shape: &[usize]) -> Result<()> {
     Ok(())
 }
 
-/// Bytes of the buffers the pipeline keeps outside the arena for one image: per condition
-/// (2 with guidance) the T5 states and the cross-attention K/V cache, and the decoded image.
-fn host_buffer_bytes(meta: &edge_schema::plan::PlanMeta, width: u32, height: u32) -> u64 {
-    let out_bytes = |stage: u32| -> u64 {
-        meta.stages
-            .get(stage as usize)
-            .and_then(|st| st.outputs.first().map(|&o| &st.values[o as usize]))
-            .map_or(0, |v| v.shape.iter().product::<u64>() * 4)
-    };
-    let per_condition = out_bytes(meta.text_stage) + meta.cross_kv_stage.map_or(0, out_bytes);
-    2 * per_condition + 3 * u64::from(width) * u64::from(height) * 4
-}
-
-/// Bytes of the weights the largest segment of any stage reads.
-fn largest_segment_weights(meta: &edge_schema::plan::PlanMeta) -> u64 {
-    let mut best = 0u64;
-    for st in &meta.stages {
-        for seg in &st.segments {
-            let mut seen: Vec<u32> = Vec::new();
-            for step in &st.steps[seg.first_step as usize..seg.end_step as usize] {
-                for &i in &step.inputs {
-                    if let edge_schema::plan::Storage::Weight(t) = st.values[i as usize].storage {
-                        if !seen.contains(&t) {
-                            seen.push(t);
-                        }
-                    }
-                }
-            }
-            best = best.max(seen.iter().map(|&t| meta.tensors[t as usize].len).sum());
-        }
-    }
-    best
+/// Resets this process's VmHWM to its current resident set (`/proc/self/clear_refs` ← 5,
+/// Linux ≥ 4.0), so the next reading is the peak since now; a no-op elsewhere.
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
 fn peak_rss_kib() -> Option<u64> {
@@ -537,15 +509,30 @@ fn generate(a: GenArgs) -> Result<()> {
         .transpose()?;
     let weights: u64 = meta.tensors.iter().map(|t| t.len).sum();
     let arena = edge_runtime::session::arena_bytes(&plan);
-    // The least a run can keep resident: the arena and the largest segment's weights.
-    let floor = arena + largest_segment_weights(meta);
+    let charges = edge_schema::memory::tensor_charges(&meta.stages, &meta.tensors);
+    let host = edge_schema::memory::host_bytes(meta, size);
+    // The least a run can keep resident: per stage its arena, its largest segment pair's
+    // weights and the host buffers it runs beside.
+    let floor = edge_schema::memory::run_order(meta, size)
+        .iter()
+        .filter_map(|&i| meta.stages.get(i as usize))
+        .map(|st| {
+            let mut st = st.clone();
+            st.segmented = st.segments.len() > 1;
+            edge_schema::memory::host_bytes_at(meta, size, &st)
+                + st.arena_size
+                + edge_schema::memory::needed_weights(&st, &|ts: &[u32]| {
+                    ts.iter().map(|&t| charges[t as usize]).sum()
+                })
+        })
+        .max()
+        .unwrap_or(0);
     let budget = match a.max_ram.as_deref() {
         Some(s) => {
             let budget = parse_size(s, "--max-ram")?;
             if floor > budget {
                 bail!(
-                    "--max-ram {s}: the plan needs at least {floor} bytes ({arena} of arena + {} for its largest segment's weights), more than the budget of {budget} bytes",
-                    floor - arena
+                    "--max-ram {s}: the plan needs at least {floor} bytes (a stage's arena, its largest segments' weights and {host} bytes of host buffers), more than the budget of {budget} bytes"
                 );
             }
             Some(meta.budget.map_or(budget, |p| p.min(budget)))
@@ -553,21 +540,17 @@ fn generate(a: GenArgs) -> Result<()> {
         None => meta.budget,
     };
     // The budget covers the whole process: what it already holds (code, metadata, heap) is
-    // taken off before the arena and the resident weights are planned.
+    // taken off before the arena, the host buffers and the resident weights are planned.
     let rss_start = peak_rss_kib().unwrap_or(0) * 1024;
-    let host = host_buffer_bytes(meta, width, height)
-        + meta
-            .size(width, height)
-            .map_or(0, |sz| edge_schema::tiles::host_bytes(meta, sz));
-    let budget = budget.map(|b| b.saturating_sub(rss_start + host));
+    let budget = budget.map(|b| b.saturating_sub(rss_start));
     if let (Some(b), Some(s)) = (budget, a.max_ram.as_deref()) {
         if floor > b {
             bail!(
-                "--max-ram {s}: the plan needs at least {floor} bytes ({arena} of arena + {} for its largest segment's weights) beside the {rss_start} bytes the process already holds, more than the budget",
-                floor - arena
+                "--max-ram {s}: the plan needs at least {floor} bytes (a stage's arena, its largest segments' weights and {host} bytes of host buffers) beside the {rss_start} bytes the process already holds, more than the budget"
             );
         }
     }
+    let peaks = edge_schema::memory::stage_peaks(meta, &meta.tensors, &charges, size, budget);
     let (table_label, kernels) = pick_kernels(&a.kernels)?;
     if a.verbose {
         let names: Vec<String> = kernels
@@ -606,11 +589,7 @@ fn generate(a: GenArgs) -> Result<()> {
             .collect();
         say!("matrix kernels: {}", per_pack.join(", "));
     }
-    let mut session = Session::new(
-        &plan,
-        kernels,
-        budget.map(|b| b.saturating_sub(floor - arena)),
-    )?;
+    let mut session = Session::new(&plan, kernels, budget)?;
     if let Some(b) = budget {
         session.limit_budget(b);
     }
@@ -633,7 +612,6 @@ fn generate(a: GenArgs) -> Result<()> {
             )
         })?;
     }
-    let rss_before = rss_start / 1024;
     let params = GenerateParams {
         prompt: a.prompt.clone(),
         negative_prompt: a.negative_prompt.clone(),
@@ -658,6 +636,17 @@ fn generate(a: GenArgs) -> Result<()> {
         bar.set_message("encoding");
     }
     let mut timings: HashMap<&str, f64> = HashMap::new();
+    // With -v, the resident-set peak of each phase (VmHWM reset at each phase's start).
+    let mut phase_peak: HashMap<&str, u64> = HashMap::new();
+    let mut phase_end = |name: &'static str| {
+        if a.verbose {
+            phase_peak.insert(name, peak_rss_kib().unwrap_or(0));
+            reset_peak_rss();
+        }
+    };
+    if a.verbose {
+        reset_peak_rss();
+    }
     let mut last = Instant::now();
     let out = edge_runtime::generate(&mut session, &params, &mut |p| {
         let now = Instant::now();
@@ -665,6 +654,7 @@ fn generate(a: GenArgs) -> Result<()> {
         last = now;
         match p {
             Progress::Encoded => {
+                phase_end("encode");
                 timings.insert("encode", dt);
                 bar.set_message("sampling");
                 if lines {
@@ -672,6 +662,9 @@ fn generate(a: GenArgs) -> Result<()> {
                 }
             }
             Progress::Step { done, total } => {
+                if done == total {
+                    phase_end("sample");
+                }
                 *timings.entry("sample").or_default() += dt;
                 bar.set_position(done as u64);
                 if lines {
@@ -679,6 +672,7 @@ fn generate(a: GenArgs) -> Result<()> {
                 }
             }
             Progress::Decoded => {
+                phase_end("decode");
                 timings.insert("decode", dt);
                 bar.set_message("decoded");
                 if lines {
@@ -734,7 +728,6 @@ fn generate(a: GenArgs) -> Result<()> {
         );
     }
     if a.verbose {
-        let predicted = arena + budget.map_or(weights, |b| weights.min(b.saturating_sub(arena)));
         let per_step: Vec<String> = out
             .streamed_per_step
             .iter()
@@ -771,15 +764,47 @@ fn generate(a: GenArgs) -> Result<()> {
             per_step.join(", "),
             session.streamer().released_bytes()
         );
+        let predicted = peaks.iter().map(|p| p.peak).max().unwrap_or(0);
+        let measured = phase_peak.values().copied().max().unwrap_or(0);
+        let top = peaks.iter().max_by_key(|p| p.peak);
         say!(
-            "peak RSS (VmHWM) {} KiB; predicted peak {} KiB = {} KiB at start (process) + {} KiB host buffers + {} KiB arena + {} KiB resident weights",
-            peak_rss_kib().unwrap_or(0),
-            rss_before + (host + predicted) / 1024,
-            rss_before,
-            host / 1024,
-            arena / 1024,
-            (predicted - arena) / 1024
+            "peak RSS (VmHWM) {measured} KiB; predicted peak {} KiB = {} KiB at start (process) + {} KiB host buffers + {} KiB arena + {} KiB resident weights (stage {})",
+            (rss_start + predicted) / 1024,
+            rss_start / 1024,
+            top.map_or(0, |p| p.host) / 1024,
+            top.map_or(0, |p| p.arena) / 1024,
+            top.map_or(0, |p| p.peak - p.host - p.arena) / 1024,
+            top.map_or("none".into(), |p| meta.stages[p.stage as usize].name.clone())
         );
+        use edge_schema::plan::StageKind as K;
+        for (phase, kinds) in [
+            ("encode", &[K::TextEncoder, K::CrossKv][..]),
+            ("sample", &[K::Denoiser][..]),
+            (
+                "decode",
+                &[K::VaeDecoder, K::VaeDecoderHead, K::VaeDecoderTail][..],
+            ),
+        ] {
+            let stages: Vec<String> = peaks
+                .iter()
+                .filter(|p| kinds.contains(&meta.stages[p.stage as usize].kind))
+                .map(|p| {
+                    format!(
+                        "{} {} KiB (arena {}, weights {}, host {})",
+                        meta.stages[p.stage as usize].name,
+                        (rss_start + p.peak) / 1024,
+                        p.arena / 1024,
+                        (p.peak - p.host - p.arena) / 1024,
+                        p.host / 1024
+                    )
+                })
+                .collect();
+            say!(
+                "memory {phase}: measured peak {} KiB; predicted {}",
+                phase_peak.get(phase).copied().unwrap_or(0),
+                stages.join(", ")
+            );
+        }
     }
     Ok(())
 }
