@@ -399,7 +399,9 @@ fn build(
         let a = linear(&mut g, a, &format!("{b}.attn2.to_out.0"), d, d, true)?;
         x = g.op(&format!("{b}.attn2.residual"), Op::Add, &[x, a])?;
 
-        // Feed-forward: x += gate_mlp · ff(LN(x)·(1+scale_mlp)+shift_mlp).
+        // Feed-forward: x += gate_mlp · ff(LN(x)·(1+scale_mlp)+shift_mlp). Its own segment
+        // (finer cut: the MLP holds two thirds of a block's weights).
+        g.cut(format!("{b}.ff"));
         let h = g.op(&format!("{b}.norm2"), ln.clone(), &[x])?;
         let h = g.op(
             &format!("{b}.norm2.modulate"),

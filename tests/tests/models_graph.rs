@@ -231,7 +231,7 @@ fn every_graph_weight_matches_the_checkpoints_and_every_tensor_is_used() {
             &[seq_len as u64, t5_cfg.d_model as u64]
         );
         let mut want: Vec<String> = (0..t5_cfg.num_layers)
-            .map(|n| format!("encoder.block.{n}"))
+            .flat_map(|n| [format!("encoder.block.{n}"), format!("encoder.block.{n}.layer.1")])
             .collect();
         want.push("encoder.final".into());
         assert_eq!(cut_labels(&t5), want, "{name}: T5 cuts");
@@ -257,7 +257,12 @@ fn every_graph_weight_matches_the_checkpoints_and_every_tensor_is_used() {
             assert_eq!(g.outputs.len(), 1);
             assert_eq!(g.shape(g.outputs[0]), &[c, lh as u64, lw as u64]);
             let mut want: Vec<String> = (0..dit_cfg.num_layers)
-                .map(|n| format!("transformer_blocks.{n}"))
+                .flat_map(|n| {
+                    [
+                        format!("transformer_blocks.{n}"),
+                        format!("transformer_blocks.{n}.ff"),
+                    ]
+                })
                 .collect();
             want.push("final_layer".into());
             assert_eq!(cut_labels(&g), want, "{name}: denoiser cuts");
