@@ -79,7 +79,8 @@ impl FileGuard {
     /// Takes a shared lock on `file` (opened from `path`) and records its stamp.
     ///
     /// Errors: [`Error::PlanLocked`] when another process holds an exclusive lock (an updater
-    /// rewriting the plan); [`Error::Io`] when the lock or `fstat` fails otherwise.
+    /// rewriting the plan); [`Error::Io`] when `fstat` fails. A filesystem that cannot lock
+    /// is not an error (the plan is opened unlocked).
     pub(crate) fn lock(file: File, path: &Path) -> Result<FileGuard> {
         let io = |source| Error::Io {
             path: path.display().to_string(),
@@ -92,11 +93,9 @@ impl FileGuard {
                     path: path.display().to_string(),
                 })
             }
-            // A filesystem without locks (some network mounts) is not a reason to refuse:
-            // the stamp and the SIGBUS guard still hold.
-            Err(std::fs::TryLockError::Error(e)) if e.kind() == std::io::ErrorKind::Unsupported => {
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+            // A filesystem without locks (some network mounts: ENOLCK, EOPNOTSUPP) is not a
+            // reason to refuse the plan: the stamp and the SIGBUS guard still hold.
+            Err(std::fs::TryLockError::Error(_)) => {}
         }
         let at_open = stamp(&file).map_err(io)?;
         Ok(FileGuard {

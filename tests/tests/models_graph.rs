@@ -231,7 +231,12 @@ fn every_graph_weight_matches_the_checkpoints_and_every_tensor_is_used() {
             &[seq_len as u64, t5_cfg.d_model as u64]
         );
         let mut want: Vec<String> = (0..t5_cfg.num_layers)
-            .flat_map(|n| [format!("encoder.block.{n}"), format!("encoder.block.{n}.layer.1")])
+            .flat_map(|n| {
+                [
+                    format!("encoder.block.{n}"),
+                    format!("encoder.block.{n}.layer.1"),
+                ]
+            })
             .collect();
         want.push("encoder.final".into());
         assert_eq!(cut_labels(&t5), want, "{name}: T5 cuts");
