@@ -749,6 +749,28 @@ pub fn compile_inputs(
         .tokenizer
         .as_deref()
         .ok_or_else(|| need("tokenizer", "--tokenizer"))?;
+    // Everything the weights cannot tell, asked for at once rather than one run at a time.
+    let mut missing: Vec<&str> = Vec::new();
+    if files.heads.or(hints.heads).is_none() {
+        missing.push("--heads N (attention heads; PixArt-XL: 16)");
+    }
+    if files.sample_size.or(hints.sample_size).is_none() {
+        missing.push("--sample-size N (native latent size; 1024-px models: 128, 512-px: 64)");
+    }
+    let has_micro = dit
+        .names()
+        .iter()
+        .any(|n| n.contains("resolution_embedder"));
+    if files.family.is_none() && !has_micro {
+        missing.push("--family sigma|alpha (PixArt-Σ: SDXL VAE, scale 0.13025, 300 tokens; PixArt-α: SD VAE, scale 0.18215, 120 tokens)");
+    }
+    if missing.len() > 1 {
+        return Err(PlanError::Invalid(format!(
+            "{}: without a pipeline folder these cannot be read from the weights; give {}",
+            dit.describe(),
+            missing.join(", ")
+        )));
+    }
     let dit_json = infer_pixart_config(dit.as_ref(), &hints, files)?;
     let micro = dit_json
         .get("use_additional_conditions")

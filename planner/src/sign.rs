@@ -86,12 +86,11 @@ impl SecretKey {
 
     /// Reads a secret key file: 64 hexadecimal digits or 32 raw bytes (the seed).
     ///
-    /// Files `keygen` writes start with [`SECRET_LABEL`]; bare 64 hex digits or 32 raw bytes
-    /// (keys of earlier releases, or made elsewhere) are accepted too. Because a bare public
-    /// key looks like a bare seed, a file named `*.pub`, a file that starts with
-    /// [`PUBLIC_LABEL`], and a seed whose `KEY.pub` beside it holds another public key are
-    /// refused: signing with any of them would make signatures nobody can check against the
-    /// key they were meant for.
+    /// The file must start with [`SECRET_LABEL`] (what `keygen` writes). Bare 64 hex digits or
+    /// 32 raw bytes are refused with the way out (add the label): a public key file holds the
+    /// same, and signing with a public key copied under another name would make signatures by
+    /// a key nobody holds. A file named `*.pub`, a file that starts with [`PUBLIC_LABEL`], and a
+    /// seed whose `KEY.pub` beside it holds another public key are refused too.
     pub fn from_file(path: &Path) -> Result<SecretKey, SignError> {
         let bad = |reason: String| SignError::KeyFile {
             path: path.display().to_string(),
@@ -106,20 +105,32 @@ impl SecretKey {
                 "is a public key (KEY.pub from `edgeplan keygen`); sign with the secret key KEY beside it".into(),
             ));
         }
-        let labelled = bytes.strip_prefix(SECRET_LABEL.as_bytes());
-        if labelled.is_none()
-            && path
+        let Some(labelled) = bytes.strip_prefix(SECRET_LABEL.as_bytes()) else {
+            if path
                 .extension()
                 .is_some_and(|e| e.eq_ignore_ascii_case("pub"))
-        {
-            return Err(bad(
-                "is named like a public key (.pub); sign with the secret key file (KEY, without .pub)".into(),
-            ));
-        }
-        let seed = decode_key(labelled.unwrap_or(&bytes)).ok_or_else(|| {
+            {
+                return Err(bad(
+                    "is named like a public key (.pub); sign with the secret key file (KEY, without .pub)".into(),
+                ));
+            }
+            // 64 bare hex digits (or 32 raw bytes) are what a public key file holds too: signing
+            // with a public key copied under another name would sign with a key nobody holds.
+            return Err(bad(if decode_key(&bytes).is_some() {
+                format!("holds a bare 32-byte key, which could as well be a public key; `edgeplan keygen` writes secret keys as `{}<64 hex digits>`: if this is a secret seed, add that prefix", SECRET_LABEL.trim_end())
+            } else {
+                format!(
+                    "{} bytes, expected a secret key from `edgeplan keygen` (`{}<64 hex digits>`)",
+                    bytes.len(),
+                    SECRET_LABEL.trim_end()
+                )
+            }));
+        };
+        let seed = decode_key(labelled).ok_or_else(|| {
             bad(format!(
-                "{} bytes, expected a key from `edgeplan keygen`, 64 hexadecimal digits or 32 raw bytes",
-                bytes.len()
+                "{} bytes, expected a secret key from `edgeplan keygen` (`{}<64 hex digits>`)",
+                bytes.len(),
+                SECRET_LABEL.trim_end()
             ))
         })?;
         let key = SecretKey::from_seed(&seed);
@@ -149,6 +160,13 @@ impl SecretKey {
         let mut pub_name = path.as_os_str().to_owned();
         pub_name.push(".pub");
         let pub_path = PathBuf::from(pub_name);
+        if path.is_dir() {
+            return Err(SignError::KeyFile {
+                path: path.display().to_string(),
+                reason: "is a folder; give the name of the key file to create (e.g. FOLDER/key)"
+                    .into(),
+            });
+        }
         for p in [path, pub_path.as_path()] {
             if p.exists() {
                 return Err(SignError::KeyExists {
@@ -282,12 +300,13 @@ mod tests {
             key.write_pair(&path),
             Err(SignError::KeyExists { .. })
         ));
-        // Raw 32-byte seeds are accepted too.
+        // Raw 32-byte seeds are refused (a public key looks the same), naming the way out.
         let raw = dir.path().join("raw");
         std::fs::write(&raw, key.key.as_bytes()).unwrap();
-        assert_eq!(
-            SecretKey::from_file(&raw).unwrap().public_key(),
-            key.public_key()
+        let e = SecretKey::from_file(&raw).unwrap_err().to_string();
+        assert!(
+            e.contains("could as well be a public key") && e.contains(SECRET_LABEL.trim_end()),
+            "{e}"
         );
         std::fs::write(&raw, b"not a key").unwrap();
         assert!(matches!(
@@ -317,12 +336,27 @@ mod tests {
         assert!(e.contains("public key"), "{e}");
         // A seed whose KEY.pub beside it is another key's.
         let other = SecretKey::generate().unwrap();
-        std::fs::write(&path, encode_hex(other.key.as_bytes())).unwrap();
+        std::fs::write(
+            &path,
+            format!("{SECRET_LABEL}{}", encode_hex(other.key.as_bytes())),
+        )
+        .unwrap();
         let e = SecretKey::from_file(&path).unwrap_err().to_string();
         assert!(e.contains("not a pair") && e.contains("k.pub"), "{e}");
-        // Bare hex without a .pub beside it: accepted (keys of earlier releases).
+        // A public key copied under another name (bare hex): refused; with the label added
+        // to a real seed, accepted.
+        let copied = dir.path().join("copied");
+        std::fs::copy(&pub_path, &copied).unwrap();
+        let e = SecretKey::from_file(&copied).unwrap_err().to_string();
+        assert!(e.contains("could as well be a public key"), "{e}");
         let bare = dir.path().join("bare");
         std::fs::write(&bare, encode_hex(other.key.as_bytes())).unwrap();
+        assert!(SecretKey::from_file(&bare).is_err());
+        std::fs::write(
+            &bare,
+            format!("{SECRET_LABEL}{}", encode_hex(other.key.as_bytes())),
+        )
+        .unwrap();
         assert_eq!(
             SecretKey::from_file(&bare).unwrap().public_key(),
             other.public_key()

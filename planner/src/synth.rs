@@ -971,6 +971,9 @@ fn copy_files(src: &Path, dst: &Path) -> Result<u64, SynthError> {
     Ok(bytes)
 }
 
+/// The file every folder `synthesize` writes holds; `--force` replaces only folders with it.
+pub const SYNTH_MARKER: &str = ".edgeplan-synth";
+
 /// Writes `preset` as a diffusers pipeline folder at `out`.
 ///
 /// Everything is written into a temporary sibling folder `.<name>.synth-tmp` which is renamed
@@ -1032,10 +1035,10 @@ pub fn synthesize(
         {
             return Err(refuse("it is or contains the current folder"));
         }
-        if occupied && !real.join("model_index.json").is_file() {
-            return Err(refuse(
-                "it is not empty and not a pipeline folder (no model_index.json)",
-            ));
+        if occupied && !real.join(SYNTH_MARKER).is_file() {
+            return Err(refuse(&format!(
+                "it is not empty and was not written by edgeplan synth (no {SYNTH_MARKER}; a real pipeline folder or other files are never replaced)"
+            )));
         }
     }
     let name = out
@@ -1048,6 +1051,16 @@ pub fn synthesize(
     std::fs::create_dir_all(&parent).map_err(io_err(&parent))?;
     let tmp = parent.join(format!(".{name}.synth-tmp"));
     if tmp.exists() {
+        // A leftover of an interrupted synth (it holds the marker, or nothing yet) is removed;
+        // anything else under that name is not ours.
+        let ours = tmp.join(SYNTH_MARKER).is_file()
+            || std::fs::read_dir(&tmp).is_ok_and(|mut d| d.next().is_none());
+        if !ours {
+            return Err(SynthError::NotReplaceable {
+                path: tmp.display().to_string(),
+                reason: format!("the temporary folder synth writes into exists and was not written by it (no {SYNTH_MARKER})"),
+            });
+        }
         std::fs::remove_dir_all(&tmp).map_err(io_err(&tmp))?;
     }
     std::fs::create_dir(&tmp).map_err(io_err(&tmp))?;
@@ -1073,7 +1086,16 @@ fn write_all(
     sources: Option<&(PathBuf, PathBuf)>,
     opts: &SynthOptions,
 ) -> Result<SynthReport, SynthError> {
-    let mut bytes = write_json(&root.join("model_index.json"), &preset.model_index)?;
+    // The marker first: an interrupted run's temporary folder is recognisable as ours.
+    let mut bytes = write_bytes(
+        &root.join(SYNTH_MARKER),
+        format!(
+            "written by edgeplan synth (preset {}, seed {}); `edgeplan synth --force` may replace this folder\n",
+            preset.name, opts.seed
+        )
+        .as_bytes(),
+    )?;
+    bytes += write_json(&root.join("model_index.json"), &preset.model_index)?;
     let mut files = 0;
     let mut parameters = vec![];
     for c in preset.components() {
@@ -1410,10 +1432,16 @@ mod tests {
         // --force replaces only a pipeline folder: a folder of other files is kept.
         let e = synthesize(&p, &out, &opts).unwrap_err();
         assert!(matches!(e, SynthError::NotReplaceable { .. }), "{e}");
-        assert!(e.to_string().contains("model_index.json"), "{e}");
+        assert!(e.to_string().contains(SYNTH_MARKER), "{e}");
         assert!(out.join("keep").is_file());
+        // A real pipeline folder (model_index.json, no marker) is not replaced either.
         std::fs::write(out.join("model_index.json"), b"{}").unwrap();
+        let e = synthesize(&p, &out, &opts).unwrap_err();
+        assert!(matches!(e, SynthError::NotReplaceable { .. }), "{e}");
+        assert!(out.join("keep").is_file());
+        std::fs::write(out.join(SYNTH_MARKER), b"").unwrap();
         synthesize(&p, &out, &opts).unwrap();
+        assert!(out.join(SYNTH_MARKER).is_file());
         assert!(!out.join("keep").exists());
         assert!(out.join("vae/config.json").is_file());
         assert!(!tmp.path().join(".p.synth-tmp").exists());

@@ -128,8 +128,8 @@ pub struct StagePeak {
     pub stage: u32,
     /// The stage's arena.
     pub arena: u64,
-    /// Charges of the weights the stage must hold at once: all its weights when monolithic,
-    /// the largest segment plus the next (prefetched) one when segmented.
+    /// Charges of the weights the stage must hold at once: all its weights when it runs whole
+    /// (no budget, monolithic), the largest segment plus the next (prefetched) one otherwise.
     pub needed_weights: u64,
     /// Charges of every weight used by the run up to and including this stage (what stays
     /// resident when nothing has to be released).
@@ -182,7 +182,7 @@ pub fn stage_peaks(
                 .map(|&t| charges.get(t as usize).copied().unwrap_or(0))
                 .sum()
         };
-        let needed_weights = needed_weights(st, &charge);
+        let needed_weights = needed_weights(st, limit.is_some() || st.segmented, &charge);
         let host = host_bytes_at(meta, size, st);
         let touched_weights: u64 = touched
             .iter()
@@ -208,10 +208,12 @@ pub fn stage_peaks(
     out
 }
 
-/// The charges a stage must hold at once: all its weights when monolithic, else the largest
-/// pair of consecutive segments (the running one and the prefetched next).
-pub fn needed_weights(st: &Stage, charge: &dyn Fn(&[u32]) -> u64) -> u64 {
-    if !st.segmented {
+/// The charges a stage must hold at once: all its weights when run whole (`by_segments`
+/// false), else the largest pair of consecutive segments (the running one and the prefetched
+/// next). The streamer works segment by segment under any budget, so a run under a budget
+/// needs only the pair even for a stage the planner marked monolithic.
+pub fn needed_weights(st: &Stage, by_segments: bool, charge: &dyn Fn(&[u32]) -> u64) -> u64 {
+    if !by_segments {
         return charge(&tensors_of(st, 0, st.steps.len()));
     }
     let seg: Vec<u64> = st

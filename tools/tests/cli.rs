@@ -1514,8 +1514,14 @@ fn signing_refuses_the_wrong_key_files() {
         &["sign", s(&plan), "--key", s(&pub1)],
         &["k1.pub", "public key"],
     );
-    // A public key copied to a name without .pub is still recognised... when labelled; a bare
-    // one is caught by its pair: k2's seed beside k1's public key.
+    // The public key copied under a name without .pub: bare hex is not taken as a seed.
+    let kp = t.path().join("kp");
+    std::fs::copy(&pub1, &kp).unwrap();
+    refused(
+        &["sign", s(&plan), "--key", s(&kp), "--resign"],
+        &["kp", "could as well be a public key"],
+    );
+    // A secret key whose KEY.pub beside it is another key's: not a pair.
     let mixed = t.path().join("mixed");
     std::fs::copy(&k2, &mixed).unwrap();
     std::fs::copy(&pub1, t.path().join("mixed.pub")).unwrap();
@@ -1637,6 +1643,29 @@ fn synth_force_never_replaces_what_it_did_not_write() {
         ],
     );
     assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("no model_index.json"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not written by edgeplan synth"));
     assert!(other.join("a.txt").is_file());
+    // A real pipeline folder (model_index.json and the user's files) is never replaced.
+    let real = t.path().join("real");
+    copy_demo(&real);
+    std::fs::write(real.join("README.md"), b"mine").unwrap();
+    let o = run(
+        EDGEPLAN,
+        &[
+            "synth",
+            "--preset",
+            "pixart-sigma-small",
+            "-o",
+            s(&real),
+            "--force",
+        ],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(std::fs::read(real.join("README.md")).unwrap(), b"mine");
+    assert!(real.join("transformer/config.json").is_file());
 }

@@ -231,6 +231,18 @@ fn parse_type(s: &str, flag: &str) -> Result<DType> {
     Ok(d)
 }
 
+/// Refuses a plan file name whose extension says another format (`-o model.png`); `.plan`
+/// or no extension is accepted.
+fn check_plan_name(flag: &str, out: &std::path::Path) -> Result<()> {
+    match out.extension().map(|e| e.to_string_lossy()) {
+        Some(e) if !e.eq_ignore_ascii_case("plan") => bail!(
+            "{flag} {}: edgeplan writes a plan here, not .{e}; name the file .plan",
+            out.display()
+        ),
+        _ => Ok(()),
+    }
+}
+
 fn parse_family(s: &str) -> Result<edge_schema::plan::ModelFamily> {
     use edge_schema::plan::ModelFamily;
     match s.to_ascii_lowercase().as_str() {
@@ -349,6 +361,7 @@ fn compile(a: CompileArgs) -> Result<()> {
         .map(|(f, p)| (f.as_str(), p.as_path()))
         .collect();
     common::refuse_clobber(&inputs, &[("-o", a.output.as_path())])?;
+    check_plan_name("-o", &a.output)?;
     let started = std::time::Instant::now();
     let files = edge_planner::compile::ComponentFiles {
         diffusion_model: a.diffusion_model.clone(),
@@ -454,6 +467,13 @@ fn inspect(plan: PathBuf) -> Result<()> {
         "{}",
         edge_planner::inspect::summary(p.meta(), p.file_len() as u64).trim_end()
     );
+    match p.signer() {
+        Some(k) => out!(
+            "signature: claims signer {} (not checked here; `edgeplan verify --trusted-key KEY.pub` checks it)",
+            edge_schema::header::encode_hex(&k)
+        ),
+        None => out!("signature: unsigned"),
+    }
     p.verify_all_sections().map_err(|e| e.in_file(&plan))?;
     out!(
         "sections: {} weight sections verified (BLAKE3)",
@@ -529,6 +549,9 @@ fn keygen(out: PathBuf) -> Result<()> {
 
 fn sign(plan: PathBuf, key: PathBuf, output: Option<PathBuf>, resign: bool) -> Result<()> {
     let secret = edge_planner::sign::SecretKey::from_file(&key)?;
+    if let Some(o) = &output {
+        check_plan_name("--output", o)?;
+    }
     let out = output.unwrap_or_else(|| plan.clone());
     // Signing in place (the default) rewrites the plan on purpose; the key must survive.
     common::refuse_clobber(&[("--key", key.as_path())], &[("--output", out.as_path())])?;

@@ -137,7 +137,7 @@ struct GenArgs {
     latents_out: Option<PathBuf>,
     /// Memory budget (e.g. `1.5G`, `800M`, bytes without a suffix): refuse, before allocating,
     /// a plan whose arena plus weights exceed it.
-    #[arg(long = "max-ram")]
+    #[arg(long = "max-ram", allow_hyphen_values = true)]
     max_ram: Option<String>,
     /// Folder for the spill file of exact VAE tiles whose plan holds the activations between
     /// GroupNorms in a file (default: the system's temporary folder). The file is unlinked as
@@ -154,8 +154,12 @@ struct GenArgs {
 
 fn read_latents(path: &Path, shape: &[usize]) -> Result<Vec<f32>> {
     let bytes = read_file(path, "--init-latents")?;
-    let st = safetensors::SafeTensors::deserialize(&bytes)
-        .map_err(|e| anyhow::anyhow!("{}: not a valid safetensors file: {e}", path.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "--init-latents {}: not a safetensors file ({e}); expected one f32 tensor `latents` {shape:?}",
+            path.display()
+        )
+    })?;
     let t = st.tensor("latents").map_err(|_| {
         anyhow::anyhow!(
             "{}: no tensor named `latents` (expected f32 {shape:?})",
@@ -487,7 +491,7 @@ fn generate(a: GenArgs) -> Result<()> {
             let key = edge_runtime::TrustedKey::from_file(k)?;
             Plan::open_signed(&a.plan, &key)?
         }
-        None => Plan::open(&a.plan)?,
+        None => Plan::open(&a.plan).context("--plan")?,
     };
     let meta = plan.meta();
     edge_runtime::target::check(&meta.target)
@@ -517,11 +521,9 @@ fn generate(a: GenArgs) -> Result<()> {
         .iter()
         .filter_map(|&i| meta.stages.get(i as usize))
         .map(|st| {
-            let mut st = st.clone();
-            st.segmented = st.segments.len() > 1;
-            edge_schema::memory::host_bytes_at(meta, size, &st)
+            edge_schema::memory::host_bytes_at(meta, size, st)
                 + st.arena_size
-                + edge_schema::memory::needed_weights(&st, &|ts: &[u32]| {
+                + edge_schema::memory::needed_weights(st, true, &|ts: &[u32]| {
                     ts.iter().map(|&t| charges[t as usize]).sum()
                 })
         })
