@@ -117,20 +117,18 @@ impl SecretKey {
             // 64 bare hex digits (or 32 raw bytes) are what a public key file holds too: signing
             // with a public key copied under another name would sign with a key nobody holds.
             return Err(bad(if decode_key(&bytes).is_some() {
-                format!("holds a bare 32-byte key, which could as well be a public key; `edgeplan keygen` writes secret keys as `{}<64 hex digits>`: if this is a secret seed, add that prefix", SECRET_LABEL.trim_end())
+                format!("holds a bare 32-byte key, which could as well be a public key; `edgeplan keygen` writes secret keys as `{SECRET_LABEL}<64 hex digits>`: if this is a secret seed, add that prefix")
             } else {
                 format!(
-                    "{} bytes, expected a secret key from `edgeplan keygen` (`{}<64 hex digits>`)",
-                    bytes.len(),
-                    SECRET_LABEL.trim_end()
+                    "{} bytes, expected a secret key from `edgeplan keygen` (`{SECRET_LABEL}<64 hex digits>`)",
+                    bytes.len()
                 )
             }));
         };
         let seed = decode_key(labelled).ok_or_else(|| {
             bad(format!(
-                "{} bytes, expected a secret key from `edgeplan keygen` (`{}<64 hex digits>`)",
-                bytes.len(),
-                SECRET_LABEL.trim_end()
+                "{} bytes, expected a secret key from `edgeplan keygen` (`{SECRET_LABEL}<64 hex digits>`)",
+                bytes.len()
             ))
         })?;
         let key = SecretKey::from_seed(&seed);
@@ -305,7 +303,7 @@ mod tests {
         std::fs::write(&raw, key.key.as_bytes()).unwrap();
         let e = SecretKey::from_file(&raw).unwrap_err().to_string();
         assert!(
-            e.contains("could as well be a public key") && e.contains(SECRET_LABEL.trim_end()),
+            e.contains("could as well be a public key") && e.contains(SECRET_LABEL),
             "{e}"
         );
         std::fs::write(&raw, b"not a key").unwrap();
