@@ -984,7 +984,7 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         // What the budget leaves the decoder: minus the headroom and the decoded image (the
         // conditions are freed before decoding; the exact tiles' held bytes are counted by
         // the tiling choice itself), as `edge_schema::memory::host_bytes_at` counts them.
-        let host_fixed = 3 * u64::from(w) * u64::from(h) * 4;
+        let host_fixed = edge_schema::memory::image_bytes(w, h);
         let budget_left = opts
             .max_ram
             .map(|b| b.saturating_sub(opts.headroom + host_fixed));

@@ -96,8 +96,7 @@ pub fn host_bytes_at(meta: &PlanMeta, size: &ImageSize, stage: &Stage) -> u64 {
     use crate::plan::StageKind;
     match stage.kind {
         StageKind::VaeDecoder | StageKind::VaeDecoderHead | StageKind::VaeDecoderTail => {
-            3 * u64::from(size.width) * u64::from(size.height) * 4
-                + crate::tiles::host_bytes(meta, size)
+            image_bytes(size.width, size.height) + crate::tiles::host_bytes(meta, size)
         }
         _ => {
             let out_bytes = |stage: u32| -> u64 {
@@ -109,6 +108,11 @@ pub fn host_bytes_at(meta: &PlanMeta, size: &ImageSize, stage: &Stage) -> u64 {
             2 * (out_bytes(meta.text_stage) + meta.cross_kv_stage.map_or(0, out_bytes))
         }
     }
+}
+
+/// Bytes of a decoded `width × height` image on the host: 3 f32 planes.
+pub fn image_bytes(width: u32, height: u32) -> u64 {
+    3 * u64::from(width) * u64::from(height) * 4
 }
 
 /// The most host bytes any stage of `size`'s run holds ([`host_bytes_at`]).

@@ -24,24 +24,28 @@ fn opts() -> CompileOptions {
     }
 }
 
-/// 4 DPM steps of the demo model from seed 7: final latents and streaming figures.
-fn run_demo(plan: &Plan, budget: Option<u64>) -> (Vec<f32>, u64, u64) {
-    let mut s = Session::new(plan, edge_kernels::generic(), None).unwrap();
-    if let Some(b) = budget {
-        s.limit_budget(b);
-    }
-    let p = GenerateParams {
+/// `steps` DPM steps of the demo model at 64×64 from seed 7, with guidance.
+fn demo_params(steps: usize) -> GenerateParams {
+    GenerateParams {
         prompt: "a large red circle on a blue background".into(),
         negative_prompt: String::new(),
-        steps: 4,
+        steps,
         cfg_scale: 4.5,
         method: SamplingMethod::DpmPp2m,
         seed: 7,
         width: 64,
         height: 64,
         init_latents: None,
-    };
-    let out = edge_runtime::generate(&mut s, &p, &mut |_| {}).unwrap();
+    }
+}
+
+/// 4 DPM steps of the demo model from seed 7: final latents and streaming figures.
+fn run_demo(plan: &Plan, budget: Option<u64>) -> (Vec<f32>, u64, u64) {
+    let mut s = Session::new(plan, edge_kernels::generic(), None).unwrap();
+    if let Some(b) = budget {
+        s.limit_budget(b);
+    }
+    let out = edge_runtime::generate(&mut s, &demo_params(4), &mut |_| {}).unwrap();
     (
         out.latents,
         s.streamer().streamed_bytes(),
@@ -338,17 +342,7 @@ fn a_smaller_stage_releases_the_arena_above_it() {
         "the demo's VAE arena is the larger"
     );
     let mut s = Session::new(&plan, edge_kernels::generic(), None).unwrap();
-    let p = GenerateParams {
-        prompt: "a large red circle on a blue background".into(),
-        negative_prompt: String::new(),
-        steps: 2,
-        cfg_scale: 4.5,
-        method: SamplingMethod::DpmPp2m,
-        seed: 7,
-        width: 64,
-        height: 64,
-        init_latents: None,
-    };
+    let p = demo_params(2);
     let first = edge_runtime::generate(&mut s, &p, &mut |_| {}).unwrap();
     assert_eq!(s.resident_arena_bytes(), vae.arena_size);
     // A VAE value lying wholly above the text encoder's arena (past a page of slack).

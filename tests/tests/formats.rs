@@ -674,15 +674,11 @@ fn diffusers_layout_errors_name_the_part() {
 // Without a folder: four role files, configs inferred from shapes and GGUF metadata
 // ---------------------------------------------------------------------------------------------
 
-/// Compiles `name` from its four role files (F16 GGUF transformer) and checks the plan equals
-/// the folder + `--diffusion-model` plan; the fixture VAEs' GroupNorm groups (not inferable
-/// from shapes) are given, heads and sample size come from the GGUF's `pixart.*` keys.
-fn folderless_matches_folder(name: &str, groups: usize, family: ModelFamily, scale: f32) {
-    let folder = fixture(name);
-    let model = gguf(name, "F16");
-    let (base, base_plan) = build(Some(&folder), &with_model(&model), None);
-    let files = ComponentFiles {
-        diffusion_model: Some(model),
+/// The four role files of fixture `name` (its F16 GGUF transformer, T5 shards, VAE,
+/// tokenizer.json) with the VAE's GroupNorm `groups` given (shapes cannot tell them).
+fn role_files(name: &str, groups: usize) -> ComponentFiles {
+    ComponentFiles {
+        diffusion_model: Some(gguf(name, "F16")),
         t5xxl: Some(fixture(&format!(
             "{name}/text_encoder/model.safetensors.index.json"
         ))),
@@ -691,8 +687,20 @@ fn folderless_matches_folder(name: &str, groups: usize, family: ModelFamily, sca
         ))),
         tokenizer: Some(fixture(&format!("{name}/tokenizer/tokenizer.json"))),
         vae_norm_groups: Some(groups),
-        family: (family == ModelFamily::PixArtSigma).then_some(family),
         ..Default::default()
+    }
+}
+
+/// Compiles `name` from its four role files (F16 GGUF transformer) and checks the plan equals
+/// the folder + `--diffusion-model` plan; the fixture VAEs' GroupNorm groups (not inferable
+/// from shapes) are given, heads and sample size come from the GGUF's `pixart.*` keys.
+fn folderless_matches_folder(name: &str, groups: usize, family: ModelFamily, scale: f32) {
+    let folder = fixture(name);
+    let model = gguf(name, "F16");
+    let (base, base_plan) = build(Some(&folder), &with_model(&model), None);
+    let files = ComponentFiles {
+        family: (family == ModelFamily::PixArtSigma).then_some(family),
+        ..role_files(name, groups)
     };
     let (c, plan) = build(None, &files, None);
     assert_eq!(c.meta.model.family, family);
@@ -819,34 +827,18 @@ fn aarch64_plans_repack_linear_weights_and_run_identically_here() {
 // What no file states is said, what no graph uses is reported, non-finite weights are named
 // ---------------------------------------------------------------------------------------------
 
-/// The four role files of the Σ fixture with its F16 GGUF transformer.
-fn sigma_role_files() -> ComponentFiles {
-    ComponentFiles {
-        diffusion_model: Some(gguf(SIGMA, "F16")),
-        t5xxl: Some(fixture(&format!(
-            "{SIGMA}/text_encoder/model.safetensors.index.json"
-        ))),
-        vae: Some(fixture(&format!(
-            "{SIGMA}/vae/diffusion_pytorch_model.safetensors"
-        ))),
-        tokenizer: Some(fixture(&format!("{SIGMA}/tokenizer/tokenizer.json"))),
-        vae_norm_groups: Some(8),
-        ..Default::default()
-    }
-}
-
 /// Without a folder, a family the weights cannot tell must be given; every value no file
 /// states is in the plan's notes (and so in `edgeplan compile`'s output and `inspect`).
 #[test]
 fn folderless_compiles_name_every_assumed_value() {
-    let e = compile_err(None, &sigma_role_files());
+    let e = compile_err(None, &role_files(SIGMA, 8));
     assert!(
         e.contains("--family sigma") && e.contains("--family alpha") && e.contains("0.13025"),
         "{e}"
     );
     let files = ComponentFiles {
         family: Some(ModelFamily::PixArtSigma),
-        ..sigma_role_files()
+        ..role_files(SIGMA, 8)
     };
     let (c, _) = build(None, &files, None);
     let notes = c.meta.notes.join("\n");
@@ -865,18 +857,7 @@ fn folderless_compiles_name_every_assumed_value() {
     assert!(summary.contains("assumed VAE config"), "{summary}");
 
     // A family that contradicts the weights is refused; α is recognised by its embedders.
-    let alpha = ComponentFiles {
-        diffusion_model: Some(gguf(ALPHA, "F16")),
-        t5xxl: Some(fixture(&format!(
-            "{ALPHA}/text_encoder/model.safetensors.index.json"
-        ))),
-        vae: Some(fixture(&format!(
-            "{ALPHA}/vae/diffusion_pytorch_model.safetensors"
-        ))),
-        tokenizer: Some(fixture(&format!("{ALPHA}/tokenizer/tokenizer.json"))),
-        vae_norm_groups: Some(16),
-        ..Default::default()
-    };
+    let alpha = role_files(ALPHA, 16);
     let e = compile_err(
         None,
         &ComponentFiles {
@@ -903,7 +884,7 @@ fn folderless_compiles_name_every_assumed_value() {
         diffusion_model: Some(p),
         heads: Some(4),
         family: Some(ModelFamily::PixArtSigma),
-        ..sigma_role_files()
+        ..role_files(SIGMA, 8)
     };
     let e = compile_err(None, &files);
     assert!(e.contains("--sample-size"), "{e}");

@@ -319,25 +319,25 @@ fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
-fn peak_rss_kib() -> Option<u64> {
+/// The KiB figure of `field` (e.g. `VmHWM:`) in `/proc/self/status`; `None` off Linux.
+fn status_kib(field: &str) -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
     s.lines()
-        .find(|l| l.starts_with("VmHWM:"))?
+        .find(|l| l.starts_with(field))?
         .split_whitespace()
         .nth(1)?
         .parse()
         .ok()
 }
 
+/// This process's peak resident set (`VmHWM`) in KiB.
+fn peak_rss_kib() -> Option<u64> {
+    status_kib("VmHWM:")
+}
+
 /// `RssAnon` of this process in KiB (anonymous memory: heap and arena, not the mapped plan).
 fn anon_rss_kib() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    s.lines()
-        .find(|l| l.starts_with("RssAnon:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    status_kib("RssAnon:")
 }
 
 /// The largest [`anon_rss_kib`] seen while `f` runs, sampled every 5 ms by a second thread
