@@ -119,30 +119,44 @@ pub fn build_pixart_denoiser(
     seq_len: usize,
     micro: Option<MicroConditions>,
 ) -> Result<Graph, ModelError> {
-    build(cfg, latent_h, latent_w, seq_len, micro, false)
+    build(cfg, latent_h, latent_w, seq_len, micro, None)
 }
 
-/// Width of the cross-attention key/value cache of [`build_pixart_cross_kv`]:
-/// `num_layers · 2 · inner_dim` (block `n`'s keys at columns `2·n·D`, values at `(2n+1)·D`).
+/// Width of one row of the cross-attention key/value cache of [`build_pixart_cross_kv`]:
+/// `2 · inner_dim` (a block's keys at columns `0..D`, its values at `D..2D`).
 pub fn cross_kv_width(cfg: &PixArtConfig) -> usize {
-    cfg.num_layers * 2 * cfg.inner_dim()
+    2 * cfg.inner_dim()
+}
+
+/// Shape of the cross-attention key/value cache, outermost-first:
+/// `[num_layers · seq_len, 2 · inner_dim]`, block `n`'s rows at `n·seq_len..(n+1)·seq_len`.
+pub fn cross_kv_shape(cfg: &PixArtConfig, seq_len: usize) -> [usize; 2] {
+    [cfg.num_layers * seq_len, cross_kv_width(cfg)]
 }
 
 /// The step-independent part of the denoiser: the caption projection and every block's
 /// cross-attention keys and values, computed once per prompt instead of at every sampler step.
 ///
-/// Input `context [seq_len, caption_channels]` (T5 states); output
-/// `kv [seq_len, num_layers · 2 · inner_dim]` (see [`cross_kv_width`]). The matching denoiser is
-/// [`build_pixart_denoiser_cached`]; together they compute exactly what
+/// Input `context [seq_len, caption_channels]` (T5 states); output `kv` of
+/// [`cross_kv_shape`] stored as `cache` (F32, or F16 / Q8_0 through [`Op::Quantize`], which
+/// the matching denoiser reads back with [`Op::Rows`]). Each block's `[seq_len, 2D]` part is
+/// concatenated along the outermost axis, so the planner places the parts inside the cache
+/// (in-place concatenation: the cache is held once). The matching denoiser is
+/// [`build_pixart_denoiser_cached`]; with an F32 cache they compute exactly what
 /// [`build_pixart_denoiser`] computes. Cut `transformer_blocks.N.attn2.kv` before each block's
 /// projection.
-pub fn build_pixart_cross_kv(cfg: &PixArtConfig, seq_len: usize) -> Result<Graph, ModelError> {
+pub fn build_pixart_cross_kv(
+    cfg: &PixArtConfig,
+    seq_len: usize,
+    cache: DType,
+) -> Result<Graph, ModelError> {
     if seq_len == 0 {
         return Err(ModelError::Size {
             model: MODEL,
             msg: "caption length must be at least 1".into(),
         });
     }
+    check_cache_type(cfg, cache)?;
     let d = cfg.inner_dim();
     let ctx_width = cfg.caption_channels.unwrap_or(cfg.cross_attention_dim);
     let mut g = Graph::new("pixart_cross_kv");
@@ -153,7 +167,7 @@ pub fn build_pixart_cross_kv(cfg: &PixArtConfig, seq_len: usize) -> Result<Graph
         let b = format!("transformer_blocks.{n}");
         g.cut(format!("{b}.attn2.kv"));
         let kv_parts = ["to_k", "to_v"].map(|s| format!("{b}.attn2.{s}"));
-        parts.push(linear_fused(
+        let kv = linear_fused(
             &mut g,
             caption,
             &format!("{b}.attn2.kv"),
@@ -161,28 +175,57 @@ pub fn build_pixart_cross_kv(cfg: &PixArtConfig, seq_len: usize) -> Result<Graph
             d,
             cfg.cross_attention_dim,
             cfg.attention_bias,
-        )?);
+        )?;
+        parts.push(if cache == DType::F32 {
+            kv
+        } else {
+            g.op(
+                &format!("{b}.attn2.kv.cache"),
+                Op::Quantize { dtype: cache },
+                &[kv],
+            )?
+        });
     }
     let kv = if parts.len() == 1 {
         parts[0]
     } else {
-        g.op("cross_kv", Op::Concat { axis: 1 }, &parts)?
+        g.op("cross_kv", Op::Concat { axis: 0 }, &parts)?
     };
     g.output(kv);
     Ok(g)
 }
 
+/// Refuses a cache type other than F32, F16, Q8_0, or Q8_0 when a cache row is not a whole
+/// number of 32-value blocks.
+fn check_cache_type(cfg: &PixArtConfig, cache: DType) -> Result<(), ModelError> {
+    let ok = edge_schema::op::is_cache_type(cache)
+        && cross_kv_width(cfg).is_multiple_of(cache.block_size());
+    if ok {
+        return Ok(());
+    }
+    Err(ModelError::Size {
+        model: MODEL,
+        msg: format!(
+            "a {cache} K/V cache does not fit rows of {} values (f32, f16, q8_0 with rows of whole 32-value blocks)",
+            cross_kv_width(cfg)
+        ),
+    })
+}
+
 /// [`build_pixart_denoiser`] reading the cross-attention keys and values from the cache that
-/// [`build_pixart_cross_kv`] computes: the third input is `kv [seq_len, cross_kv_width]`
-/// instead of `context`.
+/// [`build_pixart_cross_kv`] computes: the third input is `kv` of [`cross_kv_shape`] stored as
+/// `cache` instead of `context`; block `n` reads its rows with [`Op::Rows`] (a copy for F32,
+/// dequantized for F16 / Q8_0) before its cross-attention.
 pub fn build_pixart_denoiser_cached(
     cfg: &PixArtConfig,
     latent_h: usize,
     latent_w: usize,
     seq_len: usize,
     micro: Option<MicroConditions>,
+    cache: DType,
 ) -> Result<Graph, ModelError> {
-    build(cfg, latent_h, latent_w, seq_len, micro, true)
+    check_cache_type(cfg, cache)?;
+    build(cfg, latent_h, latent_w, seq_len, micro, Some(cache))
 }
 
 /// `caption_projection`: linear_1 → GELU(tanh) → linear_2 (or the context itself when the
@@ -209,7 +252,7 @@ fn build(
     latent_w: usize,
     seq_len: usize,
     micro: Option<MicroConditions>,
-    cached: bool,
+    cached: Option<DType>,
 ) -> Result<Graph, ModelError> {
     let p = cfg.patch_size;
     if latent_h == 0 || latent_w == 0 || !latent_h.is_multiple_of(p) || !latent_w.is_multiple_of(p)
@@ -241,8 +284,8 @@ fn build(
     let mut g = Graph::new("pixart_denoiser");
     let latent = g.input("latent", &[cin, latent_h, latent_w], DType::F32);
     let timestep = g.input("timestep", &[1], DType::F32);
-    let context = if cached {
-        g.input("kv", &[seq_len, cross_kv_width(cfg)], DType::F32)
+    let context = if let Some(cache) = cached {
+        g.input("kv", &cross_kv_shape(cfg, seq_len), cache)
     } else {
         g.input("context", &[seq_len, ctx_width], DType::F32)
     };
@@ -306,7 +349,7 @@ fn build(
     let t6 = g.op_shaped("adaln_single.rows", Op::Reshape, &[t6], &[6, d])?;
 
     // Caption projection: linear_1 → GELU(tanh) → linear_2.
-    let caption = if cached {
+    let caption = if cached.is_some() {
         context
     } else {
         caption_projection(&mut g, cfg, context)?
@@ -366,11 +409,18 @@ fn build(
 
         // Cross-attention: x += attn2(x, caption), no norm, no gate; padded tokens −10000.
         let q = linear(&mut g, x, &format!("{b}.attn2.to_q"), d, d, bias)?;
-        let (kv, k_offset) = if cached {
-            (caption, (2 * n * d) as u32)
+        let kv = if cached.is_some() {
+            g.op(
+                &format!("{b}.attn2.kv.rows"),
+                Op::Rows {
+                    start: (n * seq_len) as u64,
+                    len: seq_len as u64,
+                },
+                &[caption],
+            )?
         } else {
             let kv_parts = ["to_k", "to_v"].map(|s| format!("{b}.attn2.{s}"));
-            let kv = linear_fused(
+            linear_fused(
                 &mut g,
                 caption,
                 &format!("{b}.attn2.kv"),
@@ -378,8 +428,7 @@ fn build(
                 d,
                 cfg.cross_attention_dim,
                 bias,
-            )?;
-            (kv, 0)
+            )?
         };
         let a = g.op(
             &format!("{b}.attn2.attention"),
@@ -388,8 +437,8 @@ fn build(
                 head_dim,
                 scale,
                 q_offset: 0,
-                k_offset,
-                v_offset: k_offset + d as u32,
+                k_offset: 0,
+                v_offset: d as u32,
                 has_mask: true,
                 masked_value: -10000.0,
                 has_bias: false,

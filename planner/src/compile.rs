@@ -43,6 +43,11 @@ pub struct CompileOptions {
     pub segments: SegmentMode,
     /// Explicit VAE tiling (`--vae-tile-size`, `--vae-relative-tile-size`, `--vae-tile-overlap`).
     pub tiling: TileRequest,
+    /// Type of the step-independent cross-attention K/V cache (`--kv-cache-type`): F32
+    /// (default, bit-identical to recomputing it), F16 (half the bytes; each value within
+    /// 2⁻¹¹ of itself relatively) or Q8_0 (34 bytes per 32 values; each value within
+    /// `amax / 200` of itself, `amax` the largest magnitude of its 32-value block).
+    pub kv_cache: DType,
 }
 
 impl Default for CompileOptions {
@@ -60,6 +65,7 @@ impl Default for CompileOptions {
             headroom: crate::budget::HEADROOM,
             segments: SegmentMode::Auto,
             tiling: TileRequest::default(),
+            kv_cache: DType::F32,
         }
     }
 }
@@ -938,7 +944,7 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
     let mut notes: Vec<String> = Vec::new();
     let cross_kv_stage = Some(stages.len() as u32);
     stages.push(lower(
-        &edge_models::build_pixart_cross_kv(dit_cfg, seq_len as usize)?,
+        &edge_models::build_pixart_cross_kv(dit_cfg, seq_len as usize, opts.kv_cache)?,
         StageKind::CrossKv,
         0,
         0,
@@ -969,8 +975,14 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
             }),
             ModelFamily::PixArtSigma => None,
         };
-        let dit =
-            edge_models::build_pixart_denoiser_cached(dit_cfg, lh, lw, seq_len as usize, micro)?;
+        let dit = edge_models::build_pixart_denoiser_cached(
+            dit_cfg,
+            lh,
+            lw,
+            seq_len as usize,
+            micro,
+            opts.kv_cache,
+        )?;
         let denoiser_stage = stages.len() as u32;
         stages.push(lower(
             &dit,

@@ -237,33 +237,25 @@ pub fn lower(
 /// arena size and the liveness lower bound.
 fn plan_memory(graph: &Graph, values: &mut [ValueEntry]) -> Result<(Vec<Step>, u64, u64)> {
     let nv = values.len();
-    let mut root: Vec<usize> = (0..nv).collect();
-    for node in &graph.nodes {
-        if let Op::Reshape = node.op {
-            let src = node.inputs[0].idx();
-            if matches!(values[src].storage, Storage::Arena(_)) {
-                root[node.output.idx()] = root[src];
-            }
-        }
-    }
+    let root = alias_roots(graph, values);
     // Lifetimes per root, in steps; inputs live from 0, outputs to the end.
     let n = graph.nodes.len();
     let mut first = vec![usize::MAX; nv];
     let mut last = vec![0usize; nv];
     for &i in &graph.inputs {
-        first[root[i.idx()]] = 0;
+        first[root[i.idx()].0] = 0;
     }
     for (k, node) in graph.nodes.iter().enumerate() {
         for &i in &node.inputs {
-            let r = root[i.idx()];
+            let r = root[i.idx()].0;
             last[r] = last[r].max(k);
         }
-        let r = root[node.output.idx()];
+        let r = root[node.output.idx()].0;
         first[r] = first[r].min(k);
         last[r] = last[r].max(k);
     }
     for &o in &graph.outputs {
-        last[root[o.idx()]] = n;
+        last[root[o.idx()].0] = n;
     }
     // Steps with scratch sizes.
     let mut steps: Vec<Step> = Vec::with_capacity(n);
@@ -286,7 +278,7 @@ fn plan_memory(graph: &Graph, values: &mut [ValueEntry]) -> Result<(Vec<Step>, u
     let mut lifetimes = Vec::new();
     let mut owners: Vec<Result<usize, usize>> = Vec::new(); // Ok(value root) / Err(step)
     for r in 0..nv {
-        if root[r] == r && first[r] != usize::MAX {
+        if root[r].0 == r && first[r] != usize::MAX {
             if let Storage::Arena(a) = values[r].storage {
                 lifetimes.push(Lifetime {
                     first: first[r],
@@ -330,10 +322,82 @@ fn plan_memory(graph: &Graph, values: &mut [ValueEntry]) -> Result<(Vec<Step>, u
     }
     for (i, v) in values.iter_mut().enumerate() {
         if let Storage::Arena(a) = &mut v.storage {
-            a.offset = offset_of_root[root[i]].unwrap_or(0);
+            let (r, within) = root[i];
+            a.offset = offset_of_root[r].unwrap_or(0) + within;
         }
     }
     Ok((steps, arena_size, live_lower_bound))
+}
+
+/// For every value, the arena slot it lives in as `(root value, byte offset inside the root's
+/// slot)`: a reshape's output shares its input's slot, and the inputs of a concatenation along
+/// its outermost non-unit-prefix axis are placed back to back inside the output's slot
+/// (in-place concatenation: the concat step then copies nothing). An input is placed so only
+/// if it is produced in the stage (not a stage input or output, not a weight), is not itself
+/// holding placed inputs, and is placed into no earlier concatenation; otherwise the concat
+/// copies as usual. The verifier accepts exactly these overlaps (`verify_liveness`).
+fn alias_roots(graph: &Graph, values: &[ValueEntry]) -> Vec<(usize, u64)> {
+    let nv = values.len();
+    let arena = |i: usize| matches!(values[i].storage, Storage::Arena(_));
+    let mut parent: Vec<(usize, u64)> = (0..nv).map(|i| (i, 0)).collect();
+    let resolve = |parent: &[(usize, u64)], mut i: usize| -> (usize, u64) {
+        let mut off = 0;
+        while parent[i].0 != i {
+            off += parent[i].1;
+            i = parent[i].0;
+        }
+        (i, off)
+    };
+    let mut holds_parts = vec![false; nv];
+    let io: Vec<usize> = graph
+        .inputs
+        .iter()
+        .chain(&graph.outputs)
+        .map(|v| v.idx())
+        .collect();
+    for node in &graph.nodes {
+        let out = node.output.idx();
+        match node.op {
+            Op::Reshape => {
+                let src = node.inputs[0].idx();
+                if arena(src) {
+                    parent[out] = (src, 0);
+                }
+            }
+            Op::Concat { axis } => {
+                let shape = &values[out].shape;
+                let contiguous = shape[..usize::from(axis)].iter().all(|&d| d == 1);
+                let roots: Vec<(usize, u64)> = node
+                    .inputs
+                    .iter()
+                    .map(|i| resolve(&parent, i.idx()))
+                    .collect();
+                let distinct = roots
+                    .iter()
+                    .enumerate()
+                    .all(|(j, r)| roots[..j].iter().all(|q| q.0 != r.0));
+                let eligible = contiguous
+                    && arena(out)
+                    && distinct
+                    && roots.iter().all(|&(r, within)| {
+                        within == 0
+                            && arena(r)
+                            && !holds_parts[r]
+                            && !io.iter().any(|&x| resolve(&parent, x).0 == r)
+                    });
+                if eligible {
+                    let mut off = 0;
+                    for &(r, _) in &roots {
+                        parent[r] = (out, off);
+                        off += f32_bytes(&values[r].shape, values[r].dtype);
+                    }
+                    holds_parts[out] = true;
+                }
+            }
+            _ => {}
+        }
+    }
+    (0..nv).map(|i| resolve(&parent, i)).collect()
 }
 
 /// `graph` as a stage with every weight assumed `weight_dtype` and no weights loaded: values,

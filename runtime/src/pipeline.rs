@@ -9,6 +9,8 @@
 
 use edge_schema::plan::{PlanMeta, Stage};
 
+use zerocopy::IntoBytes;
+
 use crate::error::{Error, Result};
 use crate::sampler::{Sampler, SamplingMethod};
 use crate::session::{Session, StageInput};
@@ -98,12 +100,50 @@ pub fn encode_text(
     Ok((hidden, enc.mask, enc.truncated))
 }
 
-/// A prompt prepared for the denoiser: its cross-attention input (the K/V cache when the plan
-/// has a cross-KV stage, computed once here instead of at every step; else the T5 states) and
-/// its mask `[l]`.
+/// Bytes on the host held in 8-byte words, so that a tensor of any type stored in them is
+/// aligned for its element type.
+#[derive(Clone, Debug, Default)]
+pub struct HostBytes {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl HostBytes {
+    /// `len` zero bytes.
+    pub fn zeroed(len: usize) -> Self {
+        HostBytes {
+            words: vec![0; len.div_ceil(8)],
+            len,
+        }
+    }
+
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.words.as_bytes()[..self.len]
+    }
+
+    /// The bytes, to write.
+    pub fn as_mut_bytes(&mut self) -> &mut [u8] {
+        &mut self.words.as_mut_bytes()[..self.len]
+    }
+
+    /// Number of bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A prompt prepared for the denoiser: its cross-attention input (the K/V cache, in the plan's
+/// cache type, when the plan has a cross-KV stage: computed once here instead of at every
+/// step; else the f32 T5 states) and its mask `[l]`.
 #[derive(Clone, Debug)]
 pub struct Condition {
-    pub context: Vec<f32>,
+    pub context: HostBytes,
     pub mask: Vec<f32>,
 }
 
@@ -111,14 +151,27 @@ pub struct Condition {
 pub fn condition(session: &mut Session<'_>, hidden: Vec<f32>, mask: Vec<f32>) -> Result<Condition> {
     let meta = session.plan().meta();
     let Some(k) = meta.cross_kv_stage else {
-        return Ok(Condition {
-            context: hidden,
-            mask,
-        });
+        let mut context = HostBytes::zeroed(hidden.len() * 4);
+        context.as_mut_bytes().copy_from_slice(hidden.as_bytes());
+        return Ok(Condition { context, mask });
     };
     let stage = &meta.stages[k as usize];
-    let mut kv = vec![0f32; numel(stage, stage.outputs[0])];
-    session.run_stage(k, &[StageInput::F32(&hidden)], &mut [&mut kv])?;
+    let out = &stage.values[stage.outputs[0] as usize];
+    let bytes = out
+        .dtype
+        .bytes_for(out.shape.iter().product())
+        .ok_or_else(|| {
+            Error::Plan(edge_schema::Error::Invalid(
+                "cross-K/V output size overflows".into(),
+            ))
+        })?;
+    let mut kv = HostBytes::zeroed(bytes as usize);
+    session.run_stage_bytes(
+        k,
+        &[StageInput::F32(&hidden)],
+        &mut [kv.as_mut_bytes()],
+    )?;
+    drop(hidden);
     Ok(Condition { context: kv, mask })
 }
 
@@ -137,7 +190,7 @@ pub fn denoise(
         &[
             StageInput::F32(latent),
             StageInput::F32(&tt),
-            StageInput::F32(&cond.context),
+            StageInput::Bytes(cond.context.as_bytes()),
             StageInput::F32(&cond.mask),
         ],
         &mut [eps],

@@ -20,6 +20,9 @@ use crate::plan::Plan;
 pub enum StageInput<'a> {
     F32(&'a [f32]),
     I32(&'a [i32]),
+    /// The bytes of an input of a cache type (F16, Q8_0; or F32), as an earlier stage's
+    /// [`Session::run_stage_bytes`] wrote them.
+    Bytes(&'a [u8]),
 }
 
 /// One plan bound to an arena and a kernel table.
@@ -258,6 +261,18 @@ impl<'p> Session<'p> {
         inputs: &[StageInput<'_>],
         outputs: &mut [&mut [f32]],
     ) -> Result<()> {
+        let mut raw: Vec<&mut [u8]> = outputs.iter_mut().map(|o| o.as_mut_bytes()).collect();
+        self.run_stage_bytes(index, inputs, &mut raw)
+    }
+
+    /// [`Session::run_stage`] with the outputs as bytes (each exactly the output's byte size:
+    /// `4·n` for f32, [`DType::bytes_for`] for a cache type).
+    pub fn run_stage_bytes(
+        &mut self,
+        index: u32,
+        inputs: &[StageInput<'_>],
+        outputs: &mut [&mut [u8]],
+    ) -> Result<()> {
         let plan = self.plan;
         let stage = &plan.meta().stages[index as usize];
         let arena = self.arena.as_mut_bytes();
@@ -276,9 +291,9 @@ impl<'p> Session<'p> {
                 continue;
             };
             let dst = &mut arena[slot.offset as usize..(slot.offset + slot.len) as usize];
-            let expected = dst.len() / 4;
-            let (src, got): (&[u8], usize) = match (input, v.dtype) {
-                (StageInput::F32(x), DType::F32) => (x.as_bytes(), x.len()),
+            let elem = |n: usize| n / 4;
+            let (src, got, expected): (&[u8], usize, usize) = match (input, v.dtype) {
+                (StageInput::F32(x), DType::F32) => (x.as_bytes(), x.len(), elem(dst.len())),
                 (StageInput::I32(x), DType::I32) => {
                     for &id in x.iter() {
                         if id < 0 || id as u32 >= plan.meta().text.vocab_rows {
@@ -288,9 +303,10 @@ impl<'p> Session<'p> {
                             });
                         }
                     }
-                    (x.as_bytes(), x.len())
+                    (x.as_bytes(), x.len(), elem(dst.len()))
                 }
-                _ => (&[][..], usize::MAX),
+                (StageInput::Bytes(b), d) if d != DType::I32 => (b, b.len(), dst.len()),
+                _ => (&[][..], usize::MAX, elem(dst.len())),
             };
             if got != expected {
                 return Err(Error::InputSize {
@@ -310,13 +326,14 @@ impl<'p> Session<'p> {
             let Storage::Arena(slot) = v.storage else {
                 continue;
             };
-            let src = as_f32(&arena[slot.offset as usize..(slot.offset + slot.len) as usize])?;
+            let src = &arena[slot.offset as usize..(slot.offset + slot.len) as usize];
             if src.len() != out.len() {
+                let per = if v.dtype == DType::F32 { 4 } else { 1 };
                 return Err(Error::InputSize {
                     stage: stage.name.clone(),
                     index: i,
-                    got: out.len(),
-                    expected: src.len(),
+                    got: out.len() / per,
+                    expected: src.len() / per,
                     shape: v.shape.clone(),
                 });
             }
@@ -434,11 +451,15 @@ impl<'p> Session<'p> {
                 "output is a weight".into(),
             )));
         };
-        // A reshape whose output shares its input's slot is a no-op.
+        // A reshape whose output shares its input's slot is a no-op, and so is a concatenation
+        // whose inputs the planner placed inside its output.
         if let Op::Reshape = step.op {
             if stage.values[step.inputs[0] as usize].storage == Storage::Arena(out_slot) {
                 return Ok(());
             }
+        }
+        if edge_schema::verify::in_place_concat(stage, step) {
+            return Ok(());
         }
         if stats.is_some() && !matches!(step.op, Op::GroupNorm { .. }) {
             return Err(Error::Plan(edge_schema::Error::Invalid(format!(
@@ -477,6 +498,24 @@ impl<'p> Session<'p> {
         };
         let shape = |id: u32| -> &[u64] { &stage.values[id as usize].shape };
         let ins = &step.inputs;
+        // Steps writing a cache type write bytes; every other step writes f32.
+        match &step.op {
+            Op::Quantize { dtype } => {
+                edge_kernels::quant::quantize_row(*dtype, f(ins[0])?, out);
+                return Ok(());
+            }
+            Op::Concat { .. } if out_v.dtype != DType::F32 => {
+                // Along axis 0 (verified): each input's bytes after the previous one's.
+                let mut at = 0;
+                for &i in ins.iter() {
+                    let b = bytes_of(i)?;
+                    out[at..at + b.len()].copy_from_slice(b);
+                    at += b.len();
+                }
+                return Ok(());
+            }
+            _ => {}
+        }
         let out = as_f32_mut(out)?;
         let last = |s: &[u64]| s.last().copied().unwrap_or(1) as usize;
         match &step.op {
@@ -648,6 +687,17 @@ impl<'p> Session<'p> {
                     out,
                 );
             }
+            Op::Rows { start, len } => {
+                let x = bytes_of(ins[0])?;
+                let dt = stage.values[ins[0] as usize].dtype;
+                let row = dt
+                    .bytes_for(shape(ins[0])[1])
+                    .ok_or_else(|| Error::Plan(edge_schema::Error::Invalid("rows".into())))?
+                    as usize;
+                let (a, n) = (*start as usize, *len as usize);
+                edge_kernels::quant::dequantize_row(dt, &x[a * row..(a + n) * row], out);
+            }
+            Op::Quantize { .. } => {} // written as bytes above
             Op::Concat { axis } => {
                 let parts: Vec<&[f32]> = ins.iter().map(|&i| f(i)).collect::<Result<_>>()?;
                 let shapes: Vec<Dims> = ins.iter().map(|&i| dims(shape(i))).collect();

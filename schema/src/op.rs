@@ -69,8 +69,19 @@ pub enum Op {
     Reshape,
     /// `[.., n, ..]` → `[.., len, ..]` starting at `start` along `axis`.
     Slice { axis: u8, start: u64, len: u64 },
-    /// Concatenation of all inputs along `axis`.
+    /// Concatenation of all inputs along `axis`. Inputs are f32, or all of one cache type
+    /// (F16, Q8_0) when `axis` is 0, the outermost: then each input's bytes follow the
+    /// previous input's. The planner may place the inputs inside the output's slot, where
+    /// the step copies nothing (in-place concatenation).
     Concat { axis: u8 },
+    /// Stores f32 rows as a cache type: `x [.., w]` (f32) → `[.., w]` of `dtype` (F16 rounds
+    /// to nearest even; Q8_0 is ggml's `quantize_row_q8_0_ref`, bit-exact with gguf-py),
+    /// `w` a whole number of `dtype` blocks.
+    Quantize { dtype: DType },
+    /// Rows `start..start + len` of `x [rows, w]` (F32, F16 or Q8_0), as f32 `[len, w]`
+    /// (ggml's `get_rows` on a contiguous range; exact for F32 and F16, Q8_0 dequantized as
+    /// `dequantize_row_q8_0`).
+    Rows { start: u64, len: u64 },
     /// Sinusoidal timestep embedding (diffusers `get_timestep_embedding`):
     /// `t [n]` → `[n, dim]` with `dim` from the output shape.
     TimestepEmbedding {
@@ -110,6 +121,8 @@ impl Op {
             Op::Reshape => "reshape",
             Op::Slice { .. } => "slice",
             Op::Concat { .. } => "concat",
+            Op::Quantize { .. } => "quantize",
+            Op::Rows { .. } => "rows",
             Op::TimestepEmbedding { .. } => "timestep_embedding",
             Op::T5PositionBias { .. } => "t5_position_bias",
         }
@@ -143,7 +156,12 @@ impl Op {
                 let n = 2 + usize::from(*has_bias);
                 (n, n)
             }
-            Op::UpsampleNearest2x | Op::Permute { .. } | Op::Reshape | Op::Slice { .. } => (1, 1),
+            Op::UpsampleNearest2x
+            | Op::Permute { .. }
+            | Op::Reshape
+            | Op::Slice { .. }
+            | Op::Quantize { .. }
+            | Op::Rows { .. } => (1, 1),
             Op::Concat { .. } => (1, usize::MAX),
             Op::TimestepEmbedding { .. } => (1, 1),
             Op::T5PositionBias { .. } => (1, 1),
@@ -179,6 +197,11 @@ pub fn numel(shape: &[u64]) -> Option<u64> {
             }
         },
     )
+}
+
+/// Types a step-independent cache (and so an arena value) may have: F32, F16, Q8_0.
+pub fn is_cache_type(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F16 | DType::Q8_0)
 }
 
 fn is_float_weight(d: DType) -> bool {
@@ -437,26 +460,60 @@ impl Op {
             }
             Op::Concat { axis } => {
                 let a = usize::from(*axis);
-                let first = f32_in(0)?;
+                let (first, dt) = inputs[0];
+                if dt != DType::F32 && !(a == 0 && is_cache_type(dt)) {
+                    return Err(format!(
+                        "concat: inputs of type {dt} concatenate only along axis 0 (f32 along any)"
+                    ));
+                }
                 if a >= first.len() {
                     return Err(format!("concat: axis {a} outside {first:?}"));
                 }
                 let mut o = first.to_vec();
-                for i in 1..inputs.len() {
-                    let s = f32_in(i)?;
+                for &(s, d) in &inputs[1..] {
                     let same = s.len() == first.len()
                         && s.iter()
                             .zip(first)
                             .enumerate()
                             .all(|(j, (p, q))| j == a || p == q);
-                    if !same {
+                    if d != dt || !same {
                         return Err(format!(
-                            "concat: {s:?} does not match {first:?} off axis {a}"
+                            "concat: {d} {s:?} does not match {dt} {first:?} off axis {a}"
                         ));
                     }
                     o[a] = o[a].checked_add(s[a]).ok_or("concat: overflow")?;
                 }
-                o
+                if numel(&o).is_none() || dt.bytes_for(numel(&o).unwrap_or(0)).is_none() {
+                    return Err(format!("concat: output {o:?} is invalid"));
+                }
+                return Ok((o, dt));
+            }
+            Op::Quantize { dtype } => {
+                let x = f32_in(0)?;
+                if !is_cache_type(*dtype) || *dtype == DType::F32 {
+                    return Err(format!("quantize: type {dtype} is not a cache type (f16, q8_0)"));
+                }
+                if last(x) % dtype.block_size() as u64 != 0 {
+                    return Err(format!(
+                        "quantize: rows of {} are not whole {dtype} blocks",
+                        last(x)
+                    ));
+                }
+                return Ok((x.to_vec(), *dtype));
+            }
+            Op::Rows { start, len } => {
+                let (x, d) = inputs[0];
+                if x.len() != 2
+                    || !is_cache_type(d)
+                    || x[1] % d.block_size() as u64 != 0
+                    || *len == 0
+                    || start.checked_add(*len).is_none_or(|e| e > x[0])
+                {
+                    return Err(format!(
+                        "rows: {start}+{len} of {d} {x:?} (expected rows of a 2-D f32, f16 or q8_0 tensor)"
+                    ));
+                }
+                vec![*len, x[1]]
             }
             Op::TimestepEmbedding { max_period, .. } => {
                 let t = f32_in(0)?;

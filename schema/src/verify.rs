@@ -104,10 +104,25 @@ pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
         })?;
     }
     if let Some(k) = meta.cross_kv_stage {
-        if meta.stages.get(k as usize).map(|s| s.kind) != Some(StageKind::CrossKv) {
+        let Some(kv) = meta.stages.get(k as usize).filter(|s| s.kind == StageKind::CrossKv) else {
             return Err(invalid(format!(
                 "cross-attention K/V stage {k} is not a CrossKv stage"
             )));
+        };
+        // Every denoiser reads the cache as the cross-K/V stage writes it.
+        let fact = |s: &Stage, id: Option<&u32>| {
+            id.and_then(|&i| s.values.get(i as usize))
+                .map(|v| (v.dtype, v.shape.clone()))
+        };
+        let cache = fact(kv, kv.outputs.first());
+        for (i, s) in meta.stages.iter().enumerate() {
+            if s.kind == StageKind::Denoiser && fact(s, s.inputs.get(2)) != cache {
+                return Err(invalid(format!(
+                    "stage {i} ({}) reads a K/V cache {:?} but the cross-K/V stage writes {cache:?}",
+                    s.name,
+                    fact(s, s.inputs.get(2))
+                )));
+            }
         }
     }
     if meta.sizes.is_empty() {
@@ -342,7 +357,7 @@ fn verify_stage(meta: &PlanMeta, s: &Stage) -> Result<()> {
             .ok_or_else(|| invalid(format!("value {i} has invalid shape {:?}", v.shape)))?;
         match &v.storage {
             Storage::Arena(a) => {
-                if !matches!(v.dtype, DType::F32 | DType::I32) {
+                if !(crate::op::is_cache_type(v.dtype) || v.dtype == DType::I32) {
                     return Err(invalid(format!("arena value {i} has dtype {}", v.dtype)));
                 }
                 let bytes = v.dtype.bytes_for(n);
@@ -445,9 +460,10 @@ fn verify_stage(meta: &PlanMeta, s: &Stage) -> Result<()> {
                 ));
             }
         }
+        let in_place = in_place_concat(s, step);
         for &id in &step.inputs {
             if let Some(a) = arena_of(id) {
-                let alias_ok = matches!(step.op, Op::Reshape) && a == out_slice;
+                let alias_ok = (matches!(step.op, Op::Reshape) && a == out_slice) || in_place;
                 if a.overlaps(&out_slice) && !alias_ok {
                     return Err(fail(format!("input {id} overlaps the output in the arena")));
                 }
@@ -544,12 +560,16 @@ fn verify_liveness(s: &Stage) -> Result<()> {
         }
     }
     iv.sort_by_key(|x| (x.0, x.1));
+    let group = alias_groups(s);
+    let aliased = |a: usize, b: usize| {
+        a < group.len() && b < group.len() && a != b && group[a] == group[b]
+    };
     // Sweep: for each interval, compare against active intervals overlapping in time.
     let mut active: Vec<(usize, usize, ArenaSlice, usize)> = Vec::new();
     for cur in iv {
         active.retain(|a| a.1 >= cur.0);
         for a in &active {
-            if a.2.overlaps(&cur.2) && !reshape_alias(s, a.3, cur.3) {
+            if a.2.overlaps(&cur.2) && !aliased(a.3, cur.3) {
                 return Err(invalid(format!(
                     "arena slots of {} and {} overlap while both are live",
                     tag_name(a.3),
@@ -570,28 +590,94 @@ fn tag_name(tag: usize) -> String {
     }
 }
 
-/// Whether `a` and `b` are a reshape's input and output sharing one slot (or chained reshapes).
-fn reshape_alias(s: &Stage, a: usize, b: usize) -> bool {
-    let slot = |id: usize| match s.values.get(id).map(|v| &v.storage) {
+/// Whether `step` is a concatenation whose every input lies in place inside its output's
+/// slot (back to back, in order, along an axis with only unit axes before it, no input twice):
+/// such a step copies nothing. Allocates nothing (the runtime asks at every step).
+pub fn in_place_concat(s: &Stage, step: &crate::plan::Step) -> bool {
+    let Op::Concat { axis } = step.op else {
+        return false;
+    };
+    let slot = |id: u32| match s.values.get(id as usize).map(|v| &v.storage) {
         Some(Storage::Arena(x)) => Some(*x),
         _ => None,
     };
-    if a > usize::MAX / 2 || b > usize::MAX / 2 || slot(a) != slot(b) {
+    let Some(&out_id) = step.outputs.first() else {
+        return false;
+    };
+    let (Some(out_v), Some(out)) = (s.values.get(out_id as usize), slot(out_id)) else {
+        return false;
+    };
+    let unit_prefix = out_v
+        .shape
+        .get(..usize::from(axis))
+        .is_some_and(|p| p.iter().all(|&d| d == 1));
+    if !unit_prefix {
         return false;
     }
-    // Both must be connected by a chain of reshapes: check that one of them is produced by a
-    // reshape whose input has the same slot, walking back from each.
-    let root = |mut id: usize| {
-        for _ in 0..s.steps.len() {
-            let producer = s.steps.iter().find(|st| {
-                st.outputs.first() == Some(&(id as u32)) && matches!(st.op, Op::Reshape)
-            });
-            match producer {
-                Some(st) => id = st.inputs[0] as usize,
-                None => break,
-            }
+    let mut at = out.offset;
+    for (j, &id) in step.inputs.iter().enumerate() {
+        let Some(a) = slot(id) else {
+            return false;
+        };
+        if a.arena != out.arena || a.offset != at || step.inputs[..j].contains(&id) {
+            return false;
         }
-        id
+        match at.checked_add(a.len) {
+            Some(e) => at = e,
+            None => return false,
+        }
+    }
+    Some(at) == out.end()
+}
+
+/// Groups of values that may share arena bytes while live: a reshape's output with its input
+/// when they have one slot, and an in-place concatenation's inputs with its output (an input
+/// placed into more than one concatenation joins only the first). Returns a group id per
+/// value.
+fn alias_groups(s: &Stage) -> Vec<usize> {
+    let mut parent: Vec<usize> = (0..s.values.len()).collect();
+    fn find(p: &mut [usize], mut i: usize) -> usize {
+        while p[i] != i {
+            p[i] = p[p[i]];
+            i = p[i];
+        }
+        i
+    }
+    let slot = |id: u32| match s.values.get(id as usize).map(|v| &v.storage) {
+        Some(Storage::Arena(x)) => Some(*x),
+        _ => None,
     };
-    root(a) == root(b)
+    let mut placed = vec![false; s.values.len()];
+    for step in &s.steps {
+        let Some(&out) = step.outputs.first() else {
+            continue;
+        };
+        if out as usize >= parent.len() {
+            continue;
+        }
+        let join = |p: &mut Vec<usize>, a: u32, b: u32| {
+            let (ra, rb) = (find(p, a as usize), find(p, b as usize));
+            p[ra] = rb;
+        };
+        match step.op {
+            Op::Reshape => {
+                if let Some(&src) = step.inputs.first() {
+                    if (src as usize) < parent.len() && slot(src).is_some() && slot(src) == slot(out)
+                    {
+                        join(&mut parent, src, out);
+                    }
+                }
+            }
+            Op::Concat { .. } => {
+                if in_place_concat(s, step) && step.inputs.iter().all(|&i| !placed[i as usize]) {
+                    for &i in &step.inputs {
+                        placed[i as usize] = true;
+                        join(&mut parent, i, out);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    (0..parent.len()).map(|i| find(&mut parent, i)).collect()
 }

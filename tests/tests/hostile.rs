@@ -839,3 +839,79 @@ fn exact_tiling_that_cannot_reproduce_the_image_is_refused() {
         },
     );
 }
+
+/// The cross-K/V stage's concatenation (in place: its per-block parts lie inside the cache).
+fn in_place_concat_of(s: &Stage) -> usize {
+    s.steps
+        .iter()
+        .position(|st| edge_schema::verify::in_place_concat(s, st))
+        .expect("an in-place concatenation")
+}
+
+#[test]
+fn in_place_concat_part_out_of_place_is_refused() {
+    refused(
+        "a concatenation part moved off its place inside the output",
+        &["overlaps the output"],
+        |m| {
+            let s = stage_of(m, StageKind::CrossKv);
+            let k = in_place_concat_of(s);
+            let part = s.steps[k].inputs[1] as usize;
+            let Storage::Arena(slot) = &mut s.values[part].storage else {
+                panic!("part is not an arena value")
+            };
+            slot.offset -= 64;
+        },
+    );
+}
+
+#[test]
+fn a_live_value_over_an_in_place_concat_part_is_refused() {
+    refused(
+        "the caption projection put on the bytes of the first cache part",
+        &["overlap"],
+        |m| {
+            let s = stage_of(m, StageKind::CrossKv);
+            let k = in_place_concat_of(s);
+            let first = arena_slot(s, s.steps[k].inputs[0]);
+            // The caption projection is read by every block's K/V linear, so it is live while
+            // the parts are written.
+            let lin = s
+                .steps
+                .iter()
+                .rposition(|st| matches!(st.op, Op::Linear { .. }) && st.inputs[0] != s.inputs[0])
+                .unwrap();
+            let caption = s.steps[lin].inputs[0] as usize;
+            let Storage::Arena(slot) = &mut s.values[caption].storage else {
+                panic!("caption is not an arena value")
+            };
+            slot.offset = first.offset;
+        },
+    );
+}
+
+#[test]
+fn a_second_concat_over_placed_parts_is_refused() {
+    refused(
+        "a second in-place concatenation over the same parts",
+        &["overlap while both are live"],
+        |m| {
+            let s = stage_of(m, StageKind::CrossKv);
+            let k = in_place_concat_of(s);
+            let mut step = s.steps[k].clone();
+            // Same slot as the first output: both outputs are live to the stage end.
+            let v = s.values[step.outputs[0] as usize].clone();
+            s.values.push(v);
+            step.outputs = vec![(s.values.len() - 1) as u32];
+            s.steps.insert(k + 1, step);
+            for seg in s.segments.iter_mut() {
+                if seg.end_step as usize > k {
+                    seg.end_step += 1;
+                }
+                if seg.first_step as usize > k {
+                    seg.first_step += 1;
+                }
+            }
+        },
+    );
+}

@@ -719,6 +719,18 @@ fn eval_node(op: &Op, ins: &[&Tensor], out_shape: &[usize]) -> Tensor {
                 }
             }
         }
+        // Values stay f32 here: a cache type is its round trip (ggml's quantizer, then its
+        // dequantizer), read back by `Rows` as a row copy.
+        Op::Quantize { dtype } => {
+            let mut q = vec![0u8; dtype.bytes_for(n_out as u64).unwrap() as usize];
+            edge_kernels::quant::quantize_row(*dtype, &ins[0].data, &mut q);
+            edge_kernels::quant::dequantize_row(*dtype, &q, &mut out);
+        }
+        Op::Rows { start, len } => {
+            let (_, w) = rows(ins[0]);
+            let (a, n) = (*start as usize, *len as usize);
+            out.copy_from_slice(&ins[0].data[a * w..(a + n) * w]);
+        }
         Op::TimestepEmbedding {
             flip_sin_to_cos,
             downscale_freq_shift,

@@ -198,6 +198,10 @@ struct CompileArgs {
     /// Budget bytes kept free for the process itself (default 128M).
     #[arg(long = "planning-headroom")]
     planning_headroom: Option<String>,
+    /// Type of the cross-attention K/V cache computed once per prompt: f32 (bit-identical),
+    /// f16 (half the bytes) or q8_0 (about a quarter); see README "Memory".
+    #[arg(long = "kv-cache-type", default_value = "f32")]
+    kv_cache_type: String,
     /// VAE tile size in image pixels, WxH or one number (tiles the decode).
     #[arg(long = "vae-tile-size")]
     vae_tile_size: Option<String>,
@@ -315,6 +319,12 @@ fn compile(a: CompileArgs) -> Result<()> {
             None => edge_planner::budget::HEADROOM,
         },
         segments: a.segments.parse()?,
+        kv_cache: match a.kv_cache_type.to_ascii_lowercase().as_str() {
+            "f32" => DType::F32,
+            "f16" => DType::F16,
+            "q8_0" => DType::Q8_0,
+            other => bail!("--kv-cache-type `{other}`: expected f32, f16 or q8_0"),
+        },
         tiling: edge_planner::tiling::TileRequest {
             mode: a.vae_tile_mode.parse()?,
             hold: a.vae_tile_hold.parse()?,
