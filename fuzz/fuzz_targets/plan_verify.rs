@@ -20,7 +20,7 @@ use std::sync::OnceLock;
 
 use edge_runtime::{Plan, Session, StageInput};
 use edge_schema::header::{Header, HEADER_LEN};
-use edge_schema::plan::{PlanMeta, Storage};
+use edge_schema::plan::PlanMeta;
 use edge_schema::DType;
 use libfuzzer_sys::fuzz_target;
 use zerocopy::FromBytes;
@@ -95,38 +95,41 @@ fn dry_run(plan: &Plan) {
     };
     let meta = plan.meta();
     for (i, stage) in meta.stages.iter().enumerate() {
-        let elems = |vid: u32| -> usize {
-            match stage.values.get(vid as usize).map(|v| &v.storage) {
-                Some(Storage::Arena(s)) => (s.len / 4) as usize,
-                _ => 0,
-            }
+        // Bytes of a stage input or output, from its type and shape (arena slot or not).
+        let bytes = |vid: u32| -> usize {
+            stage
+                .values
+                .get(vid as usize)
+                .and_then(|v| v.dtype.bytes_for(v.shape.iter().product()))
+                .map_or(0, |b| b.min(ARENA_LIMIT) as usize)
         };
-        let mut f32_inputs: Vec<Vec<f32>> = Vec::new();
         let mut i32_inputs: Vec<Vec<i32>> = Vec::new();
+        let mut byte_inputs: Vec<Vec<u32>> = Vec::new();
         let mut kinds = Vec::new();
         for &vid in &stage.inputs {
             let is_i32 = stage.values.get(vid as usize).map(|v| v.dtype) == Some(DType::I32);
             if is_i32 {
-                i32_inputs.push(vec![0; elems(vid)]);
-                kinds.push((true, i32_inputs.len() - 1));
+                i32_inputs.push(vec![0; bytes(vid) / 4]);
+                kinds.push((true, i32_inputs.len() - 1, bytes(vid)));
             } else {
-                f32_inputs.push(vec![0.5; elems(vid)]);
-                kinds.push((false, f32_inputs.len() - 1));
+                // 0.5f32 in every word: finite values for f32, f16 and q8_0 alike.
+                byte_inputs.push(vec![0x3F00_0000; bytes(vid).div_ceil(4)]);
+                kinds.push((false, byte_inputs.len() - 1, bytes(vid)));
             }
         }
         let inputs: Vec<StageInput<'_>> = kinds
             .iter()
-            .map(|&(is_i32, k)| {
+            .map(|&(is_i32, k, n)| {
                 if is_i32 {
                     StageInput::I32(&i32_inputs[k])
                 } else {
-                    StageInput::F32(&f32_inputs[k])
+                    StageInput::Bytes(&zerocopy::IntoBytes::as_bytes(&byte_inputs[k][..])[..n])
                 }
             })
             .collect();
-        let mut outs: Vec<Vec<f32>> = stage.outputs.iter().map(|&v| vec![0.0; elems(v)]).collect();
-        let mut out_refs: Vec<&mut [f32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
-        let r = session.run_stage(i as u32, &inputs, &mut out_refs);
+        let mut outs: Vec<Vec<u8>> = stage.outputs.iter().map(|&v| vec![0; bytes(v)]).collect();
+        let mut out_refs: Vec<&mut [u8]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
+        let r = session.run_stage_bytes(i as u32, &inputs, &mut out_refs);
         if debug() {
             eprintln!("stage {i} ({}): {:?}", stage.name, r.map(|_| "ran"));
         }

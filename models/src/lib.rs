@@ -24,8 +24,7 @@ pub mod vae;
 pub use config::{ConfigError, PixArtConfig, T5Config, VaeConfig};
 pub use pixart::{
     build_pixart_cross_kv, build_pixart_denoiser, build_pixart_denoiser_cached, cross_kv_shape,
-    cross_kv_width,
-    pos_embed_2d, MicroConditions,
+    cross_kv_width, pos_embed_2d, MicroConditions,
 };
 pub use t5::build_t5_encoder;
 pub use vae::{

@@ -159,8 +159,17 @@ pub fn lower(
     policy: &PackPolicy,
 ) -> Result<Stage> {
     let mut values: Vec<ValueEntry> = Vec::with_capacity(graph.values.len());
-    for v in graph.values.iter() {
+    // The denoiser's and the cross-K/V stage's inputs (latents, timestep, K/V cache, mask; T5
+    // states) are read where the pipeline keeps them: the cache is not copied into the arena
+    // at every step. (The text encoder checks its token ids as they are copied; the VAE's
+    // tiled decode writes its input tile into the arena.)
+    let bind_inputs = matches!(kind, StageKind::Denoiser | StageKind::CrossKv);
+    for (i, v) in graph.values.iter().enumerate() {
+        let input = graph.inputs.iter().position(|x| x.idx() == i);
         let storage = match &v.source {
+            Source::Input if bind_inputs && input.is_some() => {
+                Storage::Input(input.unwrap_or(0) as u32)
+            }
             Source::Weight(spec) => {
                 Storage::Weight(table.weight(spec, &v.shape, resolver, policy)?)
             }
@@ -177,7 +186,7 @@ pub fn lower(
         };
         let dtype = match storage {
             Storage::Weight(t) => table.entries[t as usize].dtype,
-            Storage::Arena(_) => v.dtype,
+            Storage::Arena(_) | Storage::Input(_) => v.dtype,
         };
         values.push(ValueEntry {
             dtype,

@@ -287,8 +287,30 @@ impl<'p> Session<'p> {
         }
         for (i, (&vid, input)) in stage.inputs.iter().zip(inputs).enumerate() {
             let v = &stage.values[vid as usize];
-            let Storage::Arena(slot) = v.storage else {
-                continue;
+            let slot = match v.storage {
+                Storage::Arena(slot) => slot,
+                Storage::Input(_) => {
+                    // Read in place by the steps: only its type and size are checked here.
+                    let want = v.dtype.bytes_for(v.shape.iter().product()).unwrap_or(0) as usize;
+                    let (got, ok) = match (input, v.dtype) {
+                        (StageInput::F32(x), DType::F32) => (x.len() * 4, true),
+                        (StageInput::Bytes(b), d) => (b.len(), d != DType::I32),
+                        (StageInput::F32(x), _) => (x.len() * 4, false),
+                        (StageInput::I32(_), _) => (0, false),
+                    };
+                    if !ok || got != want {
+                        let per = if v.dtype == DType::F32 { 4 } else { 1 };
+                        return Err(Error::InputSize {
+                            stage: stage.name.clone(),
+                            index: i,
+                            got: if ok { got / per } else { usize::MAX },
+                            expected: want / per,
+                            shape: v.shape.clone(),
+                        });
+                    }
+                    continue;
+                }
+                Storage::Weight(_) => continue,
             };
             let dst = &mut arena[slot.offset as usize..(slot.offset + slot.len) as usize];
             let elem = |n: usize| n / 4;
@@ -319,7 +341,7 @@ impl<'p> Session<'p> {
             }
             dst.copy_from_slice(src);
         }
-        self.run_steps(index, 0, stage.steps.len(), None)?;
+        self.run_steps_bound(index, 0, stage.steps.len(), None, inputs)?;
         let arena = self.arena.as_bytes();
         for (i, (&vid, out)) in stage.outputs.iter().zip(outputs.iter_mut()).enumerate() {
             let v = &stage.values[vid as usize];
@@ -369,6 +391,19 @@ impl<'p> Session<'p> {
         end: usize,
         stats: Option<&[edge_kernels::GroupStats]>,
     ) -> Result<()> {
+        self.run_steps_bound(index, first, end, stats, &[])
+    }
+
+    /// [`Session::run_steps`] with the stage's inputs, which values stored as
+    /// [`Storage::Input`] are read from.
+    fn run_steps_bound(
+        &mut self,
+        index: u32,
+        first: usize,
+        end: usize,
+        stats: Option<&[edge_kernels::GroupStats]>,
+        bound: &[StageInput<'_>],
+    ) -> Result<()> {
         let plan = self.plan;
         let stage = &plan.meta().stages[index as usize];
         if first > end || end > stage.steps.len() {
@@ -402,12 +437,12 @@ impl<'p> Session<'p> {
                 let given = if a + i == first { stats } else { None };
                 if self.profile.is_some() {
                     let t = std::time::Instant::now();
-                    self.run_step(stage, step, given)?;
+                    self.run_step(stage, step, given, bound)?;
                     if let Some(p) = self.profile.as_mut() {
                         p.record(stage, step, t.elapsed());
                     }
                 } else {
-                    self.run_step(stage, step, given)?;
+                    self.run_step(stage, step, given, bound)?;
                 }
             }
         }
@@ -442,6 +477,7 @@ impl<'p> Session<'p> {
         stage: &Stage,
         step: &edge_schema::plan::Step,
         stats: Option<&[edge_kernels::GroupStats]>,
+        bound: &[StageInput<'_>],
     ) -> Result<()> {
         let plan = self.plan;
         let k = &self.kernels;
@@ -478,6 +514,15 @@ impl<'p> Session<'p> {
             match &stage.values[id as usize].storage {
                 Storage::Arena(s) => read(&pieces, s),
                 Storage::Weight(t) => plan.tensor_bytes(*t),
+                Storage::Input(i) => match bound.get(*i as usize) {
+                    Some(StageInput::F32(x)) => Ok(x.as_bytes()),
+                    Some(StageInput::I32(x)) => Ok(x.as_bytes()),
+                    Some(StageInput::Bytes(b)) => Ok(b),
+                    None => Err(Error::Plan(edge_schema::Error::Invalid(format!(
+                        "stage {}: input {i} is read in place and only run_stage gives it",
+                        stage.name
+                    )))),
+                },
             }
         };
         let f = |id: u32| -> Result<&[f32]> { as_f32(bytes_of(id)?) };
@@ -488,7 +533,7 @@ impl<'p> Session<'p> {
                     .tensors
                     .get(*t as usize)
                     .map_or(PackLayout::RowMajor, |e| e.layout),
-                Storage::Arena(_) => PackLayout::RowMajor,
+                Storage::Arena(_) | Storage::Input(_) => PackLayout::RowMajor,
             };
             Ok(WeightRef {
                 dtype: stage.values[id as usize].dtype,

@@ -491,7 +491,9 @@ impl Op {
             Op::Quantize { dtype } => {
                 let x = f32_in(0)?;
                 if !is_cache_type(*dtype) || *dtype == DType::F32 {
-                    return Err(format!("quantize: type {dtype} is not a cache type (f16, q8_0)"));
+                    return Err(format!(
+                        "quantize: type {dtype} is not a cache type (f16, q8_0)"
+                    ));
                 }
                 if last(x) % dtype.block_size() as u64 != 0 {
                     return Err(format!(

@@ -207,6 +207,10 @@ pub enum Storage {
     Arena(ArenaSlice),
     /// A weight: index into [`PlanMeta::tensors`].
     Weight(u32),
+    /// Stage input `i` (the value `Stage::inputs[i]`), read where the caller keeps it and
+    /// never copied into the arena: the K/V cache and the latents a denoiser reads at every
+    /// step stay in the buffers the pipeline holds them in.
+    Input(u32),
 }
 
 /// A tensor of a stage: its fact and its storage.

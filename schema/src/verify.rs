@@ -104,7 +104,11 @@ pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
         })?;
     }
     if let Some(k) = meta.cross_kv_stage {
-        let Some(kv) = meta.stages.get(k as usize).filter(|s| s.kind == StageKind::CrossKv) else {
+        let Some(kv) = meta
+            .stages
+            .get(k as usize)
+            .filter(|s| s.kind == StageKind::CrossKv)
+        else {
             return Err(invalid(format!(
                 "cross-attention K/V stage {k} is not a CrossKv stage"
             )));
@@ -369,6 +373,16 @@ fn verify_stage(meta: &PlanMeta, s: &Stage) -> Result<()> {
                 }
                 check_slice(a, s.arena_size, &format!("value {i}"))?;
             }
+            Storage::Input(k) => {
+                if s.inputs.get(*k as usize) != Some(&(i as u32)) {
+                    return Err(invalid(format!(
+                        "value {i} claims to be stage input {k}, which it is not"
+                    )));
+                }
+                if !(crate::op::is_cache_type(v.dtype) || v.dtype == DType::I32) {
+                    return Err(invalid(format!("input value {i} has dtype {}", v.dtype)));
+                }
+            }
             Storage::Weight(t) => {
                 let t = meta
                     .tensors
@@ -396,11 +410,18 @@ fn verify_stage(meta: &PlanMeta, s: &Stage) -> Result<()> {
             s.kind
         )));
     }
-    for &id in s.inputs.iter().chain(&s.outputs) {
-        if arena_of(id).is_none() {
+    for (k, &id) in s.inputs.iter().enumerate() {
+        let bound =
+            s.values.get(id as usize).map(|v| &v.storage) == Some(&Storage::Input(k as u32));
+        if arena_of(id).is_none() && !bound {
             return Err(invalid(format!(
-                "stage input/output {id} is not an arena value"
+                "stage input {id} is neither an arena value nor bound input {k}"
             )));
+        }
+    }
+    for &id in &s.outputs {
+        if arena_of(id).is_none() {
+            return Err(invalid(format!("stage output {id} is not an arena value")));
         }
     }
     // Steps: ids, op shapes, scratch, aliasing.
@@ -561,9 +582,8 @@ fn verify_liveness(s: &Stage) -> Result<()> {
     }
     iv.sort_by_key(|x| (x.0, x.1));
     let group = alias_groups(s);
-    let aliased = |a: usize, b: usize| {
-        a < group.len() && b < group.len() && a != b && group[a] == group[b]
-    };
+    let aliased =
+        |a: usize, b: usize| a < group.len() && b < group.len() && a != b && group[a] == group[b];
     // Sweep: for each interval, compare against active intervals overlapping in time.
     let mut active: Vec<(usize, usize, ArenaSlice, usize)> = Vec::new();
     for cur in iv {
@@ -662,7 +682,9 @@ fn alias_groups(s: &Stage) -> Vec<usize> {
         match step.op {
             Op::Reshape => {
                 if let Some(&src) = step.inputs.first() {
-                    if (src as usize) < parent.len() && slot(src).is_some() && slot(src) == slot(out)
+                    if (src as usize) < parent.len()
+                        && slot(src).is_some()
+                        && slot(src) == slot(out)
                     {
                         join(&mut parent, src, out);
                     }

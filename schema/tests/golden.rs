@@ -146,27 +146,46 @@ fn meta() -> PlanMeta {
                     shape: vec![2, 32],
                     storage: Storage::Weight(0),
                 },
-            ],
-            steps: vec![Step {
-                op: Op::Attention {
-                    heads: 2,
-                    head_dim: 1,
-                    scale: 0.5,
-                    q_offset: 0,
-                    k_offset: 2,
-                    v_offset: 4,
-                    has_mask: true,
-                    masked_value: -10000.0,
-                    has_bias: false,
+                ValueEntry {
+                    dtype: DType::F16,
+                    shape: vec![2, 32],
+                    storage: Storage::Input(1),
                 },
-                inputs: vec![0, 1],
-                outputs: vec![0],
-                scratch: Some(ArenaSlice {
-                    arena: 0,
-                    offset: 64,
-                    len: 128,
-                }),
-            }],
+            ],
+            steps: vec![
+                Step {
+                    op: Op::Quantize { dtype: DType::Q8_0 },
+                    inputs: vec![0],
+                    outputs: vec![1],
+                    scratch: None,
+                },
+                Step {
+                    op: Op::Rows { start: 1, len: 1 },
+                    inputs: vec![2],
+                    outputs: vec![0],
+                    scratch: None,
+                },
+                Step {
+                    op: Op::Attention {
+                        heads: 2,
+                        head_dim: 1,
+                        scale: 0.5,
+                        q_offset: 0,
+                        k_offset: 2,
+                        v_offset: 4,
+                        has_mask: true,
+                        masked_value: -10000.0,
+                        has_bias: false,
+                    },
+                    inputs: vec![0, 1],
+                    outputs: vec![0],
+                    scratch: Some(ArenaSlice {
+                        arena: 0,
+                        offset: 64,
+                        len: 128,
+                    }),
+                },
+            ],
             segments: vec![Segment {
                 first_step: 0,
                 end_step: 1,
@@ -215,7 +234,7 @@ fn metadata_bytes_are_frozen() {
     let digest = blake3::hash(&bytes).to_hex().to_string();
     assert_eq!(
         (FORMAT_VERSION, bytes.len(), digest.as_str()),
-        (4, GOLDEN_LEN, GOLDEN_DIGEST),
+        (5, GOLDEN_LEN, GOLDEN_DIGEST),
         "the postcard encoding of PlanMeta changed: bump FORMAT_VERSION and update the golden values"
     );
     assert_eq!(PlanMeta::decode(&bytes).unwrap(), meta());
@@ -240,5 +259,5 @@ fn header_layout_is_frozen() {
     assert_eq!(&b[224..256], &[0x44; 32]);
 }
 
-const GOLDEN_LEN: usize = 351;
-const GOLDEN_DIGEST: &str = "926d50359ccfde2f1049a5ffd332b2be5b819e71faa8e4b066a5b38b1bb853b2";
+const GOLDEN_LEN: usize = 372;
+const GOLDEN_DIGEST: &str = "bf88dbb0ec219bcdeb2a4dbfc02dd91af547135c0b6fe95d00bb92670beba45e";

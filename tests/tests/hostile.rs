@@ -238,6 +238,7 @@ fn arena_slot(s: &Stage, id: u32) -> edge_schema::plan::ArenaSlice {
     match s.values[id as usize].storage {
         Storage::Arena(a) => a,
         Storage::Weight(_) => panic!("value {id} is a weight"),
+        Storage::Input(_) => panic!("value {id} is a bound stage input"),
     }
 }
 
@@ -346,15 +347,15 @@ fn live_values_overlap() {
         "two live stage inputs share bytes",
         &["overlap while both are live"],
         |m| {
-            let s = stage_of(m, StageKind::Denoiser);
-            // Inputs are live from the stage start; put the timestep [1] on the first bytes of
-            // the context.
-            let ctx = arena_slot(s, s.inputs[2]);
+            let s = stage_of(m, StageKind::TextEncoder);
+            // Inputs are live from the stage start; put the mask on the first bytes of the
+            // token ids.
+            let ids = arena_slot(s, s.inputs[0]);
             let t = s.inputs[1] as usize;
             let Storage::Arena(slot) = &mut s.values[t].storage else {
-                panic!("timestep is not an arena value")
+                panic!("mask is not an arena value")
             };
-            slot.offset = ctx.offset;
+            slot.offset = ids.offset;
         },
     );
 }
@@ -493,9 +494,9 @@ fn arena_slice_past_arena() {
     );
     refused("value slot offset overflows", &["outside the arena"], |m| {
         let s = stage_of(m, StageKind::Denoiser);
-        let id = s.inputs[0] as usize;
+        let id = s.outputs[0] as usize;
         let Storage::Arena(slot) = &mut s.values[id].storage else {
-            panic!("input is not an arena value")
+            panic!("output is not an arena value")
         };
         slot.offset = u64::MAX - 3;
     });
@@ -912,6 +913,29 @@ fn a_second_concat_over_placed_parts_is_refused() {
                     seg.first_step += 1;
                 }
             }
+        },
+    );
+}
+
+#[test]
+fn bound_inputs_must_be_the_stage_inputs_they_claim() {
+    refused(
+        "a bound input that claims another input's place",
+        &["claims to be stage input"],
+        |m| {
+            let s = stage_of(m, StageKind::Denoiser);
+            let id = s.inputs[0] as usize;
+            assert_eq!(s.values[id].storage, Storage::Input(0));
+            s.values[id].storage = Storage::Input(1);
+        },
+    );
+    refused(
+        "a step output stored as a bound input",
+        &["claims to be stage input 0"],
+        |m| {
+            let s = stage_of(m, StageKind::Denoiser);
+            let id = s.steps[0].outputs[0] as usize;
+            s.values[id].storage = Storage::Input(0);
         },
     );
 }

@@ -90,7 +90,10 @@ fn the_cross_kv_stage_holds_the_cache_once() {
             "{cache}: arena {} bytes for a cache of {bytes} (bound {bound})",
             st.arena_size
         );
-        assert!(st.arena_size < 2 * bytes, "{cache}: the cache is held twice");
+        assert!(
+            st.arena_size < 2 * bytes,
+            "{cache}: the cache is held twice"
+        );
         // Every denoiser reads the cache in the type the cross-K/V stage writes.
         for d in meta.stages.iter().filter(|s| s.kind == StageKind::Denoiser) {
             assert_eq!(d.values[d.inputs[2] as usize].dtype, cache);
@@ -127,7 +130,10 @@ fn typed_caches_stay_within_their_bound() {
         let got = latents(&plan_with(cache));
         let r = rel_l2(&got, &reference);
         println!("{cache}: final latents rel_l2 {r:.3e} against the f32 cache");
-        assert!(r > 0.0, "{cache}: no difference at all: the cache type is not used");
+        assert!(
+            r > 0.0,
+            "{cache}: no difference at all: the cache type is not used"
+        );
         assert!(r <= bound, "{cache}: rel_l2 {r} above {bound}");
     }
 }

@@ -171,7 +171,7 @@ fn sections_of(plan: &Plan, s: usize) -> BTreeSet<usize> {
         .iter()
         .filter_map(|v| match v.storage {
             Storage::Weight(t) => Some(meta.tensors[t as usize].section as usize),
-            Storage::Arena(_) => None,
+            Storage::Arena(_) | Storage::Input(_) => None,
         })
         .chain(
             meta.stages[s]
