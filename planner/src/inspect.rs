@@ -92,6 +92,21 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
         meta.text.hidden,
         meta.tokenizer.vocab_len()
     );
+    if let Some(st) = meta
+        .cross_kv_stage
+        .and_then(|k| meta.stages.get(k as usize))
+    {
+        if let Some(v) = st.outputs.first().and_then(|&o| st.values.get(o as usize)) {
+            let bytes = v.dtype.bytes_for(v.shape.iter().product()).unwrap_or(0);
+            let _ = writeln!(
+                s,
+                "cross-attention K/V cache: {} {:?} ({}, held once per prompt; --kv-cache-type)",
+                v.dtype,
+                v.shape,
+                mib(bytes)
+            );
+        }
+    }
     // The GroupNorm group count of the decoder (no weight reveals it; a wrong one gives a
     // visibly wrong image), read from its first GroupNorm step.
     let groups = meta

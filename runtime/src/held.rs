@@ -311,21 +311,28 @@ impl Held {
         Ok(())
     }
 
-    /// Value `v` whole, taken out of the store.
-    pub fn take(&mut self, v: u32) -> Result<Vec<f32>> {
+    /// Value `v` whole, taken out of the store into `out` (exactly its size; from a spill
+    /// file it is read straight into `out`, with no second copy of it in memory).
+    pub fn take_into(&mut self, v: u32, out: &mut [f32]) -> Result<()> {
         let (d, slot) = self
             .slots
             .get_mut(v as usize)
             .and_then(Option::take)
             .ok_or_else(|| missing(v))?;
+        if d.len() != out.len() {
+            return Err(Error::Plan(edge_schema::Error::Invalid(format!(
+                "held value {v} has {} values, its destination {}",
+                d.len(),
+                out.len()
+            ))));
+        }
         match slot {
-            Slot::Memory(data) => Ok(data),
+            Slot::Memory(data) => out.copy_from_slice(&data),
             Slot::File(at) => {
                 let s = self.spill.as_ref().ok_or_else(|| missing(v))?;
-                let mut data = vec![0f32; d.len()];
-                s.read(at, &mut data)?;
-                Ok(data)
+                s.read(at, out)?;
             }
         }
+        Ok(())
     }
 }

@@ -3,11 +3,13 @@
 //!
 //! Depends only on `edge-schema`, the kernel crates and a few small libraries (memmap2,
 //! zerocopy, png); never on the planner, graph, models, safetensors, clap or anyhow.
-//! `unsafe` exists for two concerns: the `mmap` call and its page advice in [`plan`], and the
-//! `SIGBUS` guard of the mapping in `guard`.
+//! `unsafe` exists for three concerns: the `mmap` call and its page advice in [`plan`], the
+//! `SIGBUS` guard of the mapping in `guard`, and the allocator setting in [`alloc`].
 #![deny(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
+#[allow(unsafe_code)]
+pub mod alloc;
 pub mod error;
 #[allow(unsafe_code)]
 mod guard;

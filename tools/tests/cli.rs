@@ -1669,3 +1669,48 @@ fn synth_force_never_replaces_what_it_did_not_write() {
     assert_eq!(std::fs::read(real.join("README.md")).unwrap(), b"mine");
     assert!(real.join("transformer/config.json").is_file());
 }
+
+/// `--kv-cache-type` reaches the plan (`inspect` names the cache type), a bad value is refused
+/// by name, and a q8_0-cache plan generates.
+#[test]
+fn kv_cache_type_is_chosen_at_compile_time() {
+    let t = tempfile::tempdir().unwrap();
+    let plan = t.path().join("q8kv.plan");
+    let compile = |ty: &str, out: &Path| {
+        run(
+            EDGEPLAN,
+            &[
+                "compile",
+                s(&demo_model()),
+                "-W",
+                "64",
+                "-H",
+                "64",
+                "--kv-cache-type",
+                ty,
+                "-o",
+                s(out),
+            ],
+        )
+    };
+    let o = compile("bf16", &t.path().join("bad.plan"));
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--kv-cache-type") && err.contains("f32, f16 or q8_0"),
+        "{err}"
+    );
+    assert!(!t.path().join("bad.plan").exists());
+    let o = compile("q8_0", &plan);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run(EDGEPLAN, &["inspect", s(&plan)]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("cross-attention K/V cache: q8_0"), "{text}");
+    let o = run(EDGEPLAN, &["inspect", s(demo_plan())]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("cross-attention K/V cache: f32"), "{text}");
+    let png = t.path().join("out.png");
+    let o = generate(&plan, &png, &["--quiet"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(png.exists());
+}

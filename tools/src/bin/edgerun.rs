@@ -997,6 +997,8 @@ fn bench(a: BenchArgs) -> Result<()> {
 }
 
 fn main() {
+    // Freed buffers go back to the system, so a run's resident set follows what is live.
+    edge_runtime::alloc::return_large_frees();
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Generate(a) => generate(a),
