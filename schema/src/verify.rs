@@ -690,12 +690,16 @@ fn alias_groups(s: &Stage) -> Vec<usize> {
                     }
                 }
             }
-            Op::Concat { .. } => {
-                if in_place_concat(s, step) && step.inputs.iter().all(|&i| !placed[i as usize]) {
-                    for &i in &step.inputs {
-                        placed[i as usize] = true;
-                        join(&mut parent, i, out);
-                    }
+            Op::Concat { .. }
+                if in_place_concat(s, step)
+                    && step
+                        .inputs
+                        .iter()
+                        .all(|&i| !placed.get(i as usize).copied().unwrap_or(true)) =>
+            {
+                for &i in &step.inputs {
+                    placed[i as usize] = true;
+                    join(&mut parent, i, out);
                 }
             }
             _ => {}
