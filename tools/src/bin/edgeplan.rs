@@ -199,7 +199,8 @@ struct CompileArgs {
     #[arg(long = "planning-headroom")]
     planning_headroom: Option<String>,
     /// Type of the cross-attention K/V cache computed once per prompt: f32 (bit-identical),
-    /// f16 (half the bytes) or q8_0 (about a quarter); see README "Memory".
+    /// f16 (half the bytes) or q8_0 (34 bytes per 32 values); case-insensitive; see the
+    /// README's memory budget paragraph.
     #[arg(long = "kv-cache-type", default_value = "f32")]
     kv_cache_type: String,
     /// VAE tile size in image pixels, WxH or one number (tiles the decode).

@@ -544,11 +544,13 @@ fn generate(a: GenArgs) -> Result<()> {
     // The budget covers the whole process: what it already holds (code, metadata, heap) is
     // taken off before the arena, the host buffers and the resident weights are planned.
     let rss_start = peak_rss_kib().unwrap_or(0) * 1024;
+    let whole = budget;
     let budget = budget.map(|b| b.saturating_sub(rss_start));
-    if let (Some(b), Some(s)) = (budget, a.max_ram.as_deref()) {
+    if let (Some(b), Some(w), Some(s)) = (budget, whole, a.max_ram.as_deref()) {
         if floor > b {
             bail!(
-                "--max-ram {s}: the plan needs at least {floor} bytes (a stage's arena, its largest segments' weights and {host} bytes of host buffers) beside the {rss_start} bytes the process already holds, more than the budget"
+                "--max-ram {s}: the plan needs at least {floor} bytes (a stage's arena, its largest segments' weights and {host} bytes of host buffers) beside the {rss_start} bytes the process already holds, {} bytes in all, more than the budget of {w} bytes",
+                floor + rss_start
             );
         }
     }
