@@ -88,6 +88,14 @@ pub fn apply(
         })
         .collect();
     let limit = budget.map(|b| b.saturating_sub(headroom));
+    // An f32 K/V cache is most of the host buffers before decoding: a refusal says what q8_0
+    // would save.
+    let f32_cache = meta
+        .cross_kv_stage
+        .and_then(|k| meta.stages.get(k as usize))
+        .and_then(|st| st.outputs.first().map(|&o| &st.values[o as usize]))
+        .filter(|v| v.dtype == edge_schema::DType::F32)
+        .map(|v| v.shape.iter().product::<u64>() * 4);
     let mut out = Vec::with_capacity(meta.stages.len());
     for (st, &host) in meta.stages.iter_mut().zip(&hosts) {
         let arena = st.arena_size;
@@ -135,8 +143,16 @@ pub fn apply(
                         "running it monolithic needs {weights} bytes of weights + {arena} of arena + {host} of host buffers"
                     )
                 };
+                // Both prompts' caches are in the host buffers of every stage before decoding.
+                let hint = match f32_cache {
+                    Some(c) if host >= 2 * c && c > 0 => format!(
+                        "; the host buffers hold two f32 K/V caches of {c} bytes: `--kv-cache-type q8_0` stores them in {} bytes each",
+                        c / 4 / 32 * 34
+                    ),
+                    _ => String::new(),
+                };
                 return Err(PlanError::Invalid(format!(
-                    "--max-ram: stage {} does not fit: {what} = {need} bytes, but the budget leaves {l} bytes ({} minus {headroom} of headroom)",
+                    "--max-ram: stage {} does not fit: {what} = {need} bytes, but the budget leaves {l} bytes ({} minus {headroom} of headroom){hint}",
                     st.name,
                     budget.unwrap_or(0)
                 )));

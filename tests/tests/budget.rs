@@ -138,6 +138,29 @@ fn budget_too_small_names_the_segment() {
         msg.contains("--max-ram") && (msg.contains("segment") || msg.contains("tile")),
         "{msg}"
     );
+    // The demo at 6 MiB: its text encoder does not fit beside two f32 K/V caches, and the
+    // refusal names the smaller cache type; with that type the hint is gone.
+    let tight = |kv_cache| {
+        compile(
+            &demo("pixart-shapes-64"),
+            &CompileOptions {
+                max_ram: Some(6 << 20),
+                headroom: 0,
+                kv_cache,
+                ..opts()
+            },
+        )
+    };
+    let msg = tight(edge_schema::DType::F32)
+        .expect_err("f32 caches do not fit 6 MiB")
+        .to_string();
+    assert!(
+        msg.contains("t5_encoder") && msg.contains("`--kv-cache-type q8_0` stores them in"),
+        "{msg}"
+    );
+    if let Err(e) = tight(edge_schema::DType::Q8_0) {
+        assert!(!e.to_string().contains("--kv-cache-type"), "{e}");
+    }
 }
 
 fn decode(plan: &Plan, latents: &[f32]) -> Vec<f32> {
