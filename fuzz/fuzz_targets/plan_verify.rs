@@ -100,7 +100,7 @@ fn dry_run(plan: &Plan) {
             stage
                 .values
                 .get(vid as usize)
-                .and_then(|v| v.dtype.bytes_for(v.shape.iter().product()))
+                .and_then(|v| v.byte_len())
                 .map_or(0, |b| b.min(ARENA_LIMIT) as usize)
         };
         let mut i32_inputs: Vec<Vec<i32>> = Vec::new();

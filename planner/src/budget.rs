@@ -95,7 +95,7 @@ pub fn apply(
         .and_then(|k| meta.stages.get(k as usize))
         .and_then(|st| st.outputs.first().map(|&o| &st.values[o as usize]))
         .filter(|v| v.dtype == edge_schema::DType::F32)
-        .map(|v| v.shape.iter().product::<u64>() * 4);
+        .and_then(|v| v.byte_len());
     let mut out = Vec::with_capacity(meta.stages.len());
     for (st, &host) in meta.stages.iter_mut().zip(&hosts) {
         let arena = st.arena_size;
@@ -147,7 +147,7 @@ pub fn apply(
                 let hint = match f32_cache {
                     Some(c) if host >= 2 * c && c > 0 => format!(
                         "; the host buffers hold two f32 K/V caches of {c} bytes: `--kv-cache-type q8_0` stores them in {} bytes each",
-                        c / 4 / 32 * 34
+                        edge_schema::DType::Q8_0.bytes_for(c / 4).unwrap_or(c)
                     ),
                     _ => String::new(),
                 };

@@ -97,7 +97,7 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
         .and_then(|k| meta.stages.get(k as usize))
     {
         if let Some(v) = st.outputs.first().and_then(|&o| st.values.get(o as usize)) {
-            let bytes = v.dtype.bytes_for(v.shape.iter().product()).unwrap_or(0);
+            let bytes = v.byte_len().unwrap_or(0);
             let _ = writeln!(
                 s,
                 "cross-attention K/V cache: {} {:?} ({}, held once per prompt; --kv-cache-type)",

@@ -166,19 +166,17 @@ pub fn lower(
     let bind_inputs = matches!(kind, StageKind::Denoiser | StageKind::CrossKv);
     for (i, v) in graph.values.iter().enumerate() {
         let input = graph.inputs.iter().position(|x| x.idx() == i);
-        let storage = match &v.source {
-            Source::Input if bind_inputs && input.is_some() => {
-                Storage::Input(input.unwrap_or(0) as u32)
-            }
-            Source::Weight(spec) => {
+        let storage = match (&v.source, input) {
+            (Source::Input, Some(k)) if bind_inputs => Storage::Input(k as u32),
+            (Source::Weight(spec), _) => {
                 Storage::Weight(table.weight(spec, &v.shape, resolver, policy)?)
             }
-            Source::Const(data) => Storage::Weight(table.constant(
+            (Source::Const(data), _) => Storage::Weight(table.constant(
                 format!("{}.{}", graph.name, v.name),
                 &v.shape,
                 data,
             )),
-            Source::Input | Source::Node(_) => Storage::Arena(ArenaSlice {
+            (Source::Input | Source::Node(_), _) => Storage::Arena(ArenaSlice {
                 arena: 0,
                 offset: 0,
                 len: f32_bytes(&v.shape, v.dtype),

@@ -14,6 +14,7 @@ pub mod error;
 #[allow(unsafe_code)]
 mod guard;
 mod held;
+pub mod host;
 pub mod image;
 pub mod pipeline;
 pub mod plan;

@@ -11,6 +11,8 @@ use edge_schema::plan::{PlanMeta, Stage};
 
 use zerocopy::IntoBytes;
 
+pub use crate::host::HostBytes;
+
 use crate::error::{Error, Result};
 use crate::sampler::{Sampler, SamplingMethod};
 use crate::session::{Session, StageInput};
@@ -100,44 +102,6 @@ pub fn encode_text(
     Ok((hidden, enc.mask, enc.truncated))
 }
 
-/// Bytes on the host held in 8-byte words, so that a tensor of any type stored in them is
-/// aligned for its element type.
-#[derive(Clone, Debug, Default)]
-pub struct HostBytes {
-    words: Vec<u64>,
-    len: usize,
-}
-
-impl HostBytes {
-    /// `len` zero bytes.
-    pub fn zeroed(len: usize) -> Self {
-        HostBytes {
-            words: vec![0; len.div_ceil(8)],
-            len,
-        }
-    }
-
-    /// The bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.words.as_bytes()[..self.len]
-    }
-
-    /// The bytes, to write.
-    pub fn as_mut_bytes(&mut self) -> &mut [u8] {
-        &mut self.words.as_mut_bytes()[..self.len]
-    }
-
-    /// Number of bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether it holds no byte.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
 /// A prompt prepared for the denoiser: its cross-attention input (the K/V cache, in the plan's
 /// cache type, when the plan has a cross-KV stage: computed once here instead of at every
 /// step; else the f32 T5 states) and its mask `[l]`.
@@ -151,20 +115,18 @@ pub struct Condition {
 pub fn condition(session: &mut Session<'_>, hidden: Vec<f32>, mask: Vec<f32>) -> Result<Condition> {
     let meta = session.plan().meta();
     let Some(k) = meta.cross_kv_stage else {
-        let mut context = HostBytes::zeroed(hidden.len() * 4);
-        context.as_mut_bytes().copy_from_slice(hidden.as_bytes());
-        return Ok(Condition { context, mask });
+        return Ok(Condition {
+            context: HostBytes::copy_of(hidden.as_bytes()),
+            mask,
+        });
     };
     let stage = &meta.stages[k as usize];
     let out = &stage.values[stage.outputs[0] as usize];
-    let bytes = out
-        .dtype
-        .bytes_for(out.shape.iter().product())
-        .ok_or_else(|| {
-            Error::Plan(edge_schema::Error::Invalid(
-                "cross-K/V output size overflows".into(),
-            ))
-        })?;
+    let bytes = out.byte_len().ok_or_else(|| {
+        Error::Plan(edge_schema::Error::Invalid(
+            "cross-K/V output size overflows".into(),
+        ))
+    })?;
     let mut kv = HostBytes::zeroed(bytes as usize);
     session.run_stage_bytes(k, &[StageInput::F32(&hidden)], &mut [kv.as_mut_bytes()])?;
     drop(hidden);

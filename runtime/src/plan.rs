@@ -35,25 +35,21 @@ use std::sync::OnceLock;
 use edge_schema::header::{Header, HEADER_LEN};
 use edge_schema::plan::PlanMeta;
 use edge_schema::verify;
-use zerocopy::IntoBytes;
 
 use crate::error::{Error, Result};
 use crate::sign::{self, TrustedKey};
 
 enum Bytes {
     Mapped(memmap2::Mmap),
-    /// Owned bytes in a `u64` buffer so that the base is 8-aligned (weights need 4).
-    Owned {
-        words: Vec<u64>,
-        len: usize,
-    },
+    /// Owned bytes, 8-aligned (weights need 4).
+    Owned(crate::host::HostBytes),
 }
 
 impl Bytes {
     fn as_slice(&self) -> &[u8] {
         match self {
             Bytes::Mapped(m) => m,
-            Bytes::Owned { words, len } => &words.as_bytes()[..*len],
+            Bytes::Owned(b) => b.as_bytes(),
         }
     }
 }
@@ -187,12 +183,7 @@ impl Plan {
     }
 
     fn from_bytes_inner(bytes: &[u8], trusted: Option<&TrustedKey>) -> Result<Plan> {
-        let mut words = vec![0u64; bytes.len().div_ceil(8)];
-        words.as_mut_bytes()[..bytes.len()].copy_from_slice(bytes);
-        let owned = Bytes::Owned {
-            words,
-            len: bytes.len(),
-        };
+        let owned = Bytes::Owned(crate::host::HostBytes::copy_of(bytes));
         Plan::verify(owned, trusted, Sections::Now)
     }
 

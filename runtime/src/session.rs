@@ -291,7 +291,7 @@ impl<'p> Session<'p> {
                 Storage::Arena(slot) => slot,
                 Storage::Input(_) => {
                     // Read in place by the steps: only its type and size are checked here.
-                    let want = v.dtype.bytes_for(v.shape.iter().product()).unwrap_or(0) as usize;
+                    let want = v.byte_len().unwrap_or(0) as usize;
                     let (got, ok) = match (input, v.dtype) {
                         (StageInput::F32(x), DType::F32) => (x.len() * 4, true),
                         (StageInput::Bytes(b), d) => (b.len(), d != DType::I32),

@@ -103,7 +103,7 @@ pub fn host_bytes_at(meta: &PlanMeta, size: &ImageSize, stage: &Stage) -> u64 {
                 meta.stages
                     .get(stage as usize)
                     .and_then(|st| st.outputs.first().map(|&o| &st.values[o as usize]))
-                    .and_then(|v| v.dtype.bytes_for(v.shape.iter().product::<u64>()))
+                    .and_then(|v| v.byte_len())
                     .unwrap_or(0)
             };
             2 * (out_bytes(meta.text_stage) + meta.cross_kv_stage.map_or(0, out_bytes))

@@ -222,6 +222,15 @@ pub struct ValueEntry {
     pub storage: Storage,
 }
 
+impl ValueEntry {
+    /// Bytes of the value in its type (`None` when the shape is not a whole number of the
+    /// type's blocks, or overflows).
+    pub fn byte_len(&self) -> Option<u64> {
+        self.dtype
+            .bytes_for(self.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d))?)
+    }
+}
+
 /// One kernel invocation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Step {

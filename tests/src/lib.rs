@@ -122,3 +122,18 @@ pub fn assert_close(what: &str, ours: &[f32], reference: &[f32], tol: f64) {
         max_abs(reference)
     );
 }
+
+/// `steps` DPM steps of the demo model at 64×64 from seed 7, with guidance.
+pub fn demo_params(steps: usize) -> edge_runtime::GenerateParams {
+    edge_runtime::GenerateParams {
+        prompt: "a large red circle on a blue background".into(),
+        negative_prompt: String::new(),
+        steps,
+        cfg_scale: 4.5,
+        method: edge_runtime::sampler::SamplingMethod::DpmPp2m,
+        seed: 7,
+        width: 64,
+        height: 64,
+        init_latents: None,
+    }
+}

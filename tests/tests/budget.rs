@@ -6,8 +6,7 @@ use edge_e2e::*;
 use edge_planner::budget::SegmentMode;
 use edge_planner::tiling::{TileMode, TileRequest};
 use edge_planner::CompileOptions;
-use edge_runtime::sampler::SamplingMethod;
-use edge_runtime::{GenerateParams, Plan, Session, StageInput};
+use edge_runtime::{Plan, Session, StageInput};
 
 fn compile(
     model: &std::path::Path,
@@ -21,21 +20,6 @@ fn opts() -> CompileOptions {
     CompileOptions {
         sizes: vec![(64, 64)],
         ..Default::default()
-    }
-}
-
-/// `steps` DPM steps of the demo model at 64×64 from seed 7, with guidance.
-fn demo_params(steps: usize) -> GenerateParams {
-    GenerateParams {
-        prompt: "a large red circle on a blue background".into(),
-        negative_prompt: String::new(),
-        steps,
-        cfg_scale: 4.5,
-        method: SamplingMethod::DpmPp2m,
-        seed: 7,
-        width: 64,
-        height: 64,
-        init_latents: None,
     }
 }
 

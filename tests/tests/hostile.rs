@@ -237,6 +237,14 @@ fn stage_of(meta: &mut PlanMeta, kind: StageKind) -> &mut Stage {
 fn arena_slot(s: &Stage, id: u32) -> edge_schema::plan::ArenaSlice {
     match s.values[id as usize].storage {
         Storage::Arena(a) => a,
+        _ => panic!("value {id} is not an arena value"),
+    }
+}
+
+/// Value `id`'s arena slot, to mutate.
+fn arena_slot_mut(s: &mut Stage, id: u32) -> &mut edge_schema::plan::ArenaSlice {
+    match &mut s.values[id as usize].storage {
+        Storage::Arena(a) => a,
         Storage::Weight(_) => panic!("value {id} is a weight"),
         Storage::Input(_) => panic!("value {id} is a bound stage input"),
     }
@@ -352,9 +360,7 @@ fn live_values_overlap() {
             // token ids.
             let ids = arena_slot(s, s.inputs[0]);
             let t = s.inputs[1] as usize;
-            let Storage::Arena(slot) = &mut s.values[t].storage else {
-                panic!("mask is not an arena value")
-            };
+            let slot = arena_slot_mut(s, t as u32);
             slot.offset = ids.offset;
         },
     );
@@ -486,18 +492,14 @@ fn arena_slice_past_arena() {
             let s = stage_of(m, StageKind::VaeDecoder);
             let size = s.arena_size;
             let id = s.outputs[0] as usize;
-            let Storage::Arena(slot) = &mut s.values[id].storage else {
-                panic!("output is not an arena value")
-            };
+            let slot = arena_slot_mut(s, id as u32);
             slot.offset = size - slot.len + 4;
         },
     );
     refused("value slot offset overflows", &["outside the arena"], |m| {
         let s = stage_of(m, StageKind::Denoiser);
         let id = s.outputs[0] as usize;
-        let Storage::Arena(slot) = &mut s.values[id].storage else {
-            panic!("output is not an arena value")
-        };
+        let slot = arena_slot_mut(s, id as u32);
         slot.offset = u64::MAX - 3;
     });
 }
@@ -858,9 +860,7 @@ fn in_place_concat_part_out_of_place_is_refused() {
             let s = stage_of(m, StageKind::CrossKv);
             let k = in_place_concat_of(s);
             let part = s.steps[k].inputs[1] as usize;
-            let Storage::Arena(slot) = &mut s.values[part].storage else {
-                panic!("part is not an arena value")
-            };
+            let slot = arena_slot_mut(s, part as u32);
             slot.offset -= 64;
         },
     );
@@ -883,9 +883,7 @@ fn a_live_value_over_an_in_place_concat_part_is_refused() {
                 .rposition(|st| matches!(st.op, Op::Linear { .. }) && st.inputs[0] != s.inputs[0])
                 .unwrap();
             let caption = s.steps[lin].inputs[0] as usize;
-            let Storage::Arena(slot) = &mut s.values[caption].storage else {
-                panic!("caption is not an arena value")
-            };
+            let slot = arena_slot_mut(s, caption as u32);
             slot.offset = first.offset;
         },
     );

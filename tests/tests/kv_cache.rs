@@ -6,9 +6,8 @@
 use edge_e2e::*;
 use edge_planner::CompileOptions;
 use edge_runtime::pipeline::{condition, encode_text};
-use edge_runtime::sampler::SamplingMethod;
 use edge_runtime::tokenizer::Tokenizer;
-use edge_runtime::{GenerateParams, Plan, Session};
+use edge_runtime::{Plan, Session};
 use edge_schema::op::Op;
 use edge_schema::plan::StageKind;
 use edge_schema::DType;
@@ -23,23 +22,9 @@ fn plan_with(cache: DType) -> Plan {
     Plan::from_bytes(&edge_planner::write::assemble(&mut c.meta, &c.table).unwrap()).unwrap()
 }
 
-fn params() -> GenerateParams {
-    GenerateParams {
-        prompt: "a large red circle on a blue background".into(),
-        negative_prompt: String::new(),
-        steps: 4,
-        cfg_scale: 4.5,
-        method: SamplingMethod::DpmPp2m,
-        seed: 7,
-        width: 64,
-        height: 64,
-        init_latents: None,
-    }
-}
-
 fn latents(plan: &Plan) -> Vec<f32> {
     let mut s = Session::new(plan, edge_kernels::generic(), None).unwrap();
-    edge_runtime::generate(&mut s, &params(), &mut |_| {})
+    edge_runtime::generate(&mut s, &demo_params(4), &mut |_| {})
         .unwrap()
         .latents
 }
@@ -49,7 +34,7 @@ fn latents(plan: &Plan) -> Vec<f32> {
 fn cache_of(plan: &Plan) -> (Vec<f32>, usize) {
     let mut s = Session::new(plan, edge_kernels::generic(), None).unwrap();
     let tok = Tokenizer::new(&plan.meta().tokenizer).unwrap();
-    let (hidden, mask, _) = encode_text(&mut s, &tok, &params().prompt).unwrap();
+    let (hidden, mask, _) = encode_text(&mut s, &tok, &demo_params(4).prompt).unwrap();
     let cond = condition(&mut s, hidden, mask).unwrap();
     let meta = plan.meta();
     let st = &meta.stages[meta.cross_kv_stage.unwrap() as usize];
@@ -68,7 +53,7 @@ fn the_cross_kv_stage_holds_the_cache_once() {
         let st = &meta.stages[meta.cross_kv_stage.unwrap() as usize];
         let out = &st.values[st.outputs[0] as usize];
         assert_eq!(out.dtype, cache);
-        let bytes = out.dtype.bytes_for(out.shape.iter().product()).unwrap();
+        let bytes = out.byte_len().unwrap();
         let concat = st
             .steps
             .iter()

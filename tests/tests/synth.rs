@@ -3,7 +3,6 @@
 
 use edge_e2e::*;
 use edge_planner::synth::{self, SynthOptions, WeightDType};
-use edge_runtime::sampler::SamplingMethod;
 use edge_runtime::{GenerateParams, Plan, Session};
 
 fn spread(v: impl Iterator<Item = f32>) -> (f32, f32) {
@@ -30,15 +29,8 @@ fn small_preset_compiles_and_generates_finite_images() {
     let plan = Plan::from_bytes(&bytes).unwrap();
     let mut s = Session::new(&plan, edge_kernels::generic(), None).unwrap();
     let params = GenerateParams {
-        prompt: "a large red circle on a blue background".into(),
-        negative_prompt: String::new(),
-        steps: 2,
-        cfg_scale: 4.5,
-        method: SamplingMethod::DpmPp2m,
         seed: 5,
-        width: 64,
-        height: 64,
-        init_latents: None,
+        ..edge_e2e::demo_params(2)
     };
     let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();
     assert_eq!(out.latents.len(), 4 * 8 * 8);

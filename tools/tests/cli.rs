@@ -1610,9 +1610,10 @@ fn synth_force_never_replaces_what_it_did_not_write() {
     std::fs::create_dir(&work).unwrap();
     std::fs::write(work.join("model_index.json"), b"{}").unwrap();
     std::fs::write(work.join("notes.txt"), b"mine").unwrap();
-    for out in [".", "..", s(&work)] {
-        let o = Command::new(EDGEPLAN)
-            .current_dir(&work)
+    // `edgeplan synth --preset pixart-sigma-small -o OUT --force`, run in `dir`.
+    let synth_force = |dir: &Path, out: &str| {
+        Command::new(EDGEPLAN)
+            .current_dir(dir)
             .args([
                 "synth",
                 "--preset",
@@ -1622,7 +1623,10 @@ fn synth_force_never_replaces_what_it_did_not_write() {
                 "--force",
             ])
             .output()
-            .unwrap();
+            .unwrap()
+    };
+    for out in [".", "..", s(&work)] {
+        let o = synth_force(&work, out);
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "-o {out}: {err}");
         assert!(err.contains("refusing to replace"), "-o {out}: {err}");
@@ -1631,17 +1635,7 @@ fn synth_force_never_replaces_what_it_did_not_write() {
     let other = t.path().join("docs");
     std::fs::create_dir(&other).unwrap();
     std::fs::write(other.join("a.txt"), b"x").unwrap();
-    let o = run(
-        EDGEPLAN,
-        &[
-            "synth",
-            "--preset",
-            "pixart-sigma-small",
-            "-o",
-            s(&other),
-            "--force",
-        ],
-    );
+    let o = synth_force(t.path(), s(&other));
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("not written by edgeplan synth"));
     assert!(other.join("a.txt").is_file());
@@ -1649,17 +1643,7 @@ fn synth_force_never_replaces_what_it_did_not_write() {
     let real = t.path().join("real");
     copy_demo(&real);
     std::fs::write(real.join("README.md"), b"mine").unwrap();
-    let o = run(
-        EDGEPLAN,
-        &[
-            "synth",
-            "--preset",
-            "pixart-sigma-small",
-            "-o",
-            s(&real),
-            "--force",
-        ],
-    );
+    let o = synth_force(t.path(), s(&real));
     assert_eq!(
         o.status.code(),
         Some(1),
@@ -1676,22 +1660,11 @@ fn synth_force_never_replaces_what_it_did_not_write() {
 fn kv_cache_type_is_chosen_at_compile_time() {
     let t = tempfile::tempdir().unwrap();
     let plan = t.path().join("q8kv.plan");
+    let model = demo_model();
     let compile = |ty: &str, out: &Path| {
-        run(
-            EDGEPLAN,
-            &[
-                "compile",
-                s(&demo_model()),
-                "-W",
-                "64",
-                "-H",
-                "64",
-                "--kv-cache-type",
-                ty,
-                "-o",
-                s(out),
-            ],
-        )
+        let mut args = compile_args(s(&model), s(out), "64");
+        args.extend(["--kv-cache-type", ty]);
+        run(EDGEPLAN, &args)
     };
     let o = compile("bf16", &t.path().join("bad.plan"));
     assert!(!o.status.success());
