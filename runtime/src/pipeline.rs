@@ -129,7 +129,6 @@ pub fn condition(session: &mut Session<'_>, hidden: Vec<f32>, mask: Vec<f32>) ->
     })?;
     let mut kv = HostBytes::zeroed(bytes as usize);
     session.run_stage_bytes(k, &[StageInput::F32(&hidden)], &mut [kv.as_mut_bytes()])?;
-    drop(hidden);
     Ok(Condition { context: kv, mask })
 }
 

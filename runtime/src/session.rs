@@ -287,35 +287,15 @@ impl<'p> Session<'p> {
         }
         for (i, (&vid, input)) in stage.inputs.iter().zip(inputs).enumerate() {
             let v = &stage.values[vid as usize];
-            let slot = match v.storage {
-                Storage::Arena(slot) => slot,
-                Storage::Input(_) => {
-                    // Read in place by the steps: only its type and size are checked here.
-                    let want = v.byte_len().unwrap_or(0) as usize;
-                    let (got, ok) = match (input, v.dtype) {
-                        (StageInput::F32(x), DType::F32) => (x.len() * 4, true),
-                        (StageInput::Bytes(b), d) => (b.len(), d != DType::I32),
-                        (StageInput::F32(x), _) => (x.len() * 4, false),
-                        (StageInput::I32(_), _) => (0, false),
-                    };
-                    if !ok || got != want {
-                        let per = if v.dtype == DType::F32 { 4 } else { 1 };
-                        return Err(Error::InputSize {
-                            stage: stage.name.clone(),
-                            index: i,
-                            got: if ok { got / per } else { usize::MAX },
-                            expected: want / per,
-                            shape: v.shape.clone(),
-                        });
-                    }
-                    continue;
-                }
+            // An arena input is copied into its slot; a bound one is read in place by the
+            // steps, so only its type and size are checked here.
+            let (slot, want) = match v.storage {
+                Storage::Arena(slot) => (Some(slot), slot.len as usize),
+                Storage::Input(_) => (None, v.byte_len().unwrap_or(0) as usize),
                 Storage::Weight(_) => continue,
             };
-            let dst = &mut arena[slot.offset as usize..(slot.offset + slot.len) as usize];
-            let elem = |n: usize| n / 4;
-            let (src, got, expected): (&[u8], usize, usize) = match (input, v.dtype) {
-                (StageInput::F32(x), DType::F32) => (x.as_bytes(), x.len(), elem(dst.len())),
+            let src: Option<&[u8]> = match (input, v.dtype) {
+                (StageInput::F32(x), DType::F32) => Some(x.as_bytes()),
                 (StageInput::I32(x), DType::I32) => {
                     for &id in x.iter() {
                         if id < 0 || id as u32 >= plan.meta().text.vocab_rows {
@@ -325,21 +305,29 @@ impl<'p> Session<'p> {
                             });
                         }
                     }
-                    (x.as_bytes(), x.len(), elem(dst.len()))
+                    Some(x.as_bytes())
                 }
-                (StageInput::Bytes(b), d) if d != DType::I32 => (b, b.len(), dst.len()),
-                _ => (&[][..], usize::MAX, elem(dst.len())),
+                (StageInput::Bytes(b), d) if d != DType::I32 => Some(b),
+                _ => None,
             };
-            if got != expected {
+            // Sizes in elements for typed slices, in bytes for `Bytes`.
+            let per = if matches!(input, StageInput::Bytes(_)) {
+                1
+            } else {
+                4
+            };
+            let Some(src) = src.filter(|b| b.len() == want) else {
                 return Err(Error::InputSize {
                     stage: stage.name.clone(),
                     index: i,
-                    got,
-                    expected,
+                    got: src.map_or(usize::MAX, |b| b.len() / per),
+                    expected: want / per,
                     shape: v.shape.clone(),
                 });
+            };
+            if let Some(slot) = slot {
+                arena[slot.offset as usize..(slot.offset + slot.len) as usize].copy_from_slice(src);
             }
-            dst.copy_from_slice(src);
         }
         self.run_steps_bound(index, 0, stage.steps.len(), None, inputs)?;
         let arena = self.arena.as_bytes();

@@ -397,12 +397,7 @@ fn verify_stage(meta: &PlanMeta, s: &Stage) -> Result<()> {
             }
         }
     }
-    let arena_of = |id: u32| -> Option<ArenaSlice> {
-        match s.values.get(id as usize).map(|v| &v.storage) {
-            Some(Storage::Arena(a)) => Some(*a),
-            _ => None,
-        }
-    };
+    let arena_of = |id: u32| arena_slot(s, id);
     let (ni, no) = expected_io(s.kind);
     if s.inputs.len() != ni || s.outputs.len() != no {
         return Err(invalid(format!(
@@ -610,6 +605,14 @@ fn tag_name(tag: usize) -> String {
     }
 }
 
+/// The arena slot of value `id` of `s`, if it has one.
+fn arena_slot(s: &Stage, id: u32) -> Option<ArenaSlice> {
+    match s.values.get(id as usize).map(|v| &v.storage) {
+        Some(Storage::Arena(a)) => Some(*a),
+        _ => None,
+    }
+}
+
 /// Whether `step` is a concatenation whose every input lies in place inside its output's
 /// slot (back to back, in order, along an axis with only unit axes before it, no input twice):
 /// such a step copies nothing. Allocates nothing (the runtime asks at every step).
@@ -617,10 +620,7 @@ pub fn in_place_concat(s: &Stage, step: &crate::plan::Step) -> bool {
     let Op::Concat { axis } = step.op else {
         return false;
     };
-    let slot = |id: u32| match s.values.get(id as usize).map(|v| &v.storage) {
-        Some(Storage::Arena(x)) => Some(*x),
-        _ => None,
-    };
+    let slot = |id: u32| arena_slot(s, id);
     let Some(&out_id) = step.outputs.first() else {
         return false;
     };
@@ -663,10 +663,7 @@ fn alias_groups(s: &Stage) -> Vec<usize> {
         }
         i
     }
-    let slot = |id: u32| match s.values.get(id as usize).map(|v| &v.storage) {
-        Some(Storage::Arena(x)) => Some(*x),
-        _ => None,
-    };
+    let slot = |id: u32| arena_slot(s, id);
     let mut placed = vec![false; s.values.len()];
     for step in &s.steps {
         let Some(&out) = step.outputs.first() else {
