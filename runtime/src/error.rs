@@ -57,6 +57,15 @@ pub enum Error {
     PlanLocked { path: String },
     #[error("plan {path} changed while in use ({what}); nothing was written. Replace a plan by writing the new file elsewhere and renaming it over the old one")]
     PlanChanged { path: String, what: String },
+    #[error("the plan needs at least {floor} bytes (a stage's arena, its largest segments' weights and {host} bytes of host buffers){}, more than the budget of {budget} bytes", if *held > 0 { format!(" beside the {held} bytes the process already holds, {} bytes in all", floor + held) } else { String::new() })]
+    BudgetTooSmall {
+        budget: u64,
+        floor: u64,
+        host: u64,
+        held: u64,
+    },
+    #[error("interrupted after {after}; no image")]
+    Interrupted { after: String },
     #[error("sampling diverged: the latents hold NaN or infinity after step {step} (guidance scale {cfg_scale}; values far outside 1…20 overflow f32)")]
     Diverged { step: usize, cfg_scale: f32 },
 }

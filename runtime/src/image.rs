@@ -20,20 +20,17 @@ pub fn to_rgb8(image: &[f32], width: usize, height: usize) -> Vec<u8> {
     out
 }
 
-/// Writes an RGB8 PNG with `text` as text chunks (key, value: tEXt when the value is Latin-1,
-/// iTXt (UTF-8) otherwise), atomically: a temporary file in the same folder is renamed over
-/// `path` only once complete.
-pub fn write_png(
-    path: &Path,
+/// An RGB8 PNG (`rgb` is `[height, width, 3]`) with `text` as text chunks (key, value: tEXt
+/// when the value is Latin-1, iTXt (UTF-8) otherwise), as bytes.
+///
+/// # Errors
+/// The PNG encoder's, as a string (a buffer whose length is not `width · height · 3`).
+pub fn encode_png(
     rgb: &[u8],
     width: u32,
     height: u32,
     text: &[(&str, String)],
-) -> Result<()> {
-    let err = |reason: String| Error::Output {
-        path: path.display().to_string(),
-        reason,
-    };
+) -> std::result::Result<Vec<u8>, String> {
     let mut buf = Vec::new();
     {
         let mut enc = png::Encoder::new(&mut buf, width, height);
@@ -47,12 +44,31 @@ pub fn write_png(
             } else {
                 enc.add_itxt_chunk((*k).to_string(), v.clone())
             }
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|e| e.to_string())?;
         }
-        let mut w = enc.write_header().map_err(|e| err(e.to_string()))?;
-        w.write_image_data(rgb).map_err(|e| err(e.to_string()))?;
-        w.finish().map_err(|e| err(e.to_string()))?;
+        let mut w = enc.write_header().map_err(|e| e.to_string())?;
+        w.write_image_data(rgb).map_err(|e| e.to_string())?;
+        w.finish().map_err(|e| e.to_string())?;
     }
+    Ok(buf)
+}
+
+/// Writes [`encode_png`]'s bytes atomically: a temporary file in the same folder is renamed
+/// over `path` only once complete.
+///
+/// # Errors
+/// [`Error::Output`] naming `path`.
+pub fn write_png(
+    path: &Path,
+    rgb: &[u8],
+    width: u32,
+    height: u32,
+    text: &[(&str, String)],
+) -> Result<()> {
+    let buf = encode_png(rgb, width, height, text).map_err(|reason| Error::Output {
+        path: path.display().to_string(),
+        reason,
+    })?;
     write_atomic(path, &buf)
 }
 

@@ -10,12 +10,14 @@
 
 #[allow(unsafe_code)]
 pub mod alloc;
+pub mod budget;
 pub mod error;
 #[allow(unsafe_code)]
 mod guard;
 mod held;
 pub mod host;
 pub mod image;
+pub mod parameters;
 pub mod pipeline;
 pub mod plan;
 pub mod profile;
@@ -29,7 +31,7 @@ pub mod tiling;
 pub mod tokenizer;
 
 pub use error::{Error, Result};
-pub use pipeline::{generate, GenerateParams, Generated, Progress};
+pub use pipeline::{generate, generate_with, Flow, GenerateParams, Generated, Progress};
 pub use plan::Plan;
 pub use session::{Session, StageInput};
 pub use sign::{SignatureError, TrustedKey};

@@ -227,12 +227,48 @@ pub fn decode_latents_reported(
     Ok((image, report))
 }
 
+/// What a [`generate_with`] progress callback asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    /// Go on.
+    Continue,
+    /// Stop now: [`generate_with`] returns [`Error::Interrupted`] and no image.
+    Stop,
+}
+
 /// Runs the whole pipeline. `progress` is called after each phase and step.
 pub fn generate(
     session: &mut Session<'_>,
     params: &GenerateParams,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Generated> {
+    generate_with(session, params, &mut |p| {
+        progress(p);
+        Flow::Continue
+    })
+}
+
+/// [`generate`] whose callback may stop the run: after the prompt encode, after any sampler
+/// step and after the decode, a [`Flow::Stop`] ends it with [`Error::Interrupted`] naming the
+/// phase (a request's time limit, an interrupt). A phase already running is not cut short.
+///
+/// # Errors
+/// Those of [`generate`], and [`Error::Interrupted`].
+pub fn generate_with(
+    session: &mut Session<'_>,
+    params: &GenerateParams,
+    progress: &mut dyn FnMut(Progress) -> Flow,
+) -> Result<Generated> {
+    let mut report = |p: Progress| match progress(p) {
+        Flow::Continue => Ok(()),
+        Flow::Stop => Err(Error::Interrupted {
+            after: match p {
+                Progress::Encoded => "the prompt encode".to_string(),
+                Progress::Step { done, total } => format!("step {done}/{total}"),
+                Progress::Decoded => "the decode".to_string(),
+            },
+        }),
+    };
     let meta = session.plan().meta();
     let size = meta
         .size(params.width, params.height)
@@ -267,7 +303,7 @@ pub fn generate(
         None
     };
     session.plan().check_unchanged()?;
-    progress(Progress::Encoded);
+    report(Progress::Encoded)?;
 
     let den = &meta.stages[size.denoiser_stage as usize];
     let latent_len = numel(den, den.inputs[0]);
@@ -322,10 +358,10 @@ pub fn generate(
             });
         }
         streamed_per_step.push(session.streamer().streamed_bytes() - streamed_before);
-        progress(Progress::Step {
+        report(Progress::Step {
             done: i + 1,
             total: timesteps.len(),
-        });
+        })?;
     }
     // The conditions (T5 states and cross-attention K/V of both prompts) are not needed to
     // decode: freed first, so the decoder's peak does not include them.
@@ -333,7 +369,7 @@ pub fn generate(
     drop(uncond);
     let (image, exact_tiles) = decode_latents_reported(session, &size, &latents)?;
     session.plan().check_unchanged()?;
-    progress(Progress::Decoded);
+    report(Progress::Decoded)?;
     let rgb = crate::image::to_rgb8(&image, params.width as usize, params.height as usize);
     Ok(Generated {
         latents,

@@ -33,6 +33,121 @@ enum Cmd {
     Generate(GenArgs),
     /// Time the stages of a plan and profile its ops against this machine's measured peaks.
     Bench(BenchArgs),
+    /// Serve one plan over HTTP: OpenAI images API (`POST /v1/images/generations`),
+    /// AUTOMATIC1111 API (`/sdapi/v1/txt2img`, `progress`, `interrupt`, `samplers`), a page at
+    /// `/`. Jobs run one at a time from a bounded queue.
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// The plan file (from `edgeplan compile`), opened and verified once.
+    #[arg(long)]
+    plan: PathBuf,
+    /// Refuse the plan unless it is signed by this Ed25519 public key (KEY.pub).
+    #[arg(long = "trusted-key")]
+    trusted_key: Option<PathBuf>,
+    /// Address to listen on (`0.0.0.0` for every interface).
+    #[arg(long = "listen-ip", default_value = "127.0.0.1")]
+    listen_ip: std::net::IpAddr,
+    /// Port to listen on (0: a free one, printed at start).
+    #[arg(long = "listen-port", default_value_t = 1234)]
+    listen_port: u16,
+    /// Require `Authorization: Bearer KEY` on every route but `/` and `/health`.
+    #[arg(long = "api-key")]
+    api_key: Option<String>,
+    /// Read the API key from this file (first line) instead of the command line, where other
+    /// users can see it.
+    #[arg(long = "api-key-file", conflicts_with = "api_key")]
+    api_key_file: Option<PathBuf>,
+    /// Memory budget of the whole process (e.g. `1.5G`): checked once at start; every job runs
+    /// inside it.
+    #[arg(long = "max-ram", allow_hyphen_values = true)]
+    max_ram: Option<String>,
+    /// Jobs that may wait or run at once; one more gets 429.
+    #[arg(long, default_value_t = 16)]
+    queue: usize,
+    /// A job running longer than this many seconds is stopped at its next step (504).
+    #[arg(long, default_value_t = 600.0)]
+    timeout: f64,
+    /// The most sampler steps a request may ask for.
+    #[arg(long = "max-steps", default_value_t = 150)]
+    max_steps: usize,
+    /// The most images one request may ask for (`n`, `batch_size` × `n_iter`).
+    #[arg(long = "max-images", default_value_t = 8)]
+    max_images: usize,
+    /// Largest request body (e.g. `1M`); a larger one gets 413.
+    #[arg(long = "max-body", default_value = "1M")]
+    max_body: String,
+    /// Worker threads of the kernels (default: one per core).
+    #[arg(short = 't', long = "threads", default_value_t = 0)]
+    threads: usize,
+    /// Kernel table: `best` or a label `edgerun generate -v` lists.
+    #[arg(long = "kernels", default_value = "best")]
+    kernels: String,
+    /// Folder for the spill file of exact VAE tiles (default: the system's temporary folder).
+    #[arg(long = "spill-dir")]
+    spill_dir: Option<PathBuf>,
+}
+
+fn serve(a: ServeArgs) -> Result<()> {
+    if a.queue == 0 {
+        bail!("--queue: must be at least 1");
+    }
+    if a.max_steps == 0 || a.max_images == 0 {
+        bail!("--max-steps and --max-images: must be at least 1");
+    }
+    if !(a.timeout.is_finite() && a.timeout > 0.0) {
+        bail!(
+            "--timeout {}: expected a positive number of seconds",
+            a.timeout
+        );
+    }
+    let max_body = parse_size(&a.max_body, "--max-body")?;
+    let api_key = match (&a.api_key, &a.api_key_file) {
+        (Some(k), _) => Some(k.clone()),
+        (None, Some(f)) => {
+            let text = String::from_utf8(read_file(f, "--api-key-file")?)
+                .map_err(|_| anyhow::anyhow!("--api-key-file {}: not UTF-8 text", f.display()))?;
+            Some(text.lines().next().unwrap_or_default().trim().to_string())
+        }
+        (None, None) => None,
+    };
+    if api_key
+        .as_deref()
+        .is_some_and(|k| k.is_empty() || k.chars().any(char::is_whitespace))
+    {
+        bail!("--api-key: expected a key without spaces, at least one character");
+    }
+    start_threads(a.threads)?;
+    let (_, kernels) = pick_kernels(&a.kernels)?;
+    let trusted_key = a
+        .trusted_key
+        .as_deref()
+        .map(edge_runtime::TrustedKey::from_file)
+        .transpose()?;
+    let max_ram = a
+        .max_ram
+        .as_deref()
+        .map(|s| parse_size(s, "--max-ram"))
+        .transpose()?;
+    edge_serve::serve(edge_serve::ServeConfig {
+        worker: edge_serve::queue::WorkerConfig {
+            plan: a.plan,
+            trusted_key,
+            kernels,
+            max_ram,
+            spill_dir: a.spill_dir,
+            queue: a.queue,
+            time_limit: std::time::Duration::from_secs_f64(a.timeout),
+            max_steps: a.max_steps,
+            max_images: a.max_images,
+        },
+        ip: a.listen_ip,
+        port: a.listen_port,
+        api_key,
+        max_body: usize::try_from(max_body).unwrap_or(usize::MAX),
+    })
 }
 
 #[derive(clap::Args)]
@@ -186,87 +301,6 @@ fn read_latents(path: &Path, shape: &[usize]) -> Result<Vec<f32>> {
         );
     }
     Ok(v)
-}
-
-/// What a PNG records about the run that made it.
-struct GenerationInfo<'a> {
-    prompt: &'a str,
-    negative_prompt: &'a str,
-    steps: usize,
-    sampler: SamplingMethod,
-    cfg_scale: f32,
-    seed: u64,
-    width: u32,
-    height: u32,
-    model: &'a str,
-    plan_name: &'a str,
-    plan_digest: &'a str,
-    init_latents: Option<String>,
-}
-
-impl GenerationInfo<'_> {
-    /// The `parameters` text in the AUTOMATIC1111 layout (also written by stable-diffusion.cpp
-    /// and read by PNG-info tools): the prompt, `Negative prompt: …`, then one line of
-    /// `Key: value` fields. Newlines, carriage returns and backslashes in the prompts are
-    /// escaped (`\n`, `\r`, `\\`) so a prompt cannot forge a line; a field value holding `,`,
-    /// `:` or `"` is quoted as a JSON string (A1111's rule), so it cannot forge a field. The
-    /// plan is named by its file name and the BLAKE3 digest of its metadata (`Model hash`: the
-    /// first 10 hex digits; `Plan digest`: all 64), never by the path as typed.
-    fn a1111(&self) -> String {
-        let mut fields = vec![
-            ("Steps", self.steps.to_string()),
-            ("Sampler", self.sampler.a1111_name().to_string()),
-            ("CFG scale", self.cfg_scale.to_string()),
-            ("Seed", self.seed.to_string()),
-            ("Size", format!("{}x{}", self.width, self.height)),
-            ("Model hash", self.plan_digest[..10].to_string()),
-            ("Model", self.model.to_string()),
-            ("Plan", self.plan_name.to_string()),
-            ("Plan digest", self.plan_digest.to_string()),
-        ];
-        if let Some(f) = &self.init_latents {
-            fields.push(("Init latents", f.clone()));
-        }
-        fields.push(("Version", format!("edgerun {}", env!("CARGO_PKG_VERSION"))));
-        let line: Vec<String> = fields
-            .iter()
-            .map(|(k, v)| format!("{k}: {}", quote_field(v)))
-            .collect();
-        format!(
-            "{}\nNegative prompt: {}\n{}",
-            escape_lines(self.prompt),
-            escape_lines(self.negative_prompt),
-            line.join(", ")
-        )
-    }
-}
-
-/// `s` with `\`, newline and carriage return escaped, so it stays on one line.
-fn escape_lines(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('\n', "\\n")
-        .replace('\r', "\\r")
-}
-
-/// A field value as A1111 writes it: as is, or as a JSON string when it holds `,`, `:`, `"`
-/// or a line break.
-fn quote_field(v: &str) -> String {
-    if !v.contains([',', ':', '"', '\n', '\r']) {
-        return v.to_string();
-    }
-    let mut q = String::from("\"");
-    for c in v.chars() {
-        match c {
-            '"' => q.push_str("\\\""),
-            '\\' => q.push_str("\\\\"),
-            '\n' => q.push_str("\\n"),
-            '\r' => q.push_str("\\r"),
-            c if (c as u32) < 0x20 => q.push_str(&format!("\\u{:04x}", c as u32)),
-            c => q.push(c),
-        }
-    }
-    q.push('"');
-    q
 }
 
 /// Refuses an output name whose extension says another format than the one written: `-o
@@ -514,46 +548,14 @@ fn generate(a: GenArgs) -> Result<()> {
     let weights: u64 = meta.tensors.iter().map(|t| t.len).sum();
     let arena = edge_runtime::session::arena_bytes(&plan);
     let charges = edge_schema::memory::tensor_charges(&meta.stages, &meta.tensors);
-    let host = edge_schema::memory::host_bytes(meta, size);
-    // The least a run can keep resident: per stage its arena, its largest segment pair's
-    // weights and the host buffers it runs beside.
-    let floor = edge_schema::memory::run_order(meta, size)
-        .iter()
-        .filter_map(|&i| meta.stages.get(i as usize))
-        .map(|st| {
-            edge_schema::memory::host_bytes_at(meta, size, st)
-                + st.arena_size
-                + edge_schema::memory::needed_weights(st, true, &|ts: &[u32]| {
-                    ts.iter().map(|&t| charges[t as usize]).sum()
-                })
-        })
-        .max()
-        .unwrap_or(0);
-    let budget = match a.max_ram.as_deref() {
-        Some(s) => {
-            let budget = parse_size(s, "--max-ram")?;
-            if floor > budget {
-                bail!(
-                    "--max-ram {s}: the plan needs at least {floor} bytes (a stage's arena, its largest segments' weights and {host} bytes of host buffers), more than the budget of {budget} bytes"
-                );
-            }
-            Some(meta.budget.map_or(budget, |p| p.min(budget)))
-        }
-        None => meta.budget,
-    };
-    // The budget covers the whole process: what it already holds (code, metadata, heap) is
-    // taken off before the arena, the host buffers and the resident weights are planned.
-    let rss_start = peak_rss_kib().unwrap_or(0) * 1024;
-    let whole = budget;
-    let budget = budget.map(|b| b.saturating_sub(rss_start));
-    if let (Some(b), Some(w), Some(s)) = (budget, whole, a.max_ram.as_deref()) {
-        if floor > b {
-            bail!(
-                "--max-ram {s}: the plan needs at least {floor} bytes (a stage's arena, its largest segments' weights and {host} bytes of host buffers) beside the {rss_start} bytes the process already holds, {} bytes in all, more than the budget of {w} bytes",
-                floor + rss_start
-            );
-        }
-    }
+    let max_ram = a
+        .max_ram
+        .as_deref()
+        .map(|s| parse_size(s, "--max-ram"))
+        .transpose()?;
+    let rb = edge_runtime::budget::resolve(meta, &[size], max_ram)
+        .with_context(|| format!("--max-ram {}", a.max_ram.as_deref().unwrap_or_default()))?;
+    let (budget, rss_start) = (rb.session, rb.rss_start);
     let peaks = edge_schema::memory::stage_peaks(meta, &meta.tensors, &charges, size, budget);
     let (table_label, kernels) = pick_kernels(&a.kernels)?;
     if a.verbose {
@@ -701,29 +703,25 @@ fn generate(a: GenArgs) -> Result<()> {
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_default();
     let digest = edge_schema::header::encode_hex(&plan.digest());
-    let fields = GenerationInfo {
-        prompt: &a.prompt,
-        negative_prompt: &a.negative_prompt,
+    let fields = edge_runtime::parameters::GenerationInfo {
+        prompt: a.prompt.clone(),
+        negative_prompt: a.negative_prompt.clone(),
         steps: a.steps,
         sampler: method,
         cfg_scale: a.cfg_scale,
         seed,
         width,
         height,
-        model: &meta.model.name,
-        plan_name: &plan_name,
-        plan_digest: &digest,
+        model: meta.model.name.clone(),
+        plan_name,
+        plan_digest: digest,
         init_latents: a
             .init_latents
             .as_ref()
             .and_then(|p| p.file_name())
             .map(|n| n.to_string_lossy().to_string()),
     };
-    let text = [
-        ("parameters", fields.a1111()),
-        ("Software", format!("edgerun {}", env!("CARGO_PKG_VERSION"))),
-    ];
-    edge_runtime::image::write_png(&a.output, &out.rgb, width, height, &text)?;
+    edge_runtime::image::write_png(&a.output, &out.rgb, width, height, &fields.png_text())?;
     if !a.quiet {
         say!(
             "wrote {} ({width}x{height}) in {:.2}s",
@@ -1005,6 +1003,7 @@ fn main() {
     let r = match cli.cmd {
         Cmd::Generate(a) => generate(a),
         Cmd::Bench(a) => bench(a),
+        Cmd::Serve(a) => serve(a),
     };
     if let Err(e) = r {
         say!("error: {}", one_line(&e));

@@ -1,0 +1,100 @@
+//! The memory policy of a run: the least a plan can run in, and the budget a session gets
+//! once what the process already holds is taken off. One policy for `edgerun generate` and
+//! `edgerun serve`.
+
+use edge_schema::memory;
+use edge_schema::plan::{ImageSize, PlanMeta};
+
+use crate::error::{Error, Result};
+
+/// The least a run at `size` can keep resident, in bytes: the largest, over the stages it
+/// runs, of the stage's arena, its largest segment pair's weights and the host buffers it runs
+/// beside. Also returns those host buffers' bytes (for messages).
+pub fn run_floor(meta: &PlanMeta, size: &ImageSize) -> (u64, u64) {
+    let charges = memory::tensor_charges(&meta.stages, &meta.tensors);
+    let floor = memory::run_order(meta, size)
+        .iter()
+        .filter_map(|&i| meta.stages.get(i as usize))
+        .map(|st| {
+            memory::host_bytes_at(meta, size, st)
+                + st.arena_size
+                + memory::needed_weights(st, true, &|ts: &[u32]| {
+                    ts.iter().map(|&t| charges[t as usize]).sum()
+                })
+        })
+        .max()
+        .unwrap_or(0);
+    (floor, memory::host_bytes(meta, size))
+}
+
+/// This process's peak resident set (`VmHWM` of `/proc/self/status`) in bytes; `None` off
+/// Linux.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 = s
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+/// The budget a run gets.
+#[derive(Clone, Copy, Debug)]
+pub struct RunBudget {
+    /// What the session may hold (arena, host buffers, resident weights), bytes: the smaller
+    /// of the plan's budget and the caller's, less [`Self::rss_start`]; `None`: unbounded.
+    pub session: Option<u64>,
+    /// The budget of the whole process, bytes.
+    pub whole: Option<u64>,
+    /// What the process held when the budget was set (code, metadata, heap), bytes.
+    pub rss_start: u64,
+}
+
+/// The budget for runs at every size of `sizes` under `max_ram` bytes (the caller's limit,
+/// e.g. `--max-ram`) and the plan's own budget. The budget covers the whole process: what it
+/// already holds is taken off before the arena, the host buffers and the resident weights are
+/// planned.
+///
+/// # Errors
+/// [`Error::BudgetTooSmall`] when a size's [`run_floor`], alone or beside what the process
+/// already holds, exceeds `max_ram`.
+pub fn resolve(meta: &PlanMeta, sizes: &[&ImageSize], max_ram: Option<u64>) -> Result<RunBudget> {
+    let (floor, host) = sizes
+        .iter()
+        .map(|s| run_floor(meta, s))
+        .max()
+        .unwrap_or((0, 0));
+    if let Some(b) = max_ram {
+        if floor > b {
+            return Err(Error::BudgetTooSmall {
+                budget: b,
+                floor,
+                host,
+                held: 0,
+            });
+        }
+    }
+    let whole = match max_ram {
+        Some(b) => Some(meta.budget.map_or(b, |p| p.min(b))),
+        None => meta.budget,
+    };
+    let rss_start = peak_rss_bytes().unwrap_or(0);
+    if let Some(b) = max_ram {
+        if floor + rss_start > b {
+            return Err(Error::BudgetTooSmall {
+                budget: b,
+                floor,
+                host,
+                held: rss_start,
+            });
+        }
+    }
+    Ok(RunBudget {
+        session: whole.map(|b| b.saturating_sub(rss_start)),
+        whole,
+        rss_start,
+    })
+}

@@ -1,0 +1,133 @@
+//! The generation parameters a PNG records, in the AUTOMATIC1111 `parameters` layout that
+//! stable-diffusion.cpp also writes and PNG-info tools read. One writer for every front end
+//! (`edgerun generate`, `edgerun serve`), so the same run gives the same PNG bytes.
+
+use crate::sampler::SamplingMethod;
+
+/// What a PNG records about the run that made it.
+#[derive(Clone, Debug)]
+pub struct GenerationInfo {
+    pub prompt: String,
+    pub negative_prompt: String,
+    pub steps: usize,
+    pub sampler: SamplingMethod,
+    pub cfg_scale: f32,
+    pub seed: u64,
+    /// Image width in pixels.
+    pub width: u32,
+    /// Image height in pixels.
+    pub height: u32,
+    /// The model's name from the plan's metadata.
+    pub model: String,
+    /// The plan's file name (never the path as typed).
+    pub plan_name: String,
+    /// BLAKE3 digest of the plan's metadata, 64 hex digits.
+    pub plan_digest: String,
+    /// File name of the initial noise, when it was given.
+    pub init_latents: Option<String>,
+}
+
+impl GenerationInfo {
+    /// The `parameters` text in the AUTOMATIC1111 layout: the prompt, `Negative prompt: …`,
+    /// then one line of `Key: value` fields. Newlines, carriage returns and backslashes in the
+    /// prompts are escaped (`\n`, `\r`, `\\`) so a prompt cannot forge a line; a field value
+    /// holding `,`, `:` or `"` is quoted as a JSON string (A1111's rule), so it cannot forge a
+    /// field. The plan is named by its file name and the BLAKE3 digest of its metadata
+    /// (`Model hash`: the first 10 hex digits; `Plan digest`: all 64).
+    pub fn a1111(&self) -> String {
+        let mut fields = vec![
+            ("Steps", self.steps.to_string()),
+            ("Sampler", self.sampler.a1111_name().to_string()),
+            ("CFG scale", self.cfg_scale.to_string()),
+            ("Seed", self.seed.to_string()),
+            ("Size", format!("{}x{}", self.width, self.height)),
+            (
+                "Model hash",
+                self.plan_digest.get(..10).unwrap_or_default().to_string(),
+            ),
+            ("Model", self.model.clone()),
+            ("Plan", self.plan_name.clone()),
+            ("Plan digest", self.plan_digest.clone()),
+        ];
+        if let Some(f) = &self.init_latents {
+            fields.push(("Init latents", f.clone()));
+        }
+        fields.push(("Version", format!("edgerun {}", env!("CARGO_PKG_VERSION"))));
+        let line: Vec<String> = fields
+            .iter()
+            .map(|(k, v)| format!("{k}: {}", quote_field(v)))
+            .collect();
+        format!(
+            "{}\nNegative prompt: {}\n{}",
+            escape_lines(&self.prompt),
+            escape_lines(&self.negative_prompt),
+            line.join(", ")
+        )
+    }
+
+    /// The PNG text chunks of an image of this run: `parameters` ([`Self::a1111`]) and
+    /// `Software`.
+    pub fn png_text(&self) -> [(&'static str, String); 2] {
+        [
+            ("parameters", self.a1111()),
+            ("Software", format!("edgerun {}", env!("CARGO_PKG_VERSION"))),
+        ]
+    }
+}
+
+/// `s` with `\`, newline and carriage return escaped, so it stays on one line.
+fn escape_lines(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('\n', "\\n")
+        .replace('\r', "\\r")
+}
+
+/// A field value as A1111 writes it: as is, or as a JSON string when it holds `,`, `:`, `"`
+/// or a line break.
+fn quote_field(v: &str) -> String {
+    if !v.contains([',', ':', '"', '\n', '\r']) {
+        return v.to_string();
+    }
+    let mut q = String::from("\"");
+    for c in v.chars() {
+        match c {
+            '"' => q.push_str("\\\""),
+            '\\' => q.push_str("\\\\"),
+            '\n' => q.push_str("\\n"),
+            '\r' => q.push_str("\\r"),
+            c if (c as u32) < 0x20 => q.push_str(&format!("\\u{:04x}", c as u32)),
+            c => q.push(c),
+        }
+    }
+    q.push('"');
+    q
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A prompt cannot forge a line or a field; a short digest does not panic.
+    #[test]
+    fn prompts_cannot_forge_fields() {
+        let info = GenerationInfo {
+            prompt: "a cat\nSteps: 99".into(),
+            negative_prompt: "".into(),
+            steps: 2,
+            sampler: SamplingMethod::Euler,
+            cfg_scale: 4.5,
+            seed: 7,
+            width: 64,
+            height: 32,
+            model: "m, x".into(),
+            plan_name: "p.plan".into(),
+            plan_digest: "abc".into(),
+            init_latents: None,
+        };
+        let t = info.a1111();
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert_eq!(lines[0], "a cat\\nSteps: 99");
+        assert!(lines[2].starts_with("Steps: 2, Sampler: Euler, CFG scale: 4.5, Seed: 7, Size: 64x32, Model hash: , Model: \"m, x\""));
+    }
+}
