@@ -73,7 +73,7 @@ impl ApiError {
     fn job(api: Api, e: &JobError) -> ApiError {
         let status = match e {
             JobError::Full { .. } => StatusCode::TOO_MANY_REQUESTS,
-            JobError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            JobError::ShuttingDown | JobError::Stopped { .. } => StatusCode::SERVICE_UNAVAILABLE,
             JobError::Interrupted { .. } => StatusCode::CONFLICT,
             JobError::TimedOut { .. } => StatusCode::GATEWAY_TIMEOUT,
             JobError::Diverged(_) => StatusCode::UNPROCESSABLE_ENTITY,

@@ -86,6 +86,8 @@ pub enum JobError {
     ShuttingDown,
     /// An interrupt (`POST /sdapi/v1/interrupt`) stopped it.
     Interrupted { after: String },
+    /// The server began shutting down while it ran.
+    Stopped { after: String },
     /// It ran past the per-request time limit.
     TimedOut { limit: Duration, after: String },
     /// Sampling diverged (guidance scale far out of range).
@@ -102,6 +104,7 @@ impl std::fmt::Display for JobError {
                 "the queue is full ({queue} jobs waiting or running); try again later"
             ),
             JobError::ShuttingDown => f.write_str("the server is shutting down; the job was not run"),
+            JobError::Stopped { after } => write!(f, "the server is shutting down; the job was stopped after {after}; no image"),
             JobError::Interrupted { after } => write!(f, "interrupted (POST /sdapi/v1/interrupt) after {after}; no image"),
             JobError::TimedOut { limit, after } => write!(
                 f,
@@ -494,6 +497,8 @@ fn run_job(
                         limit: cfg.time_limit,
                         after,
                     }
+                } else if shared.closing.load(Ordering::SeqCst) {
+                    JobError::Stopped { after }
                 } else {
                     JobError::Interrupted { after }
                 });
