@@ -28,7 +28,7 @@ pub struct ServeConfig {
     pub ip: IpAddr,
     /// Port (`--listen-port`; 0 picks a free one, printed at start).
     pub port: u16,
-    /// With a key, every route but `GET /` and `GET /health` needs `Authorization: Bearer KEY`.
+    /// With a key, every route but `GET /`, `GET /health` and the favicon needs `Authorization: Bearer KEY`.
     pub api_key: Option<String>,
     /// Largest request body in bytes; a larger one gets 413.
     pub max_body: usize,
@@ -202,6 +202,7 @@ fn router(state: Arc<AppState>, max_body: usize) -> Router {
     Router::new()
         .route("/", get(index))
         .route("/health", get(health))
+        .route("/favicon.ico", get(|| async { StatusCode::NO_CONTENT }))
         .route("/v1/images/generations", post(openai_generate))
         .route("/v1/models", get(openai_models))
         .route("/sdapi/v1/txt2img", post(txt2img))
@@ -229,7 +230,7 @@ fn api_of(path: &str) -> Api {
 async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
     if let Some(key) = state.key {
-        if path != "/" && path != "/health" {
+        if !matches!(path, "/" | "/health" | "/favicon.ico") {
             let given = req
                 .headers()
                 .get(header::AUTHORIZATION)
