@@ -2,6 +2,7 @@
 //! SIGTERM / Ctrl-C. axum on tokio; the work itself runs on the [`Queue`]'s worker thread.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -75,6 +76,8 @@ impl ApiError {
             JobError::Full { .. } => StatusCode::TOO_MANY_REQUESTS,
             JobError::ShuttingDown | JobError::Stopped { .. } => StatusCode::SERVICE_UNAVAILABLE,
             JobError::Interrupted { .. } => StatusCode::CONFLICT,
+            // Nobody reads this answer; 499 is what proxies log for it.
+            JobError::Gone => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
             JobError::TimedOut { .. } => StatusCode::GATEWAY_TIMEOUT,
             JobError::Diverged(_) => StatusCode::UNPROCESSABLE_ENTITY,
             JobError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -323,16 +326,43 @@ fn body(api: Api, b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     })
 }
 
+/// Sets its flag when dropped: a handler future dropped because its client went away tells
+/// the queue so, and logs the request (the log layer's future is dropped with it).
+struct SetOnDrop {
+    gone: Arc<AtomicBool>,
+    finished: bool,
+    started: Instant,
+}
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.gone.store(true, Ordering::SeqCst);
+        if !self.finished {
+            eprintln!(
+                "- client closed the connection after {:.3}s; its job is dropped (499)",
+                self.started.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
 /// Queues `spec` and waits for its images.
 async fn run(state: &AppState, api: Api, spec: JobSpec) -> Result<Done, ApiError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    state
-        .queue
-        .submit(spec, move |r| {
-            let _ = tx.send(r);
-        })
-        .map_err(|e| ApiError::job(api, &e))?;
-    match rx.await {
+    let gone = Arc::new(AtomicBool::new(false));
+    let mut guard = SetOnDrop {
+        gone: Arc::clone(&gone),
+        finished: false,
+        started: Instant::now(),
+    };
+    let submitted = state.queue.submit(spec, gone, move |r| {
+        let _ = tx.send(r);
+    });
+    guard.finished = submitted.is_err();
+    submitted.map_err(|e| ApiError::job(api, &e))?;
+    let r = rx.await;
+    guard.finished = true;
+    match r {
         Ok(Ok(done)) => Ok(done),
         Ok(Err(e)) => Err(ApiError::job(api, &e)),
         Err(_) => Err(ApiError::job(api, &JobError::ShuttingDown)),

@@ -86,6 +86,8 @@ pub enum JobError {
     ShuttingDown,
     /// An interrupt (`POST /sdapi/v1/interrupt`) stopped it.
     Interrupted { after: String },
+    /// The client went away before the job ended.
+    Gone,
     /// The server began shutting down while it ran.
     Stopped { after: String },
     /// It ran past the per-request time limit.
@@ -104,6 +106,7 @@ impl std::fmt::Display for JobError {
                 "the queue is full ({queue} jobs waiting or running); try again later"
             ),
             JobError::ShuttingDown => f.write_str("the server is shutting down; the job was not run"),
+            JobError::Gone => f.write_str("the client closed the connection; the job was dropped"),
             JobError::Stopped { after } => write!(f, "the server is shutting down; the job was stopped after {after}; no image"),
             JobError::Interrupted { after } => write!(f, "interrupted (POST /sdapi/v1/interrupt) after {after}; no image"),
             JobError::TimedOut { limit, after } => write!(
@@ -154,6 +157,8 @@ struct Job {
     number: u64,
     spec: JobSpec,
     arrived: Instant,
+    /// Set when the client is gone: a waiting job is skipped, a running one stopped.
+    gone: Arc<AtomicBool>,
     reply: Reply,
 }
 
@@ -184,9 +189,11 @@ impl Shared {
     }
 }
 
-/// The queue in front of the worker. Cheap to share (`Arc`).
+/// The queue in front of the worker.
 pub struct Queue {
-    tx: SyncSender<Job>,
+    /// Behind a lock so that numbering and entering the channel are one step: job numbers
+    /// are the run order.
+    tx: Mutex<SyncSender<Job>>,
     shared: Arc<Shared>,
 }
 
@@ -216,11 +223,18 @@ impl Queue {
         let info = ready_rx
             .recv()
             .context("the worker thread ended before opening the plan")??;
-        Ok((Queue { tx, shared }, info))
+        Ok((
+            Queue {
+                tx: Mutex::new(tx),
+                shared,
+            },
+            info,
+        ))
     }
 
-    /// Queues a job; `reply` is called once with its outcome (on the worker thread). Returns
-    /// the job's number.
+    /// Queues a job; `reply` is called once with its outcome (on the worker thread). Setting
+    /// `gone` (the client went away) skips the job if it still waits and stops it at its next
+    /// step if it runs. Returns the job's number.
     ///
     /// # Errors
     /// [`JobError::Full`] when [`WorkerConfig::queue`] jobs wait or run;
@@ -228,6 +242,7 @@ impl Queue {
     pub fn submit(
         &self,
         spec: JobSpec,
+        gone: Arc<AtomicBool>,
         reply: impl FnOnce(Result<Done, JobError>) + Send + 'static,
     ) -> Result<u64, JobError> {
         if self.shared.closing.load(Ordering::SeqCst) {
@@ -244,15 +259,17 @@ impl Queue {
         {
             return Err(JobError::Full { queue: cap });
         }
+        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         // Numbers are taken in the order jobs enter the channel, so they are the run order.
         let number = self.shared.next.fetch_add(1, Ordering::SeqCst);
         let job = Job {
             number,
             spec,
             arrived: Instant::now(),
+            gone,
             reply: Box::new(reply),
         };
-        match self.tx.try_send(job) {
+        match tx.try_send(job) {
             Ok(()) => Ok(number),
             Err(e) => {
                 self.shared.pending.fetch_sub(1, Ordering::SeqCst);
@@ -391,15 +408,17 @@ fn worker(
     if ready.send(Ok(info.clone())).is_err() {
         return;
     }
-    for job in rx {
-        let reply = job.reply;
+    for mut job in rx {
+        let reply = std::mem::replace(&mut job.reply, Box::new(|_| {}));
         let outcome = if shared.closing.load(Ordering::SeqCst) {
             Err(JobError::ShuttingDown)
+        } else if job.gone.load(Ordering::SeqCst) {
+            Err(JobError::Gone)
         } else {
             shared.interrupt.store(false, Ordering::SeqCst);
             let queue_wait = job.arrived.elapsed();
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                run_job(&mut session, &info, &cfg, &shared, job.number, &job.spec)
+                run_job(&mut session, &info, &cfg, &shared, &job)
             }));
             *shared.running() = None;
             match run {
@@ -434,9 +453,9 @@ fn run_job(
     info: &PlanInfo,
     cfg: &WorkerConfig,
     shared: &Shared,
-    number: u64,
-    spec: &JobSpec,
+    job: &Job,
 ) -> Result<(Vec<Image>, bool, Duration), JobError> {
+    let (number, spec) = (job.number, &job.spec);
     let started = Instant::now();
     let seed = match spec.seed {
         Some(s) => s,
@@ -479,7 +498,7 @@ fn run_job(
                 timed_out = true;
                 return Flow::Stop;
             }
-            if shared.interrupt.load(Ordering::SeqCst) {
+            if shared.interrupt.load(Ordering::SeqCst) || job.gone.load(Ordering::SeqCst) {
                 return Flow::Stop;
             }
             Flow::Continue
@@ -499,6 +518,8 @@ fn run_job(
                     }
                 } else if shared.closing.load(Ordering::SeqCst) {
                     JobError::Stopped { after }
+                } else if job.gone.load(Ordering::SeqCst) {
+                    JobError::Gone
                 } else {
                     JobError::Interrupted { after }
                 });
