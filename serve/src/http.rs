@@ -238,7 +238,9 @@ async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> R
                 .headers()
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "));
+                // The scheme is case-insensitive (RFC 9110 §11.1).
+                .and_then(|v| v.split_once(' '))
+                .and_then(|(scheme, k)| scheme.eq_ignore_ascii_case("bearer").then_some(k));
             let ok = given.is_some_and(|g| blake3::hash(g.trim().as_bytes()) == key);
             if !ok {
                 let msg = if given.is_some() {

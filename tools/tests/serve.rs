@@ -463,6 +463,18 @@ fn the_api_key_is_required_where_it_is_set() {
     assert_eq!(srv.post("/sdapi/v1/txt2img", body, Some("s3cret")).0, 200);
     assert_eq!(srv.get("/health").0, 200, "the health check needs no key");
     assert_eq!(srv.get("/sdapi/v1/samplers").0, 401);
+    assert_eq!(
+        srv.post("/sdapi/v1/txt2img", body, Some("s3cre")).0,
+        401,
+        "a prefix of the key"
+    );
+    // The scheme is case-insensitive.
+    let r = agent()
+        .get(&srv.url("/sdapi/v1/samplers"))
+        .header("Authorization", "bearer s3cret")
+        .call()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
 }
 
 /// Polls `/sdapi/v1/progress` until the running job has done a step.
