@@ -75,11 +75,13 @@ impl GenerationInfo {
     }
 }
 
-/// `s` with `\`, newline and carriage return escaped, so it stays on one line.
+/// `s` with `\`, newline and carriage return escaped, so it stays on one line, and NUL as
+/// `\0` (a NUL ends a PNG text chunk's keyword or hides what follows it).
 fn escape_lines(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('\n', "\\n")
         .replace('\r', "\\r")
+        .replace('\0', "\\0")
 }
 
 /// A field value as A1111 writes it: as is, or as a JSON string when it holds `,`, `:`, `"`
@@ -111,7 +113,7 @@ mod tests {
     #[test]
     fn prompts_cannot_forge_fields() {
         let info = GenerationInfo {
-            prompt: "a cat\nSteps: 99".into(),
+            prompt: "a cat\nSteps: 99\0".into(),
             negative_prompt: "".into(),
             steps: 2,
             sampler: SamplingMethod::Euler,
@@ -127,7 +129,7 @@ mod tests {
         let t = info.a1111();
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3);
-        assert_eq!(lines[0], "a cat\\nSteps: 99");
+        assert_eq!(lines[0], "a cat\\nSteps: 99\\0");
         assert!(lines[2].starts_with("Steps: 2, Sampler: Euler, CFG scale: 4.5, Seed: 7, Size: 64x32, Model hash: , Model: \"m, x\""));
     }
 }

@@ -8,8 +8,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
@@ -33,7 +32,17 @@ pub struct ServeConfig {
     pub api_key: Option<String>,
     /// Largest request body in bytes; a larger one gets 413.
     pub max_body: usize,
+    /// Connections open at once; one more is answered 503 and closed. Bounds the memory the
+    /// HTTP side can hold (`max_connections · max_body`), which is taken off `--max-ram`.
+    pub max_connections: usize,
+    /// Time a client has to send its request headers (then the connection is closed).
+    pub header_timeout: Duration,
+    /// Time a client has to send its request body (then 408).
+    pub body_timeout: Duration,
 }
+
+/// After SIGTERM, how long connections still open may take to finish.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Which API's error shape a route answers with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,7 +98,7 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let kind = match self.status.as_u16() {
-            400 | 404 | 405 | 413 => "invalid_request_error",
+            400 | 404 | 405 | 408 | 409 | 413 => "invalid_request_error",
             401 => "authentication_error",
             429 => "rate_limit_error",
             _ => "server_error",
@@ -120,6 +129,8 @@ struct AppState {
     /// the key's bytes nor its length.
     key: Option<blake3::Hash>,
     page: String,
+    max_body: usize,
+    body_timeout: Duration,
 }
 
 /// Queue wait of a response, for the request log.
@@ -127,11 +138,24 @@ struct AppState {
 struct QueueWait(Duration);
 
 /// Runs the server until SIGTERM or Ctrl-C; then stops accepting, stops the running job,
-/// answers waiting ones with 503 and returns.
+/// answers waiting ones with 503, lets open connections finish for [`SHUTDOWN_GRACE`] (a second
+/// signal ends that wait) and returns.
 ///
 /// # Errors
-/// The plan cannot be opened (see [`Queue::start`]) or the address cannot be bound.
-pub fn serve(cfg: ServeConfig) -> Result<()> {
+/// The plan cannot be opened (see [`Queue::start`]), the HTTP side's buffers do not fit the
+/// budget, or the address cannot be bound.
+pub fn serve(mut cfg: ServeConfig) -> Result<()> {
+    let http_bytes = (cfg.max_connections as u64).saturating_mul(cfg.max_body as u64);
+    if let Some(b) = cfg.worker.max_ram {
+        if http_bytes >= b {
+            anyhow::bail!(
+                "--max-ram {b}: the HTTP side may hold up to {} connections x {} bytes of request body = {http_bytes} bytes, leaving nothing for the plan; lower --max-connections or --max-body",
+                cfg.max_connections,
+                cfg.max_body
+            );
+        }
+        cfg.worker.max_ram = Some(b - http_bytes);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -148,10 +172,11 @@ pub fn serve(cfg: ServeConfig) -> Result<()> {
         })?;
         let local = listener.local_addr().context("reading the bound address")?;
         eprintln!(
-            "edgerun serve: listening on http://{local} (plan {}, sizes {}, queue {}{})",
+            "edgerun serve: listening on http://{local} (plan {}, sizes {}, queue {}, {} connections{})",
             info.plan_name,
             info.limits.sizes_text(),
             queue.capacity(),
+            cfg.max_connections,
             if cfg.api_key.is_some() {
                 ", API key required"
             } else {
@@ -161,53 +186,136 @@ pub fn serve(cfg: ServeConfig) -> Result<()> {
         let state = Arc::new(AppState {
             page: page(&info, cfg.api_key.is_some()),
             key: cfg.api_key.as_deref().map(|k| blake3::hash(k.as_bytes())),
+            max_body: cfg.max_body,
+            body_timeout: cfg.body_timeout,
             queue,
             info,
         });
-        let app = router(Arc::clone(&state), cfg.max_body);
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(shutdown(Arc::clone(&state)))
-        .await
-        .context("serving")?;
+        let app = router(Arc::clone(&state));
+        accept_loop(listener, app, state, cfg.max_connections, cfg.header_timeout).await;
         eprintln!("edgerun serve: stopped");
         Ok(())
     })
 }
 
-/// Waits for SIGTERM or Ctrl-C, then closes the queue.
-async fn shutdown(state: Arc<AppState>) {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGTERM and Ctrl-C, as a stream of events.
+struct Signals {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
-    }
-    eprintln!("edgerun serve: shutting down (the running job is stopped, waiting ones get 503)");
-    state.queue.close();
+    term: Option<tokio::signal::unix::Signal>,
 }
 
-fn router(state: Arc<AppState>, max_body: usize) -> Router {
+impl Signals {
+    fn new() -> Signals {
+        Signals {
+            #[cfg(unix)]
+            term: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok(),
+        }
+    }
+
+    /// The next SIGTERM or Ctrl-C.
+    async fn next(&mut self) {
+        let ctrl_c = async {
+            if tokio::signal::ctrl_c().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        #[cfg(unix)]
+        let term = async {
+            match self.term.as_mut() {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let term = std::future::pending::<()>();
+        tokio::select! {
+            () = ctrl_c => {},
+            () = term => {},
+        }
+    }
+}
+
+/// Accepts connections (at most `max_connections` open; the next is answered 503 and closed)
+/// and serves each with HTTP/1.1 (`header_timeout` to send the headers), until a signal.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    state: Arc<AppState>,
+    max_connections: usize,
+    header_timeout: Duration,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    let mut signals = Signals::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait, do not spin.
+                    eprintln!("edgerun serve: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = signals.next() => break,
+        };
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            let body = json!({"error": {
+                "message": format!("too many connections (--max-connections {max_connections}); try again later"),
+                "type": "rate_limit_error", "param": Value::Null, "code": Value::Null,
+            }})
+            .to_string();
+            let reply = format!(
+                "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 5\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            // Best effort on a fresh socket; the connection is closed either way.
+            let _ = stream.try_write(reply.as_bytes());
+            eprintln!("{} - - 503 (too many connections)", peer.ip());
+            continue;
+        };
+        let svc = hyper_util::service::TowerToHyperService::new(
+            app.clone().layer(axum::Extension(ConnectInfo(peer))),
+        );
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .serve_connection(TokioIo::new(stream), svc);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    eprintln!(
+        "edgerun serve: shutting down (the running job is stopped, waiting ones get 503; open connections get {} s)",
+        SHUTDOWN_GRACE.as_secs()
+    );
+    state.queue.close();
+    tokio::select! {
+        () = graceful.shutdown() => {},
+        () = tokio::time::sleep(SHUTDOWN_GRACE) => {
+            eprintln!("edgerun serve: closing the connections still open");
+        },
+        () = signals.next() => {
+            eprintln!("edgerun serve: second signal, closing the connections still open");
+        },
+    }
+}
+
+fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/", get(index))
         .route("/health", get(health))
         .route("/favicon.ico", get(|| async { StatusCode::NO_CONTENT }))
         .route("/v1/images/generations", post(openai_generate))
         .route("/v1/models", get(openai_models))
+        .route("/v1/models/{id}", get(openai_model))
         .route("/sdapi/v1/txt2img", post(txt2img))
         .route("/sdapi/v1/progress", get(progress))
         .route("/sdapi/v1/interrupt", post(interrupt))
@@ -215,7 +323,6 @@ fn router(state: Arc<AppState>, max_body: usize) -> Router {
         .route("/sdapi/v1/sd-models", get(sd_models))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(max_body))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), auth))
         .layer(middleware::from_fn(log))
         .with_state(state)
@@ -234,19 +341,18 @@ async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> R
     let path = req.uri().path();
     if let Some(key) = state.key {
         if !matches!(path, "/" | "/health" | "/favicon.ico") {
-            let given = req
-                .headers()
-                .get(header::AUTHORIZATION)
+            let header = req.headers().get(header::AUTHORIZATION);
+            let given = header
                 .and_then(|v| v.to_str().ok())
                 // The scheme is case-insensitive (RFC 9110 §11.1).
                 .and_then(|v| v.split_once(' '))
                 .and_then(|(scheme, k)| scheme.eq_ignore_ascii_case("bearer").then_some(k));
             let ok = given.is_some_and(|g| blake3::hash(g.trim().as_bytes()) == key);
             if !ok {
-                let msg = if given.is_some() {
-                    "Authorization: the API key is wrong"
-                } else {
-                    "Authorization: missing; this server needs the header `Authorization: Bearer KEY`"
+                let msg = match (header, given) {
+                    (_, Some(_)) => "Authorization: the API key is wrong",
+                    (Some(_), None) => "Authorization: expected `Bearer KEY`",
+                    (None, _) => "Authorization: missing; this server needs the header `Authorization: Bearer KEY`",
                 };
                 return ApiError::new(StatusCode::UNAUTHORIZED, api_of(path), msg).into_response();
             }
@@ -255,16 +361,19 @@ async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> R
     next.run(req).await
 }
 
+/// "client METHOD path" of a request, as the log writes it.
+fn describe(req: &Request) -> String {
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or_else(|| "-".to_string(), |c| c.0.ip().to_string());
+    format!("{peer} {} {}", req.method(), req.uri().path())
+}
+
 /// One plain line per request on stderr: client, method, path, status, duration, queue wait.
 async fn log(req: Request, next: Next) -> Response {
     let t = Instant::now();
-    let method = req.method().clone();
-    let path = req.uri().path().to_string();
-    let peer = req
-        .extensions()
-        .get::<axum::extract::ConnectInfo<SocketAddr>>()
-        .map(|c| c.0.ip().to_string())
-        .unwrap_or_else(|| "-".into());
+    let what = describe(&req);
     let res = next.run(req).await;
     let wait = res
         .extensions()
@@ -273,7 +382,7 @@ async fn log(req: Request, next: Next) -> Response {
             format!(" queue {:.3}s", w.0.as_secs_f64())
         });
     eprintln!(
-        "{peer} {method} {path} {} {:.3}s{wait}",
+        "{what} {} {:.3}s{wait}",
         res.status().as_u16(),
         t.elapsed().as_secs_f64()
     );
@@ -285,7 +394,7 @@ async fn not_found(req: Request) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         api_of(&path),
-        format!("no route {path}; this server has POST /v1/images/generations, POST /sdapi/v1/txt2img, GET /sdapi/v1/progress, POST /sdapi/v1/interrupt, GET /sdapi/v1/samplers, GET /health"),
+        format!("no route {path}; this server has GET /, GET /health, POST /v1/images/generations, GET /v1/models, POST /sdapi/v1/txt2img, GET /sdapi/v1/progress, POST /sdapi/v1/interrupt, GET /sdapi/v1/samplers, GET /sdapi/v1/sd-models"),
     )
 }
 
@@ -315,17 +424,50 @@ async fn health(State(state): State<Arc<AppState>>) -> Json<Value> {
     }))
 }
 
-/// The body, or the JSON error for one over the limit (413) or unreadable (400).
-fn body(api: Api, b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    b.map_err(|e| {
-        let status = e.status();
-        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-            "the request body is larger than this server's limit (--max-body)".to_string()
-        } else {
-            format!("the request body could not be read: {e}")
-        };
-        ApiError::new(status, api, message)
-    })
+/// The body, read within `timeout`; or the JSON error for one over `max` bytes (413, refused
+/// from its `Content-Length` before reading when it states one), one that does not arrive in
+/// time (408) or one that cannot be read (400).
+async fn body(api: Api, req: Request, max: usize, timeout: Duration) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            api,
+            format!(
+                "the request body is larger than this server's limit of {max} bytes (--max-body)"
+            ),
+        )
+    };
+    let stated = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if stated.is_some_and(|n| n > max as u64) {
+        return Err(too_large());
+    }
+    let limited = http_body_util::Limited::new(req.into_body(), max);
+    match tokio::time::timeout(timeout, http_body_util::BodyExt::collect(limited)).await {
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            api,
+            format!(
+                "the request body did not arrive within {} s (--body-timeout)",
+                timeout.as_secs_f64()
+            ),
+        )),
+        Ok(Err(e))
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(too_large())
+        }
+        Ok(Err(e)) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            api,
+            format!("the request body could not be read: {e}"),
+        )),
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+    }
 }
 
 /// Sets its flag when dropped: a handler future dropped because its client went away tells
@@ -334,6 +476,8 @@ struct SetOnDrop {
     gone: Arc<AtomicBool>,
     finished: bool,
     started: Instant,
+    /// Client, method and path, for the log line.
+    what: String,
 }
 
 impl Drop for SetOnDrop {
@@ -341,21 +485,23 @@ impl Drop for SetOnDrop {
         self.gone.store(true, Ordering::SeqCst);
         if !self.finished {
             eprintln!(
-                "- client closed the connection after {:.3}s; its job is dropped (499)",
+                "{} 499 {:.3}s (the client closed the connection; its job is dropped)",
+                self.what,
                 self.started.elapsed().as_secs_f64()
             );
         }
     }
 }
 
-/// Queues `spec` and waits for its images.
-async fn run(state: &AppState, api: Api, spec: JobSpec) -> Result<Done, ApiError> {
+/// Queues `spec` and waits for its images; `what` is the request's client, method and path.
+async fn run(state: &AppState, api: Api, spec: JobSpec, what: String) -> Result<Done, ApiError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let gone = Arc::new(AtomicBool::new(false));
     let mut guard = SetOnDrop {
         gone: Arc::clone(&gone),
         finished: false,
         started: Instant::now(),
+        what,
     };
     let submitted = state.queue.submit(spec, gone, move |r| {
         let _ = tx.send(r);
@@ -391,14 +537,15 @@ fn with_job_headers(mut r: Response, done: &Done) -> Response {
 
 async fn openai_generate(
     State(state): State<Arc<AppState>>,
-    b: Result<Bytes, BytesRejection>,
+    req: Request,
 ) -> Result<Response, ApiError> {
     let api = Api::OpenAi;
-    let b = body(api, b)?;
+    let what = describe(&req);
+    let b = body(api, req, state.max_body, state.body_timeout).await?;
     let spec =
         request::parse_openai(&b, &state.info.limits).map_err(|e| ApiError::request(api, e))?;
     let prompt = spec.prompt.clone();
-    let done = run(&state, api, spec).await?;
+    let done = run(&state, api, spec, what).await?;
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -411,33 +558,60 @@ async fn openai_generate(
     Ok(with_job_headers(r, &done))
 }
 
-async fn openai_models(State(state): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [{
-        "id": state.info.plan_name, "object": "model", "created": 0, "owned_by": "edgerun",
-    }]}))
+/// The plan as an OpenAI model object.
+fn model_object(info: &PlanInfo) -> Value {
+    json!({"id": info.plan_name, "object": "model", "created": 0, "owned_by": "edgerun"})
 }
 
-async fn txt2img(
+async fn openai_models(State(state): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [model_object(&state.info)]}))
+}
+
+async fn openai_model(
     State(state): State<Arc<AppState>>,
-    b: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if id == state.info.plan_name {
+        Ok(Json(model_object(&state.info)))
+    } else {
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            Api::OpenAi,
+            format!(
+                "no model {id:?}; this server serves {:?}",
+                state.info.plan_name
+            ),
+        ))
+    }
+}
+
+async fn txt2img(State(state): State<Arc<AppState>>, req: Request) -> Result<Response, ApiError> {
     let api = Api::A1111;
-    let b = body(api, b)?;
+    let what = describe(&req);
+    let b = body(api, req, state.max_body, state.body_timeout).await?;
     let spec =
         request::parse_txt2img(&b, &state.info.limits).map_err(|e| ApiError::request(api, e))?;
-    let done = run(&state, api, spec.clone()).await?;
+    let done = run(&state, api, spec.clone(), what).await?;
     let seeds: Vec<u64> = done.images.iter().map(|i| i.seed).collect();
     let sampler = spec.method.a1111_name();
+    // The f32 as it prints (4.5, 0.1), not its f64 widening (0.10000000149011612).
+    let cfg: Value = spec
+        .cfg_scale
+        .to_string()
+        .parse::<f64>()
+        .ok()
+        .and_then(serde_json::Number::from_f64)
+        .map_or(Value::Null, Value::Number);
     let parameters = json!({
         "prompt": spec.prompt, "negative_prompt": spec.negative_prompt, "steps": spec.steps,
-        "cfg_scale": spec.cfg_scale, "width": spec.width, "height": spec.height,
+        "cfg_scale": cfg, "width": spec.width, "height": spec.height,
         "seed": seeds.first(), "sampler_name": sampler, "batch_size": 1,
         "n_iter": spec.count,
     });
     let info = json!({
         "prompt": spec.prompt, "negative_prompt": spec.negative_prompt,
         "seed": seeds.first(), "all_seeds": seeds, "steps": spec.steps,
-        "cfg_scale": spec.cfg_scale, "sampler_name": sampler, "width": spec.width,
+        "cfg_scale": cfg, "sampler_name": sampler, "width": spec.width,
         "height": spec.height, "sd_model_name": state.info.model,
         "sd_model_hash": state.info.digest.get(..10),
         "infotexts": done.images.iter().map(|i| i.infotext.clone()).collect::<Vec<_>>(),

@@ -331,6 +331,10 @@ fn open(cfg: &WorkerConfig) -> Result<Plan> {
     };
     edge_runtime::target::check(&plan.meta().target)
         .with_context(|| format!("plan {}", cfg.plan.display()))?;
+    // A server opens its plan once and runs it for days: every section's digest is checked
+    // now, so a damaged plan is refused at start, not job by job.
+    plan.verify_all_sections()
+        .with_context(|| format!("plan {}", cfg.plan.display()))?;
     Ok(plan)
 }
 
@@ -527,7 +531,13 @@ fn run_job(
             Err(e @ edge_runtime::Error::Diverged { .. }) => {
                 return Err(JobError::Diverged(e.to_string()))
             }
-            Err(e) => return Err(JobError::Failed(e.to_string())),
+            // Clients see the plan's file name, not where it lies on the server.
+            Err(e) => {
+                let full = cfg.plan.display().to_string();
+                return Err(JobError::Failed(
+                    e.to_string().replace(&full, &info.plan_name),
+                ));
+            }
         };
         truncated |= out.truncated;
         let fields = GenerationInfo {

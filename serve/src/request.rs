@@ -125,21 +125,22 @@ fn object(body: &[u8]) -> Result<Map<String, Value>, RequestError> {
         other => Err(RequestError {
             field: None,
             message: format!(
-                "the body is a JSON {}, expected a JSON object",
+                "the body is {} (JSON), expected a JSON object",
                 kind(&other)
             ),
         }),
     }
 }
 
+/// What a JSON value is, with its article ("an array").
 fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
     }
 }
 
@@ -158,10 +159,24 @@ fn string(m: &Map<String, Value>, name: &'static str) -> Result<Option<String>, 
                 s.chars().count()
             ),
         )),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(Value::String(s)) => match s
+            .chars()
+            .enumerate()
+            .find(|(_, c)| c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
+        {
+            // A NUL would end the PNG text chunk early and hide the fields after it.
+            Some((i, c)) => Err(err(
+                name,
+                format!(
+                    "{name}: holds the control character U+{:04X} at character {i}; only tab, newline and carriage return are accepted",
+                    c as u32
+                ),
+            )),
+            None => Ok(Some(s.clone())),
+        },
         Some(v) => Err(err(
             name,
-            format!("{name}: expected a string, got a {}", kind(v)),
+            format!("{name}: expected a string, got {}", kind(v)),
         )),
     }
 }
@@ -243,9 +258,10 @@ fn seed(m: &Map<String, Value>, name: &'static str) -> Result<Option<u64>, Reque
     if v.as_i64() == Some(-1) || v.as_f64() == Some(-1.0) {
         return Ok(None);
     }
+    // A whole number written as a float (`1e16`), below 2^64.
     if let Some(f) = v
         .as_f64()
-        .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 9e15)
+        .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 18_446_744_073_709_551_616.0)
     {
         return Ok(Some(f as u64));
     }
@@ -305,7 +321,9 @@ fn common(m: &Map<String, Value>, lim: &Limits) -> Result<Common, RequestError> 
         negative_prompt: string(m, "negative_prompt")?.unwrap_or_default(),
         steps: integer(m, "steps", 1, lim.max_steps as i64)?
             .map_or(DEFAULT_STEPS.min(lim.max_steps), |v| v as usize),
-        cfg_scale: number(m, "cfg_scale", 0.0, 100.0)?.map_or(DEFAULT_CFG_SCALE, |v| v as f32),
+        // `+ 0.0` turns −0 into 0, so the infotext never says `CFG scale: -0`.
+        cfg_scale: number(m, "cfg_scale", 0.0, 100.0)?
+            .map_or(DEFAULT_CFG_SCALE, |v| v as f32 + 0.0),
         seed: seed(m, "seed")?,
     })
 }
@@ -385,7 +403,7 @@ pub fn parse_txt2img(body: &[u8], lim: &Limits) -> Result<JobSpec, RequestError>
     let max = lim.max_images as i64;
     let batch = integer(&m, "batch_size", 1, max)?.unwrap_or(1);
     let iters = integer(&m, "n_iter", 1, max)?.unwrap_or(1);
-    if batch * iters > max {
+    if batch.saturating_mul(iters) > max {
         return Err(err(
             "batch_size",
             format!(
@@ -435,11 +453,20 @@ pub fn parse_txt2img(body: &[u8], lim: &Limits) -> Result<JobSpec, RequestError>
             ));
         }
     }
-    if get(&m, "enable_hr") == Some(&Value::Bool(true)) {
-        return Err(err(
-            "enable_hr",
-            "enable_hr: hires fix is not served; generate at one of the plan's sizes".into(),
-        ));
+    match get(&m, "enable_hr") {
+        None | Some(Value::Bool(false)) => {}
+        Some(Value::Bool(true)) => {
+            return Err(err(
+                "enable_hr",
+                "enable_hr: hires fix is not served; generate at one of the plan's sizes".into(),
+            ))
+        }
+        Some(v) => {
+            return Err(err(
+                "enable_hr",
+                format!("enable_hr: expected a boolean, got {}", kind(v)),
+            ))
+        }
     }
     Ok(JobSpec {
         prompt,
@@ -504,14 +531,28 @@ mod tests {
         // One of width/height picks the only matching size.
         let j = parse_txt2img(br#"{"width":96}"#, &lim()).unwrap();
         assert_eq!((j.width, j.height), (96, 64));
+        // A whole number written as a float is a seed; −0 is 0; tabs and newlines are kept.
+        let j = parse_txt2img(
+            br#"{"width":96,"seed":1e16,"cfg_scale":-0.0,"prompt":"a\tb\nc"}"#,
+            &lim(),
+        )
+        .unwrap();
+        assert_eq!(j.seed, Some(10_000_000_000_000_000));
+        assert!(j.cfg_scale == 0.0 && j.cfg_scale.is_sign_positive());
+        assert_eq!(j.prompt, "a\tb\nc");
     }
 
     #[test]
     fn bad_fields_are_named() {
         let cases: &[(&[u8], Option<&str>, &str)] = &[
             (b"{", None, "not valid JSON"),
-            (b"[1]", None, "JSON array"),
-            (br#"{"prompt":3}"#, Some("prompt"), "expected a string"),
+            (b"[1]", None, "is an array"),
+            (
+                br#"{"prompt":3}"#,
+                Some("prompt"),
+                "expected a string, got a number",
+            ),
+            (br#"{"prompt":[]}"#, Some("prompt"), "got an array"),
             (br#"{"n":1}"#, Some("prompt"), "required"),
             (br#"{"prompt":"a","n":9}"#, Some("n"), "out of range"),
             (
@@ -596,6 +637,10 @@ mod tests {
                 "hires",
             ),
             (br#"{"width":-5}"#, "width", "out of range"),
+            (br#"{"enable_hr":"true","width":64,"height":64}"#, "enable_hr", "expected a boolean"),
+            (br#"{"prompt":"a\u0000b","width":64,"height":64}"#, "prompt", "U+0000"),
+            (br#"{"negative_prompt":"\u001b[31m","width":64,"height":64}"#, "negative_prompt", "U+001B"),
+            (br#"{"batch_size":9223372036854775807,"n_iter":9223372036854775807,"width":64,"height":64}"#, "batch_size", "out of range"),
         ];
         for (body, field, text) in cases {
             let e = parse_txt2img(body, &lim()).unwrap_err();

@@ -558,3 +558,169 @@ fn interrupts_and_time_limits_stop_a_job_and_sigterm_exits_0() {
     };
     assert!(code.success(), "exit status after SIGTERM: {code}");
 }
+
+/// A raw TCP connection to the server, for clients that misbehave.
+fn raw(srv: &Server) -> std::net::TcpStream {
+    let addr = srv.base.trim_start_matches("http://");
+    let s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s
+}
+
+/// Everything the server sends until it closes the connection or stops sending.
+fn read_reply(s: &mut std::net::TcpStream) -> String {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match s.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                if buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.ends_with(b"}") {
+                    break;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&buf).to_string()
+}
+
+#[test]
+fn slow_and_greedy_clients_are_bounded() {
+    use std::io::Write;
+    let srv = Server::start(&[
+        "--header-timeout",
+        "0.5",
+        "--body-timeout",
+        "0.5",
+        "--max-connections",
+        "4",
+    ]);
+    // Headers that never end: the connection is closed.
+    let mut s = raw(&srv);
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let t = Instant::now();
+    assert_eq!(read_reply(&mut s), "", "a half-sent header got an answer");
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "the connection stayed open"
+    );
+    // A body that never ends: 408 with JSON.
+    let mut s = raw(&srv);
+    s.write_all(b"POST /sdapi/v1/txt2img HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        .unwrap();
+    let r = read_reply(&mut s);
+    assert!(r.starts_with("HTTP/1.1 408"), "{r}");
+    assert!(r.contains("did not arrive within 0.5 s"), "{r}");
+    // A stated length over the limit: 413 before any body is sent.
+    let mut s = raw(&srv);
+    s.write_all(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Length: 5000000\r\nExpect: 100-continue\r\n\r\n")
+        .unwrap();
+    let r = read_reply(&mut s);
+    assert!(r.starts_with("HTTP/1.1 413"), "{r}");
+    assert!(r.contains("limit of 1048576 bytes"), "{r}");
+    // Four connections held open: the fifth gets 503 and is closed.
+    let held: Vec<_> = (0..4).map(|_| raw(&srv)).collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut fifth = raw(&srv);
+    let r = read_reply(&mut fifth);
+    assert!(r.starts_with("HTTP/1.1 503"), "{r}");
+    assert!(r.contains("too many connections"), "{r}");
+    drop(held);
+    // The held connections time out or close; the server serves again.
+    let t = Instant::now();
+    loop {
+        if let Ok(mut resp) = agent().get(&srv.url("/health")).call() {
+            if resp.status() == 200 {
+                let _ = resp.body_mut().read_to_string();
+                break;
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "no longer serving");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A prompt with a NUL (it would cut the PNG text) is refused, naming the field.
+    let (st, v, _) = srv.post(
+        "/sdapi/v1/txt2img",
+        br#"{"prompt": "a\u0000b", "width": 64, "height": 64}"#,
+        None,
+    );
+    assert_eq!((st, v["param"].as_str()), (400, Some("prompt")), "{v}");
+}
+
+#[test]
+fn sigterm_with_a_half_sent_request_still_exits() {
+    use std::io::Write;
+    let mut srv = Server::start(&["--body-timeout", "1"]);
+    let mut s = raw(&srv);
+    s.write_all(b"POST /sdapi/v1/txt2img HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let k = Command::new("kill")
+        .args(["-TERM", &srv.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(k.success());
+    let t = Instant::now();
+    let code = loop {
+        if let Some(c) = srv.child.try_wait().unwrap() {
+            break c;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "still running 15 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(code.success(), "{code}");
+}
+
+#[test]
+fn bad_server_settings_and_damaged_plans_are_refused_at_start() {
+    let run = |args: &[&str]| {
+        Command::new(EDGERUN)
+            .args(["serve", "--listen-port", "0"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let p = plan().to_str().unwrap();
+    for (args, text) in [
+        (
+            vec!["--plan", p, "--queue", "100000000000"],
+            "--queue 100000000000: expected 1 to 4096",
+        ),
+        (
+            vec!["--plan", p, "--max-images", "0"],
+            "--max-images 0: expected 1 to 1000",
+        ),
+        (vec!["--plan", p, "--timeout", "1e20"], "--timeout"),
+        (
+            vec!["--plan", p, "--timeout", "-1"],
+            "--timeout -1: expected a number of seconds",
+        ),
+        (
+            vec!["--plan", p, "--max-ram", "32M", "--max-connections", "64"],
+            "64 connections x 1048576 bytes",
+        ),
+    ] {
+        let o = run(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(text), "{args:?}: {err}");
+    }
+    // One flipped byte deep in the weights: refused at start, naming the section.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("damaged.plan");
+    let mut bytes = std::fs::read(plan()).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x5a;
+    std::fs::write(&bad, &bytes).unwrap();
+    let o = run(&["--plan", bad.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("checksum mismatch"), "{err}");
+    assert!(!err.contains("listening"), "{err}");
+}

@@ -68,8 +68,26 @@ struct ServeArgs {
     #[arg(long, default_value_t = 16)]
     queue: usize,
     /// A job running longer than this many seconds is stopped at its next step (504).
-    #[arg(long, default_value_t = 600.0)]
+    #[arg(long, default_value_t = 600.0, allow_hyphen_values = true)]
     timeout: f64,
+    /// Connections open at once (one more gets 503). The HTTP side may hold this many request
+    /// bodies (`--max-body` each), taken off `--max-ram`.
+    #[arg(long = "max-connections", default_value_t = 64)]
+    max_connections: usize,
+    /// Seconds a client has to send its request headers (then the connection is closed).
+    #[arg(
+        long = "header-timeout",
+        default_value_t = 10.0,
+        allow_hyphen_values = true
+    )]
+    header_timeout: f64,
+    /// Seconds a client has to send its request body (then 408).
+    #[arg(
+        long = "body-timeout",
+        default_value_t = 30.0,
+        allow_hyphen_values = true
+    )]
+    body_timeout: f64,
     /// The most sampler steps a request may ask for.
     #[arg(long = "max-steps", default_value_t = 150)]
     max_steps: usize,
@@ -91,17 +109,24 @@ struct ServeArgs {
 }
 
 fn serve(a: ServeArgs) -> Result<()> {
-    if a.queue == 0 {
-        bail!("--queue: must be at least 1");
+    for (flag, v, max) in [
+        ("--queue", a.queue, 4096),
+        ("--max-steps", a.max_steps, 10_000),
+        ("--max-images", a.max_images, 1000),
+        ("--max-connections", a.max_connections, 4096),
+    ] {
+        if !(1..=max).contains(&v) {
+            bail!("{flag} {v}: expected 1 to {max}");
+        }
     }
-    if a.max_steps == 0 || a.max_images == 0 {
-        bail!("--max-steps and --max-images: must be at least 1");
-    }
-    if !(a.timeout.is_finite() && a.timeout > 0.0) {
-        bail!(
-            "--timeout {}: expected a positive number of seconds",
-            a.timeout
-        );
+    for (flag, v) in [
+        ("--timeout", a.timeout),
+        ("--header-timeout", a.header_timeout),
+        ("--body-timeout", a.body_timeout),
+    ] {
+        if !(v.is_finite() && v > 0.0 && v <= 1e6) {
+            bail!("{flag} {v}: expected a number of seconds above 0 and at most 1000000");
+        }
     }
     let max_body = parse_size(&a.max_body, "--max-body")?;
     let api_key = match (&a.api_key, &a.api_key_file) {
@@ -115,9 +140,25 @@ fn serve(a: ServeArgs) -> Result<()> {
     };
     if api_key
         .as_deref()
-        .is_some_and(|k| k.is_empty() || k.chars().any(char::is_whitespace))
+        .is_some_and(|k| k.is_empty() || k.chars().any(|c| c.is_whitespace() || c.is_control()))
     {
-        bail!("--api-key: expected a key without spaces, at least one character");
+        bail!(
+            "{}: expected a key of at least one character, without spaces",
+            if a.api_key.is_some() {
+                "--api-key".to_string()
+            } else {
+                format!(
+                    "--api-key-file {}",
+                    a.api_key_file.as_deref().unwrap_or(Path::new("")).display()
+                )
+            }
+        );
+    }
+    if api_key.is_none() && !a.listen_ip.is_loopback() {
+        say!(
+            "warning: --listen-ip {}: serving beyond this host without --api-key; anyone who can reach the port can use it",
+            a.listen_ip
+        );
     }
     start_threads(a.threads)?;
     let (_, kernels) = pick_kernels(&a.kernels)?;
@@ -147,6 +188,9 @@ fn serve(a: ServeArgs) -> Result<()> {
         port: a.listen_port,
         api_key,
         max_body: usize::try_from(max_body).unwrap_or(usize::MAX),
+        max_connections: a.max_connections,
+        header_timeout: std::time::Duration::from_secs_f64(a.header_timeout),
+        body_timeout: std::time::Duration::from_secs_f64(a.body_timeout),
     })
 }
 
