@@ -14,6 +14,7 @@ use zerocopy::IntoBytes;
 pub use crate::host::HostBytes;
 
 use crate::error::{Error, Result};
+pub use crate::rng::NoiseRng;
 use crate::sampler::{Sampler, SamplingMethod};
 use crate::session::{Session, StageInput};
 use crate::tokenizer::Tokenizer;
@@ -30,6 +31,8 @@ pub struct GenerateParams {
     pub method: SamplingMethod,
     /// Seed of the initial noise (ignored with `init_latents`).
     pub seed: u64,
+    /// The generator the seed feeds ([`NoiseRng::TorchCpu`] by default: diffusers' noise).
+    pub rng: NoiseRng,
     /// Image width in pixels (must be one of the plan's sizes).
     pub width: u32,
     /// Image height in pixels.
@@ -323,7 +326,7 @@ pub fn generate_with(
         Some(l) => l.clone(),
         None => {
             let mut n = vec![0f32; latent_len];
-            crate::rng::gaussian(params.seed, &mut n);
+            params.rng.fill(params.seed, &mut n);
             n
         }
     };

@@ -487,6 +487,7 @@ fn run_job(
             seed: seed_i,
             width: spec.width,
             height: spec.height,
+            rng: Default::default(),
             init_latents: None,
         };
         let mut timed_out = false;

@@ -134,6 +134,7 @@ pub fn demo_params(steps: usize) -> edge_runtime::GenerateParams {
         seed: 7,
         width: 64,
         height: 64,
+        rng: Default::default(),
         init_latents: None,
     }
 }

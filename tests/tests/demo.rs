@@ -74,6 +74,7 @@ fn params(prompt: &str, seed: u64, init: Option<Vec<f32>>) -> GenerateParams {
         seed,
         width: 64,
         height: 64,
+        rng: Default::default(),
         init_latents: init,
     }
 }

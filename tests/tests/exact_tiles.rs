@@ -120,6 +120,7 @@ fn demo_latents(p: &Plan, prompt: &str, w: u32, h: u32) -> Vec<f32> {
         seed: 3,
         width: w,
         height: h,
+        rng: Default::default(),
         init_latents: None,
     };
     edge_runtime::generate(&mut s, &params, &mut |_| {})

@@ -171,6 +171,7 @@ fn pipeline_matches(name: &str, run: &str, method: SamplingMethod, steps: usize,
         seed: 0,
         width: (w * 8) as u32,
         height: (h * 8) as u32,
+        rng: Default::default(),
         init_latents: Some(noise.data.clone()),
     };
     let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();

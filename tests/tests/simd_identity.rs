@@ -41,6 +41,7 @@ fn run(
         seed: 0,
         width: w,
         height: h,
+        rng: Default::default(),
         init_latents: Some(noise.to_vec()),
     };
     let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();

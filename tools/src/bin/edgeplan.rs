@@ -672,6 +672,7 @@ fn compare_with_reference(
         seed: 0,
         width: (shape[3] * ds) as u32,
         height: (shape[2] * ds) as u32,
+        rng: Default::default(),
         init_latents: Some(noise),
     };
     let out = edge_runtime::generate(&mut session, &params, &mut |_| {})?;

@@ -671,6 +671,7 @@ fn generate(a: GenArgs) -> Result<()> {
         seed,
         width,
         height,
+        rng: Default::default(),
         init_latents,
     };
     // A bar on a terminal; plain lines otherwise (logs, systemd), so progress is never silent.
