@@ -13,6 +13,8 @@ pub struct GenerationInfo {
     pub sampler: SamplingMethod,
     pub cfg_scale: f32,
     pub seed: u64,
+    /// The generator the seed fed (recorded unless `init_latents` replaced its noise).
+    pub rng: crate::rng::NoiseRng,
     /// Image width in pixels.
     pub width: u32,
     /// Image height in pixels.
@@ -40,6 +42,11 @@ impl GenerationInfo {
             ("Sampler", self.sampler.a1111_name().to_string()),
             ("CFG scale", self.cfg_scale.to_string()),
             ("Seed", self.seed.to_string()),
+        ];
+        if self.init_latents.is_none() {
+            fields.push(("RNG", self.rng.name().to_string()));
+        }
+        fields.extend([
             ("Size", format!("{}x{}", self.width, self.height)),
             (
                 "Model hash",
@@ -48,7 +55,7 @@ impl GenerationInfo {
             ("Model", self.model.clone()),
             ("Plan", self.plan_name.clone()),
             ("Plan digest", self.plan_digest.clone()),
-        ];
+        ]);
         if let Some(f) = &self.init_latents {
             fields.push(("Init latents", f.clone()));
         }
@@ -119,6 +126,7 @@ mod tests {
             sampler: SamplingMethod::Euler,
             cfg_scale: 4.5,
             seed: 7,
+            rng: crate::rng::NoiseRng::TorchCpu,
             width: 64,
             height: 32,
             model: "m, x".into(),
@@ -130,6 +138,6 @@ mod tests {
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3);
         assert_eq!(lines[0], "a cat\\nSteps: 99\\0");
-        assert!(lines[2].starts_with("Steps: 2, Sampler: Euler, CFG scale: 4.5, Seed: 7, Size: 64x32, Model hash: , Model: \"m, x\""));
+        assert!(lines[2].starts_with("Steps: 2, Sampler: Euler, CFG scale: 4.5, Seed: 7, RNG: torch-cpu, Size: 64x32, Model hash: , Model: \"m, x\""));
     }
 }

@@ -487,7 +487,7 @@ fn run_job(
             seed: seed_i,
             width: spec.width,
             height: spec.height,
-            rng: Default::default(),
+            rng: spec.rng,
             init_latents: None,
         };
         let mut timed_out = false;
@@ -548,6 +548,7 @@ fn run_job(
             sampler: spec.method,
             cfg_scale: spec.cfg_scale,
             seed: seed_i,
+            rng: spec.rng,
             width: spec.width,
             height: spec.height,
             model: info.model.clone(),

@@ -6,6 +6,7 @@
 //! [`RequestError`] naming the field and what was expected. `null` counts as absent. Nothing
 //! of a request reaches the filesystem.
 
+use edge_runtime::rng::NoiseRng;
 use edge_runtime::sampler::SamplingMethod;
 use serde_json::{Map, Value};
 
@@ -47,6 +48,9 @@ pub struct JobSpec {
     pub method: SamplingMethod,
     /// Seed of the first image; `None`: a random one, chosen when the job runs.
     pub seed: Option<u64>,
+    /// The generator the seeds feed (field `rng`: `torch-cpu` (default), `cpu`,
+    /// `torch-cpu-default`, `edge`).
+    pub rng: NoiseRng,
     /// Image width in pixels (one of the plan's sizes).
     pub width: u32,
     /// Image height in pixels.
@@ -314,6 +318,7 @@ struct Common {
     steps: usize,
     cfg_scale: f32,
     seed: Option<u64>,
+    rng: NoiseRng,
 }
 
 fn common(m: &Map<String, Value>, lim: &Limits) -> Result<Common, RequestError> {
@@ -325,6 +330,10 @@ fn common(m: &Map<String, Value>, lim: &Limits) -> Result<Common, RequestError> 
         cfg_scale: number(m, "cfg_scale", 0.0, 100.0)?
             .map_or(DEFAULT_CFG_SCALE, |v| v as f32 + 0.0),
         seed: seed(m, "seed")?,
+        rng: match string(m, "rng")? {
+            Some(r) => r.parse().map_err(|e| err("rng", format!("rng: {e}")))?,
+            None => NoiseRng::default(),
+        },
     })
 }
 
@@ -382,6 +391,7 @@ pub fn parse_openai(body: &[u8], lim: &Limits) -> Result<JobSpec, RequestError> 
         cfg_scale: c.cfg_scale,
         method,
         seed: c.seed,
+        rng: c.rng,
         width,
         height,
         count,
@@ -475,6 +485,7 @@ pub fn parse_txt2img(body: &[u8], lim: &Limits) -> Result<JobSpec, RequestError>
         cfg_scale: c.cfg_scale,
         method,
         seed: c.seed,
+        rng: c.rng,
         width,
         height,
         count: (batch * iters) as usize,
@@ -510,6 +521,7 @@ mod tests {
                 cfg_scale: 2.0,
                 method: SamplingMethod::Euler,
                 seed: Some(7),
+                rng: NoiseRng::TorchCpu,
                 width: 96,
                 height: 64,
                 count: 2

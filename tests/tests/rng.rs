@@ -62,7 +62,10 @@ fn randn_matches_torch_bit_for_bit_on_both_paths() {
     let t = raw_tensors();
     let mut checked = 0usize;
     // Single draws: `randn.seed<S>.<shape>.draw0`, `randn_default.…`.
-    for (prefix, path) in [("randn.seed", TorchPath::Avx2), ("randn_default.seed", TorchPath::Default)] {
+    for (prefix, path) in [
+        ("randn.seed", TorchPath::Avx2),
+        ("randn_default.seed", TorchPath::Default),
+    ] {
         for (name, (dtype, shape, data)) in &t {
             let Some(rest) = name.strip_prefix(prefix) else {
                 continue;
@@ -134,12 +137,12 @@ fn seeded_matches(run: &str, method: SamplingMethod, steps: usize, seed: u64) {
     // The noise itself, bit for bit.
     let mut ours = vec![0f32; noise.data.len()];
     NoiseRng::TorchCpu.fill(seed, &mut ours);
-    assert_eq!(first_difference(&ours, &noise.data), None, "{run}: initial noise");
-    let bytes = compiled_plan(
-        &fixture("pixart-sigma-tiny"),
-        &[(64, 64), (64, 96)],
+    assert_eq!(
+        first_difference(&ours, &noise.data),
         None,
+        "{run}: initial noise"
     );
+    let bytes = compiled_plan(&fixture("pixart-sigma-tiny"), &[(64, 64), (64, 96)], None);
     let plan = Plan::from_bytes(&bytes).unwrap();
     let mut s = Session::new(&plan, edge_kernels::generic(), None).unwrap();
     let params = GenerateParams {

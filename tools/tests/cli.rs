@@ -527,7 +527,16 @@ fn png_parameters_record_every_field() {
     let (_, _, f) = a1111(&text.iter().find(|(k, _)| k == "parameters").unwrap().1);
     assert_eq!(f["Sampler"], "DPM++ 2M");
     assert_eq!(f["Seed"], "7");
+    assert_eq!(f["RNG"], "torch-cpu", "the default generator is recorded");
     assert!(!f.contains_key("Init latents"));
+    let o = generate(&plan, &png2, &["--quiet", "-s", "7", "--rng", "edge"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = png_text(&std::fs::read(&png2).unwrap());
+    let (_, _, f) = a1111(&text.iter().find(|(k, _)| k == "parameters").unwrap().1);
+    assert_eq!(f["RNG"], "edge");
+    let o = generate(&plan, &png2, &["--quiet", "--rng", "nv"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--rng: unknown generator \"nv\""));
 }
 
 /// Prompts may start with `-`; an output named like another format is refused before any
@@ -1686,4 +1695,55 @@ fn kv_cache_type_is_chosen_at_compile_time() {
     let o = generate(&plan, &png, &["--quiet"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(png.exists());
+}
+
+/// With the defaults (`--rng torch-cpu`, DPM++ 2M), `-s 42` gives the image diffusers gives for
+/// `generator=torch.Generator("cpu").manual_seed(42)` (`tests/fixtures/seeded/`).
+#[test]
+fn seed_42_gives_the_diffusers_image_with_the_defaults() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+    let t = tempfile::tempdir().unwrap();
+    let plan = t.path().join("sigma.plan");
+    let o = run(
+        EDGEPLAN,
+        &compile_args(s(&fixtures.join("pixart-sigma-tiny")), s(&plan), "64"),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let png = t.path().join("cat.png");
+    let o = run(
+        EDGERUN,
+        &[
+            "generate",
+            "--plan",
+            s(&plan),
+            "-p",
+            "a lovely cat",
+            "-n",
+            "",
+            "-s",
+            "42",
+            "--steps",
+            "20",
+            "--cfg-scale",
+            "4.5",
+            "--quiet",
+            "-o",
+            s(&png),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ours = png_pixels(&png);
+    let theirs = png_pixels(&fixtures.join("seeded/pipeline_dpm_20_cat_seed42_64x64.png"));
+    assert_eq!(ours.len(), theirs.len());
+    let over_one = ours
+        .iter()
+        .zip(&theirs)
+        .filter(|(a, b)| a.abs_diff(**b) > 1)
+        .count();
+    let worst = ours.iter().zip(&theirs).map(|(a, b)| a.abs_diff(*b)).max();
+    assert!(
+        (over_one as f64) <= 0.005 * ours.len() as f64 && worst <= Some(3),
+        "{over_one} of {} values off by more than one level, worst {worst:?}",
+        ours.len()
+    );
 }

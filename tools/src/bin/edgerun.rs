@@ -270,6 +270,12 @@ struct GenArgs {
         allow_hyphen_values = true
     )]
     seed: String,
+    /// The generator the seed feeds: `torch-cpu` (default; also `cpu`): torch's CPU generator
+    /// as torch on x86-64 with AVX2 draws it, so `-s 42` gives diffusers' image for seed 42;
+    /// `torch-cpu-default`: as torch builds without AVX2 kernels (e.g. aarch64) draw it;
+    /// `edge`: this runtime's SplitMix64 noise (images of earlier versions).
+    #[arg(long = "rng", default_value = "torch-cpu")]
+    rng: String,
     /// Image width in pixels (default: the plan's only size).
     #[arg(short = 'W', long = "width")]
     width: Option<u32>,
@@ -541,6 +547,8 @@ fn generate(a: GenArgs) -> Result<()> {
         bail!("--steps: must be at least 1");
     }
     let (seed, random_seed) = pick_seed(&a.seed)?;
+    let rng: edge_runtime::rng::NoiseRng =
+        a.rng.parse().map_err(|e| anyhow::anyhow!("--rng: {e}"))?;
     if random_seed && !a.quiet {
         say!("seed: {seed} (random)");
     }
@@ -671,7 +679,7 @@ fn generate(a: GenArgs) -> Result<()> {
         seed,
         width,
         height,
-        rng: Default::default(),
+        rng,
         init_latents,
     };
     // A bar on a terminal; plain lines otherwise (logs, systemd), so progress is never silent.
@@ -755,6 +763,7 @@ fn generate(a: GenArgs) -> Result<()> {
         sampler: method,
         cfg_scale: a.cfg_scale,
         seed,
+        rng,
         width,
         height,
         model: meta.model.name.clone(),
