@@ -188,7 +188,7 @@ impl TorchCpuGenerator {
         for i in (0..=n - 16).step_by(16) {
             box_muller_16(&mut out[i..i + 16], path);
         }
-        if n % 16 != 0 {
+        if !n.is_multiple_of(16) {
             let tail = &mut out[n - 16..];
             for v in tail.iter_mut() {
                 *v = self.uniform_f32();
@@ -282,7 +282,7 @@ fn ln_cephes(x: f32) -> f32 {
     let mut e = ((bits >> 23) as i32 - 127) as f32 + 1.0;
     // The mantissa with the exponent of 0.5: m in [0.5, 1).
     let m = f32::from_bits((bits & !0x7f80_0000) | 0x3f00_0000);
-    let xm = if m < 0.707106781186547524 {
+    let xm = if m < std::f32::consts::FRAC_1_SQRT_2 {
         e -= 1.0;
         (m - 1.0) + m
     } else {
