@@ -310,6 +310,9 @@ pub fn generate_with(
 
     let den = &meta.stages[size.denoiser_stage as usize];
     let latent_len = numel(den, den.inputs[0]);
+    // One generator for the initial noise (unless given) and then the per-step noise of
+    // stochastic samplers, as diffusers passes one generator to both.
+    let mut noise = crate::rng::NoiseStream::new(params.rng, params.seed);
     let mut latents = match &params.init_latents {
         Some(l) if l.len() != latent_len => {
             return Err(Error::Argument {
@@ -326,7 +329,7 @@ pub fn generate_with(
         Some(l) => l.clone(),
         None => {
             let mut n = vec![0f32; latent_len];
-            params.rng.fill(params.seed, &mut n);
+            noise.fill(&mut n);
             n
         }
     };
@@ -339,6 +342,7 @@ pub fn generate_with(
     let mut model_in = vec![0f32; latent_len];
     let mut eps_c = vec![0f32; latent_len];
     let mut eps_u = vec![0f32; latent_len];
+    let mut step_noise = vec![0f32; latent_len];
     let mut streamed_per_step = Vec::with_capacity(timesteps.len());
     for (i, &t) in timesteps.iter().enumerate() {
         let streamed_before = session.streamer().streamed_bytes();
@@ -351,7 +355,12 @@ pub fn generate_with(
                 *c = u + g * (*c - u);
             }
         }
-        sampler.step(i, &eps_c, &mut latents)?;
+        if params.method.draws_noise(i, timesteps.len()) {
+            noise.fill(&mut step_noise);
+            sampler.step_with_noise(i, &eps_c, &mut latents, Some(&step_noise))?;
+        } else {
+            sampler.step(i, &eps_c, &mut latents)?;
+        }
         // A plan rewritten in place under the run is the cause to name, before divergence.
         session.plan().check_unchanged()?;
         if latents.iter().any(|v| !v.is_finite()) {

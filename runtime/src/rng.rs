@@ -39,13 +39,7 @@ impl NoiseRng {
     /// Standard normal noise for `seed` into `out` (flat, e.g. `[c, h, w]`), as `torch.randn`
     /// of that many elements on a freshly seeded generator (or [`gaussian`]).
     pub fn fill(self, seed: u64, out: &mut [f32]) {
-        match self {
-            NoiseRng::TorchCpu => TorchCpuGenerator::manual_seed(seed).randn(out, TorchPath::Avx2),
-            NoiseRng::TorchCpuDefault => {
-                TorchCpuGenerator::manual_seed(seed).randn(out, TorchPath::Default)
-            }
-            NoiseRng::Edge => gaussian(seed, out),
-        }
+        NoiseStream::new(self, seed).fill(out);
     }
 }
 
@@ -61,6 +55,42 @@ impl std::str::FromStr for NoiseRng {
             _ => Err(format!(
                 "unknown generator {s:?}; expected torch-cpu (or cpu), torch-cpu-default or edge"
             )),
+        }
+    }
+}
+
+/// One generator's stream of standard normal draws, for the initial noise and the per-step
+/// noise of stochastic samplers (drawn in that order, as diffusers draws them from the one
+/// generator it is given).
+#[derive(Clone, Debug)]
+pub enum NoiseStream {
+    /// torch's generator on one of its paths (boxed: its state is 2.5 KB).
+    Torch(Box<TorchCpuGenerator>, TorchPath),
+    /// SplitMix64 + Box–Muller in pairs ([`gaussian`] is its first draw).
+    Edge(SplitMix64),
+}
+
+impl NoiseStream {
+    /// A fresh stream of `rng` seeded with `seed`.
+    pub fn new(rng: NoiseRng, seed: u64) -> Self {
+        match rng {
+            NoiseRng::TorchCpu => NoiseStream::Torch(
+                Box::new(TorchCpuGenerator::manual_seed(seed)),
+                TorchPath::Avx2,
+            ),
+            NoiseRng::TorchCpuDefault => NoiseStream::Torch(
+                Box::new(TorchCpuGenerator::manual_seed(seed)),
+                TorchPath::Default,
+            ),
+            NoiseRng::Edge => NoiseStream::Edge(SplitMix64::new(seed)),
+        }
+    }
+
+    /// The next draw of `out.len()` normals (one `torch.randn` call).
+    pub fn fill(&mut self, out: &mut [f32]) {
+        match self {
+            NoiseStream::Torch(g, path) => g.randn(out, *path),
+            NoiseStream::Edge(rng) => gaussian_from(rng, out),
         }
     }
 }
@@ -248,7 +278,11 @@ impl SplitMix64 {
 
 /// Fills `out` with standard normal samples (mean 0, variance 1) from `seed`.
 pub fn gaussian(seed: u64, out: &mut [f32]) {
-    let mut rng = SplitMix64::new(seed);
+    gaussian_from(&mut SplitMix64::new(seed), out);
+}
+
+/// [`gaussian`]'s draws from `rng` onwards (pairs; an odd count drops the last sine).
+fn gaussian_from(rng: &mut SplitMix64, out: &mut [f32]) {
     let mut i = 0;
     while i < out.len() {
         let u1 = rng.next_open01();

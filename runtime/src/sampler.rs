@@ -42,6 +42,13 @@ pub enum SamplerError {
         found: usize,
         expected: usize,
     },
+    /// A stochastic sampler's step was given no noise, or noise of the wrong length.
+    #[error("step {step} of {method} needs {expected} values of fresh noise")]
+    Noise {
+        step: usize,
+        method: &'static str,
+        expected: usize,
+    },
     /// Steps must run in order 0, 1, 2, … (a multistep solver keeps history); 0 restarts.
     #[error(
         "step {found} called out of order: expected step {expected} of {steps} (or 0 to restart)"
@@ -60,17 +67,47 @@ pub enum SamplingMethod {
     DpmPp2m,
     /// Euler, `EulerDiscreteScheduler.from_config(config)`.
     Euler,
+    /// Euler ancestral, `EulerAncestralDiscreteScheduler`: noise drawn at every step.
+    EulerAncestral,
+    /// Heun, `HeunDiscreteScheduler`: two denoiser calls per interval (2S − 1 in all).
+    Heun,
+    /// DPM2, `KDPM2DiscreteScheduler`: two calls per interval, the second at the interval's
+    /// geometric midpoint (2S − 1 in all).
+    Dpm2,
+    /// DDIM, `DDIMScheduler` with eta 0 and its defaults (`clip_sample`, `set_alpha_to_one`).
+    Ddim,
+    /// LCM, `LCMScheduler` (50 original steps, timestep scaling 10): noise drawn before every
+    /// step but the last.
+    Lcm,
 }
 
 impl SamplingMethod {
-    /// The names [`FromStr`] accepts (case-insensitive).
-    pub const ACCEPTED: [&'static str; 5] = ["dpm++2m", "dpmpp2m", "dpm++", "dpmpp", "euler"];
+    /// Every method.
+    pub const ALL: [SamplingMethod; 7] = [
+        SamplingMethod::DpmPp2m,
+        SamplingMethod::Euler,
+        SamplingMethod::EulerAncestral,
+        SamplingMethod::Heun,
+        SamplingMethod::Dpm2,
+        SamplingMethod::Ddim,
+        SamplingMethod::Lcm,
+    ];
 
-    /// The canonical name.
+    /// The names [`FromStr`] accepts (case-insensitive).
+    pub const ACCEPTED: [&'static str; 10] = [
+        "dpm++2m", "dpmpp2m", "dpm++", "dpmpp", "euler", "euler_a", "heun", "dpm2", "ddim", "lcm",
+    ];
+
+    /// The canonical name (stable-diffusion.cpp's where it has one).
     pub const fn name(self) -> &'static str {
         match self {
             SamplingMethod::DpmPp2m => "dpm++2m",
             SamplingMethod::Euler => "euler",
+            SamplingMethod::EulerAncestral => "euler_a",
+            SamplingMethod::Heun => "heun",
+            SamplingMethod::Dpm2 => "dpm2",
+            SamplingMethod::Ddim => "ddim",
+            SamplingMethod::Lcm => "lcm",
         }
     }
 
@@ -79,6 +116,20 @@ impl SamplingMethod {
         match self {
             SamplingMethod::DpmPp2m => "DPM++ 2M",
             SamplingMethod::Euler => "Euler",
+            SamplingMethod::EulerAncestral => "Euler a",
+            SamplingMethod::Heun => "Heun",
+            SamplingMethod::Dpm2 => "DPM2",
+            SamplingMethod::Ddim => "DDIM",
+            SamplingMethod::Lcm => "LCM",
+        }
+    }
+
+    /// Whether [`Sampler::step_with_noise`] needs fresh noise at step `i` of `steps`.
+    pub const fn draws_noise(self, i: usize, steps: usize) -> bool {
+        match self {
+            SamplingMethod::EulerAncestral => true,
+            SamplingMethod::Lcm => i + 1 < steps,
+            _ => false,
         }
     }
 }
@@ -96,6 +147,11 @@ impl FromStr for SamplingMethod {
         match s.trim().to_ascii_lowercase().as_str() {
             "dpm++2m" | "dpmpp2m" | "dpm++" | "dpmpp" => Ok(SamplingMethod::DpmPp2m),
             "euler" => Ok(SamplingMethod::Euler),
+            "euler_a" => Ok(SamplingMethod::EulerAncestral),
+            "heun" => Ok(SamplingMethod::Heun),
+            "dpm2" => Ok(SamplingMethod::Dpm2),
+            "ddim" => Ok(SamplingMethod::Ddim),
+            "lcm" => Ok(SamplingMethod::Lcm),
             _ => Err(SamplerError::UnknownMethod {
                 name: s.to_string(),
             }),
@@ -277,6 +333,11 @@ pub struct Schedule {
     pub sigmas: Vec<f32>,
     /// `init_noise_sigma`: the standard normal initial noise is multiplied by this.
     pub init_noise_sigma: f32,
+    /// DPM2: the geometric midpoints, laid out like `sigmas` (`[S + 1]`); empty otherwise.
+    pub sigmas_interpol: Vec<f32>,
+    /// DDIM, LCM: the timestep each step lands on (`t_prev`; −1 or below: ᾱ = 1), `[S]`;
+    /// empty otherwise.
+    pub prev_timesteps: Vec<i64>,
 }
 
 /// Computes the schedule of `steps` inference steps (diffusers `set_timesteps`).
@@ -305,7 +366,15 @@ pub fn schedule(
     };
     let sched = match method {
         SamplingMethod::DpmPp2m => dpm_schedule(cfg, &tables, steps, sigma_last),
-        SamplingMethod::Euler => euler_schedule(cfg, &tables, steps, sigma_last),
+        SamplingMethod::Euler | SamplingMethod::EulerAncestral => {
+            euler_schedule(cfg, &tables, steps, sigma_last)
+        }
+        SamplingMethod::Heun => heun_schedule(euler_schedule(cfg, &tables, steps, 0.0), cfg),
+        SamplingMethod::Dpm2 => {
+            dpm2_schedule(euler_schedule(cfg, &tables, steps, 0.0), cfg, &tables)
+        }
+        SamplingMethod::Ddim => ddim_schedule(cfg, &tables, steps),
+        SamplingMethod::Lcm => lcm_schedule(cfg, &tables, steps)?,
     };
     check_schedule(&sched)?;
     Ok(sched)
@@ -365,6 +434,8 @@ fn dpm_schedule(
         timesteps: timesteps.iter().map(|&t| t as f32).collect(),
         sigmas,
         init_noise_sigma: 1.0,
+        sigmas_interpol: Vec::new(),
+        prev_timesteps: Vec::new(),
     }
 }
 
@@ -413,6 +484,197 @@ fn euler_schedule(
         timesteps,
         sigmas,
         init_noise_sigma,
+        sigmas_interpol: Vec::new(),
+        prev_timesteps: Vec::new(),
+    }
+}
+
+/// `init_noise_sigma` of the k-diffusion family: the largest sigma, or `sqrt(max² + 1)` with
+/// `leading` spacing.
+fn k_init_noise_sigma(sigmas: &[f32], cfg: &SchedulerConfig) -> f32 {
+    let max_sigma = sigmas.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    match cfg.timestep_spacing {
+        TimestepSpacing::Linspace | TimestepSpacing::Trailing => max_sigma,
+        TimestepSpacing::Leading => (max_sigma * max_sigma + 1.0).sqrt(),
+    }
+}
+
+/// `HeunDiscreteScheduler.set_timesteps`: the Euler schedule (final sigma 0) with every
+/// timestep but the first and every sigma but the first and last doubled: timesteps `[2S − 1]`,
+/// sigmas `[2S]`.
+fn heun_schedule(e: Schedule, cfg: &SchedulerConfig) -> Schedule {
+    let mut timesteps = vec![e.timesteps[0]];
+    for &t in &e.timesteps[1..] {
+        timesteps.extend([t, t]);
+    }
+    let n = e.sigmas.len();
+    let mut sigmas = vec![e.sigmas[0]];
+    for &s in &e.sigmas[1..n - 1] {
+        sigmas.extend([s, s]);
+    }
+    sigmas.push(e.sigmas[n - 1]);
+    Schedule {
+        init_noise_sigma: k_init_noise_sigma(&sigmas, cfg),
+        timesteps,
+        sigmas,
+        sigmas_interpol: Vec::new(),
+        prev_timesteps: Vec::new(),
+    }
+}
+
+/// `KDPM2DiscreteScheduler.set_timesteps`: midpoints `m_k = exp(lerp(ln s_k, ln s_{k−1}, ½))`
+/// of the Euler sigmas `s` (final 0), both doubled as `cat(s[:1], s[1:].repeat(2), s[-1:])`
+/// (`[2S + 2]`), timesteps `t_0, t(m_1), t_1, …, t(m_{S−1}), t_{S−1}` (`[2S − 1]`) with `t(σ)`
+/// diffusers' `sigma_to_t` (log-linear interpolation over the train sigmas, in f32).
+fn dpm2_schedule(e: Schedule, cfg: &SchedulerConfig, tables: &TrainTables) -> Schedule {
+    let s = &e.sigmas;
+    let n = s.len();
+    // torch.lerp(a, b, w) for w ≥ 0.5 is `b − (b − a)·(1 − w)`: m_S = 0 (from ln 0 = −inf),
+    // m_0 = NaN (unused), as in diffusers.
+    let interpol: Vec<f32> = (0..n)
+        .map(|k| {
+            let a = s[k].ln();
+            let b = s[(k + n - 1) % n].ln();
+            (b - (b - a) * 0.5).exp()
+        })
+        .collect();
+    let double = |v: &[f32]| {
+        let mut out = vec![v[0]];
+        for &x in &v[1..] {
+            out.extend([x, x]);
+        }
+        out.push(v[n - 1]);
+        out
+    };
+    let log_sigmas: Vec<f32> = tables.sigmas.iter().map(|s| s.ln()).collect();
+    let mut timesteps = vec![e.timesteps[0]];
+    for k in 1..n - 1 {
+        timesteps.push(sigma_to_t(interpol[k], &log_sigmas));
+        timesteps.push(e.timesteps[k]);
+    }
+    let sigmas = double(s);
+    Schedule {
+        init_noise_sigma: k_init_noise_sigma(&sigmas, cfg),
+        timesteps,
+        sigmas,
+        sigmas_interpol: double(&interpol),
+        prev_timesteps: Vec::new(),
+    }
+}
+
+/// diffusers' `sigma_to_t` in f32: the last train index whose `ln σ` is ≤ `ln sigma` (at most
+/// N − 2), then linear interpolation of the index in `ln σ`.
+fn sigma_to_t(sigma: f32, log_sigmas: &[f32]) -> f32 {
+    let ls = sigma.ln();
+    let n = log_sigmas.len();
+    let mut low = 0usize;
+    let mut count = 0usize;
+    let mut best = 0usize;
+    for (i, &l) in log_sigmas.iter().enumerate() {
+        if ls - l >= 0.0 {
+            count += 1;
+            if count > best {
+                best = count;
+                low = i;
+            }
+        }
+    }
+    let low = low.min(n - 2);
+    let (lo, hi) = (log_sigmas[low], log_sigmas[low + 1]);
+    let w = ((lo - ls) / (lo - hi)).clamp(0.0, 1.0);
+    (1.0 - w) * low as f32 + w * (low + 1) as f32
+}
+
+/// `DDIMScheduler.set_timesteps` (integer timesteps by the config's spacing) and its
+/// `t_prev = t − N_train / S`.
+fn ddim_schedule(cfg: &SchedulerConfig, tables: &TrainTables, steps: usize) -> Schedule {
+    let n = i64::from(cfg.num_train_timesteps);
+    let s = steps as i64;
+    let timesteps: Vec<i64> = match cfg.timestep_spacing {
+        TimestepSpacing::Linspace => {
+            let mut t: Vec<i64> = np_linspace(0.0, (n - 1) as f64, steps)
+                .into_iter()
+                .map(|v| v.round_ties_even() as i64)
+                .collect();
+            t.reverse();
+            t
+        }
+        TimestepSpacing::Leading => {
+            let ratio = n / s;
+            (0..s)
+                .rev()
+                .map(|i| i * ratio + i64::from(cfg.steps_offset))
+                .collect()
+        }
+        TimestepSpacing::Trailing => {
+            let ratio = n as f64 / steps as f64;
+            np_arange(n as f64, 0.0, -ratio)
+                .into_iter()
+                .map(|v| v.round_ties_even() as i64 - 1)
+                .collect()
+        }
+    };
+    let prev_timesteps = timesteps.iter().map(|&t| t - n / s).collect();
+    alpha_schedule(timesteps, prev_timesteps, tables)
+}
+
+/// LCM's `original_inference_steps` (diffusers' default; PixArt-LCM's config).
+pub const LCM_ORIGINAL_STEPS: usize = 50;
+/// LCM's `timestep_scaling`.
+pub const LCM_TIMESTEP_SCALING: f32 = 10.0;
+
+/// `LCMScheduler.set_timesteps` (ignores `timestep_spacing`): the original schedule
+/// `[1..50]·(N_train / 50) − 1` reversed, sampled at `floor(linspace(0, 50, S, endpoint=False))`.
+fn lcm_schedule(
+    cfg: &SchedulerConfig,
+    tables: &TrainTables,
+    steps: usize,
+) -> Result<Schedule, SamplerError> {
+    if steps > LCM_ORIGINAL_STEPS {
+        return Err(SamplerError::BadSteps {
+            steps,
+            max: LCM_ORIGINAL_STEPS as u32,
+        });
+    }
+    let k = i64::from(cfg.num_train_timesteps) / LCM_ORIGINAL_STEPS as i64;
+    let origin: Vec<i64> = (1..=LCM_ORIGINAL_STEPS as i64)
+        .rev()
+        .map(|i| i * k - 1)
+        .collect();
+    let timesteps: Vec<i64> = (0..steps)
+        .map(|i| {
+            let x = i as f64 * (LCM_ORIGINAL_STEPS as f64 / steps as f64);
+            origin[x.floor() as usize]
+        })
+        .collect();
+    let prev_timesteps = (0..steps)
+        .map(|i| timesteps.get(i + 1).copied().unwrap_or(timesteps[i]))
+        .collect();
+    Ok(alpha_schedule(timesteps, prev_timesteps, tables))
+}
+
+/// LCM's boundary-condition scalings at timestep `t`: `c_skip = σ_d²/((10t)² + σ_d²)`,
+/// `c_out = 10t/sqrt((10t)² + σ_d²)`, σ_d = 0.5, in f32 as diffusers' tensors.
+pub fn lcm_scalings(t: f32) -> (f32, f32) {
+    let scaled = t * LCM_TIMESTEP_SCALING;
+    let denom = scaled * scaled + 0.25;
+    (0.25 / denom, scaled / denom.sqrt())
+}
+
+/// A schedule of the ᾱ-parameterised samplers (DDIM, LCM): init sigma 1, and for messages
+/// and checks the train sigmas at the timesteps (their steps do not use them).
+fn alpha_schedule(timesteps: Vec<i64>, prev_timesteps: Vec<i64>, tables: &TrainTables) -> Schedule {
+    let mut sigmas: Vec<f32> = timesteps
+        .iter()
+        .map(|&t| tables.sigmas[t.clamp(0, tables.sigmas.len() as i64 - 1) as usize])
+        .collect();
+    sigmas.push(0.0);
+    Schedule {
+        timesteps: timesteps.iter().map(|&t| t as f32).collect(),
+        sigmas,
+        init_noise_sigma: 1.0,
+        sigmas_interpol: Vec::new(),
+        prev_timesteps,
     }
 }
 
@@ -424,7 +686,7 @@ fn check_schedule(s: &Schedule) -> Result<(), SamplerError> {
         });
     }
     for (i, &sigma) in s.sigmas.iter().enumerate() {
-        let final_zero = i == steps && sigma == 0.0;
+        let final_zero = i >= steps && sigma == 0.0;
         let usable = sigma > 0.0 && (sigma * sigma).is_finite();
         if !(final_zero || usable) {
             return Err(SamplerError::BadSchedule {
@@ -474,6 +736,16 @@ pub struct Sampler {
     /// Completed steps since the start, capped at the solver order (`lower_order_nums`).
     lower_order_nums: u32,
     next_step: usize,
+    /// DDIM, LCM: `alphas_cumprod` of the train schedule.
+    alphas_cumprod: Vec<f32>,
+    /// Heun, DPM2: the latents at the start of the interval (`self.sample`), `[latent_len]`.
+    stash: Vec<f32>,
+    /// Heun: the first call's derivative, `[latent_len]`.
+    prev_derivative: Vec<f32>,
+    /// Heun: the first call's `dt`.
+    heun_dt: f32,
+    /// Heun, DPM2: the next call is the first of an interval.
+    first_order: bool,
 }
 
 impl Sampler {
@@ -490,7 +762,15 @@ impl Sampler {
         let schedule = schedule(cfg, method, steps)?;
         let history = match method {
             SamplingMethod::DpmPp2m => latent_len,
-            SamplingMethod::Euler => 0,
+            _ => 0,
+        };
+        let stash = match method {
+            SamplingMethod::Heun | SamplingMethod::Dpm2 => latent_len,
+            _ => 0,
+        };
+        let alphas_cumprod = match method {
+            SamplingMethod::Ddim | SamplingMethod::Lcm => train_tables(cfg).alphas_cumprod,
+            _ => Vec::new(),
         };
         Ok(Sampler {
             method,
@@ -506,6 +786,18 @@ impl Sampler {
             x0_prev: vec![0.0; history],
             lower_order_nums: 0,
             next_step: 0,
+            alphas_cumprod,
+            stash: vec![0.0; stash],
+            prev_derivative: vec![
+                0.0;
+                if method == SamplingMethod::Heun {
+                    latent_len
+                } else {
+                    0
+                }
+            ],
+            heun_dt: 0.0,
+            first_order: true,
         })
     }
 
@@ -563,8 +855,9 @@ impl Sampler {
         Ok(())
     }
 
-    /// The denoiser input for step `step_index`: identity for DPM-Solver, `x / sqrt(σ² + 1)`
-    /// for Euler. `latents` and `out` are `[latent_len]`.
+    /// The denoiser input for step `step_index`: identity for DPM-Solver, DDIM and LCM,
+    /// `x / sqrt(σ² + 1)` for the sigma-based samplers (σ of the call: DPM2's second call uses
+    /// its midpoint). `latents` and `out` are `[latent_len]`.
     ///
     /// # Errors
     /// [`SamplerError::Length`] for wrong lengths, [`SamplerError::StepOrder`] for an index ≥ S.
@@ -577,15 +870,18 @@ impl Sampler {
         self.check_index(step_index)?;
         self.check("latents", latents.len())?;
         self.check("scaled output", out.len())?;
-        match self.method {
-            SamplingMethod::DpmPp2m => out.copy_from_slice(latents),
-            SamplingMethod::Euler => {
-                let sigma = self.schedule.sigmas[step_index];
-                let denom = (sigma * sigma + 1.0).sqrt();
-                for (o, &x) in out.iter_mut().zip(latents) {
-                    *o = x / denom;
-                }
+        let sigma = match self.method {
+            SamplingMethod::DpmPp2m | SamplingMethod::Ddim | SamplingMethod::Lcm => {
+                out.copy_from_slice(latents);
+                return Ok(());
             }
+            // DPM2's second call runs at the interval's midpoint.
+            SamplingMethod::Dpm2 if !self.first_order => self.schedule.sigmas_interpol[step_index],
+            _ => self.schedule.sigmas[step_index],
+        };
+        let denom = (sigma * sigma + 1.0).sqrt();
+        for (o, &x) in out.iter_mut().zip(latents) {
+            *o = x / denom;
         }
         Ok(())
     }
@@ -603,7 +899,36 @@ impl Sampler {
         model_output: &[f32],
         latents: &mut [f32],
     ) -> Result<(), SamplerError> {
+        self.step_with_noise(step_index, model_output, latents, None)
+    }
+
+    /// [`Sampler::step`] for every method: `noise` (`[latent_len]`, standard normal, drawn
+    /// from the run's generator after what it drew before) is required exactly at the steps
+    /// [`SamplingMethod::draws_noise`] names, as diffusers draws it.
+    ///
+    /// # Errors
+    /// As [`Sampler::step`], and [`SamplerError::Noise`] when the noise is missing or of the
+    /// wrong length.
+    pub fn step_with_noise(
+        &mut self,
+        step_index: usize,
+        model_output: &[f32],
+        latents: &mut [f32],
+        noise: Option<&[f32]>,
+    ) -> Result<(), SamplerError> {
         self.check_index(step_index)?;
+        let wants = self.method.draws_noise(step_index, self.steps());
+        let noise = match noise {
+            Some(n) if wants && n.len() == self.latent_len => Some(n),
+            None if !wants => None,
+            _ => {
+                return Err(SamplerError::Noise {
+                    step: step_index,
+                    method: self.method.name(),
+                    expected: if wants { self.latent_len } else { 0 },
+                })
+            }
+        };
         if step_index != self.next_step && step_index != 0 {
             return Err(SamplerError::StepOrder {
                 found: step_index,
@@ -615,10 +940,18 @@ impl Sampler {
         self.check("latents", latents.len())?;
         if step_index == 0 {
             self.lower_order_nums = 0;
+            self.first_order = true;
         }
         match self.method {
             SamplingMethod::DpmPp2m => self.dpm_step(step_index, model_output, latents),
             SamplingMethod::Euler => self.euler_step(step_index, model_output, latents),
+            SamplingMethod::EulerAncestral => {
+                self.euler_a_step(step_index, model_output, latents, noise.unwrap_or(&[]))
+            }
+            SamplingMethod::Heun => self.heun_step(step_index, model_output, latents),
+            SamplingMethod::Dpm2 => self.dpm2_step(step_index, model_output, latents),
+            SamplingMethod::Ddim => self.ddim_step(step_index, model_output, latents),
+            SamplingMethod::Lcm => self.lcm_step(step_index, model_output, latents, noise),
         }
         self.next_step = step_index + 1;
         Ok(())
@@ -695,6 +1028,183 @@ impl Sampler {
         }
     }
 
+    /// `x0` from the model output at noise level `sigma` (k-diffusion parameterisation, as the
+    /// Euler-type schedulers compute `pred_original_sample`).
+    fn k_x0(&self, sigma: f32, x: f32, out: f32) -> f32 {
+        match self.prediction {
+            PredictionType::Epsilon => x - sigma * out,
+            PredictionType::VPrediction => {
+                let sq = sigma * sigma + 1.0;
+                out * (-sigma / sq.sqrt()) + x / sq
+            }
+            PredictionType::Sample => out,
+        }
+    }
+
+    /// `EulerAncestralDiscreteScheduler.step`: `σ_up = sqrt(σ'²·(σ² − σ'²)/σ²)`,
+    /// `σ_down = sqrt(σ'² − σ_up²)`, `x' = x + ((x − x0)/σ)·(σ_down − σ) + noise·σ_up`.
+    fn euler_a_step(&self, i: usize, model_output: &[f32], x: &mut [f32], noise: &[f32]) {
+        let sigma_from = self.schedule.sigmas[i];
+        let sigma_to = self.schedule.sigmas[i + 1];
+        let sigma_up = (sigma_to * sigma_to * (sigma_from * sigma_from - sigma_to * sigma_to)
+            / (sigma_from * sigma_from))
+            .sqrt();
+        let sigma_down = (sigma_to * sigma_to - sigma_up * sigma_up).sqrt();
+        let dt = sigma_down - sigma_from;
+        for ((xv, &o), &n) in x.iter_mut().zip(model_output).zip(noise) {
+            let x0 = self.k_x0(sigma_from, *xv, o);
+            let derivative = (*xv - x0) / sigma_from;
+            *xv = (*xv + derivative * dt) + n * sigma_up;
+        }
+    }
+
+    /// `HeunDiscreteScheduler.step`: the first call of an interval `σ → σ'` is an Euler step
+    /// (its derivative and `dt` kept), the second averages the derivatives at `σ` and at `σ'`
+    /// (x0 from the second call's output at `σ'`) and steps from the interval's start.
+    fn heun_step(&mut self, i: usize, model_output: &[f32], x: &mut [f32]) {
+        let sig = &self.schedule.sigmas;
+        if self.first_order {
+            let (sigma, sigma_next) = (sig[i], sig[i + 1]);
+            let dt = sigma_next - sigma;
+            for (((xv, &o), d), st) in x
+                .iter_mut()
+                .zip(model_output)
+                .zip(self.prev_derivative.iter_mut())
+                .zip(self.stash.iter_mut())
+            {
+                let x0 = match self.prediction {
+                    PredictionType::Epsilon => *xv - sigma * o,
+                    PredictionType::VPrediction => {
+                        let sq = sigma * sigma + 1.0;
+                        o * (-sigma / sq.sqrt()) + *xv / sq
+                    }
+                    PredictionType::Sample => o,
+                };
+                let derivative = (*xv - x0) / sigma;
+                *d = derivative;
+                *st = *xv;
+                *xv += derivative * dt;
+            }
+            self.heun_dt = dt;
+            self.first_order = false;
+        } else {
+            let sigma_next = sig[i];
+            let dt = self.heun_dt;
+            for (((xv, &o), &d), &st) in x
+                .iter_mut()
+                .zip(model_output)
+                .zip(self.prev_derivative.iter())
+                .zip(self.stash.iter())
+            {
+                let x0 = match self.prediction {
+                    PredictionType::Epsilon => *xv - sigma_next * o,
+                    PredictionType::VPrediction => {
+                        let sq = sigma_next * sigma_next + 1.0;
+                        o * (-sigma_next / sq.sqrt()) + *xv / sq
+                    }
+                    PredictionType::Sample => o,
+                };
+                let derivative = (d + (*xv - x0) / sigma_next) / 2.0;
+                *xv = st + derivative * dt;
+            }
+            self.first_order = true;
+        }
+    }
+
+    /// `KDPM2DiscreteScheduler.step`: the first call of an interval `σ → σ'` steps to its
+    /// midpoint `m`; the second, with the output at `m`, steps the interval's start to `σ'`
+    /// along `(x_m − x0)/m`.
+    fn dpm2_step(&mut self, i: usize, model_output: &[f32], x: &mut [f32]) {
+        let sig = &self.schedule.sigmas;
+        let ip = &self.schedule.sigmas_interpol;
+        if self.first_order {
+            let (sigma, sigma_interpol) = (sig[i], ip[i + 1]);
+            let dt = sigma_interpol - sigma;
+            for ((xv, &o), st) in x.iter_mut().zip(model_output).zip(self.stash.iter_mut()) {
+                let x0 = match self.prediction {
+                    PredictionType::VPrediction => {
+                        let sq = sigma * sigma + 1.0;
+                        o * (-sigma / sq.sqrt()) + *xv / sq
+                    }
+                    _ => *xv - sigma * o,
+                };
+                let derivative = (*xv - x0) / sigma;
+                *st = *xv;
+                *xv += derivative * dt;
+            }
+            self.first_order = false;
+        } else {
+            let (sigma, sigma_interpol, sigma_next) = (sig[i - 1], ip[i], sig[i]);
+            let dt = sigma_next - sigma;
+            for ((xv, &o), &st) in x.iter_mut().zip(model_output).zip(self.stash.iter()) {
+                let x0 = match self.prediction {
+                    PredictionType::VPrediction => {
+                        let sq = sigma_interpol * sigma_interpol + 1.0;
+                        o * (-sigma_interpol / sq.sqrt()) + *xv / sq
+                    }
+                    _ => *xv - sigma_interpol * o,
+                };
+                let derivative = (*xv - x0) / sigma_interpol;
+                *xv = st + derivative * dt;
+            }
+            self.first_order = true;
+        }
+    }
+
+    /// ᾱ at train timestep `t`, or 1 (`set_alpha_to_one`, the DDIM and LCM default) below 0.
+    fn alpha_bar(&self, t: i64) -> f32 {
+        if t < 0 {
+            1.0
+        } else {
+            self.alphas_cumprod[(t as usize).min(self.alphas_cumprod.len() - 1)]
+        }
+    }
+
+    /// `DDIMScheduler.step` with eta 0 and `clip_sample` (DDIM's default): `x0` clamped to
+    /// [−1, 1], `x' = sqrt(ᾱ_prev)·x0 + sqrt(1 − ᾱ_prev)·ε` (ε not re-derived from the
+    /// clamped x0).
+    fn ddim_step(&self, i: usize, model_output: &[f32], x: &mut [f32]) {
+        let a_t = self.alpha_bar(self.schedule.timesteps[i] as i64);
+        let a_prev = self.alpha_bar(self.schedule.prev_timesteps[i]);
+        let b_t = 1.0 - a_t;
+        let (sa_t, sb_t) = (a_t.sqrt(), b_t.sqrt());
+        let sa_prev = a_prev.sqrt();
+        let dir = (1.0 - a_prev - 0.0).sqrt();
+        for (xv, &o) in x.iter_mut().zip(model_output) {
+            let (x0, eps) = match self.prediction {
+                PredictionType::Epsilon => ((*xv - sb_t * o) / sa_t, o),
+                PredictionType::Sample => (o, (*xv - sa_t * o) / sb_t),
+                PredictionType::VPrediction => (sa_t * *xv - sb_t * o, sa_t * o + sb_t * *xv),
+            };
+            let x0 = x0.clamp(-1.0, 1.0);
+            *xv = sa_prev * x0 + dir * eps;
+        }
+    }
+
+    /// `LCMScheduler.step`: `x0` from ε, `denoised = c_out·x0 + c_skip·x` with the boundary
+    /// scalings at `10·t` (σ_data 0.5), then `sqrt(ᾱ_next)·denoised + sqrt(1 − ᾱ_next)·noise`,
+    /// or `denoised` at the last step.
+    fn lcm_step(&self, i: usize, model_output: &[f32], x: &mut [f32], noise: Option<&[f32]>) {
+        let t = self.schedule.timesteps[i];
+        let a_t = self.alpha_bar(t as i64);
+        let a_prev = self.alpha_bar(self.schedule.prev_timesteps[i]);
+        let (c_skip, c_out) = lcm_scalings(t);
+        let (sa_t, sb_t) = (a_t.sqrt(), (1.0 - a_t).sqrt());
+        let (sa_prev, sb_prev) = (a_prev.sqrt(), (1.0 - a_prev).sqrt());
+        for (j, (xv, &o)) in x.iter_mut().zip(model_output).enumerate() {
+            let x0 = match self.prediction {
+                PredictionType::Epsilon => (*xv - sb_t * o) / sa_t,
+                PredictionType::Sample => o,
+                PredictionType::VPrediction => sa_t * *xv - sb_t * o,
+            };
+            let denoised = c_out * x0 + c_skip * *xv;
+            *xv = match noise {
+                Some(n) => sa_prev * denoised + sb_prev * n[j],
+                None => denoised,
+            };
+        }
+    }
+
     /// `EulerDiscreteScheduler.step` with `s_churn = 0` (so `sigma_hat = sigma`).
     fn euler_step(&self, i: usize, model_output: &[f32], x: &mut [f32]) {
         let sigma = self.schedule.sigmas[i];
@@ -743,11 +1253,40 @@ mod tests {
             "Euler".parse::<SamplingMethod>().unwrap(),
             SamplingMethod::Euler
         );
-        let err = "ddim".parse::<SamplingMethod>().unwrap_err().to_string();
+        for m in SamplingMethod::ALL {
+            assert_eq!(m.name().parse::<SamplingMethod>().unwrap(), m);
+        }
+        let err = "unipc".parse::<SamplingMethod>().unwrap_err().to_string();
         assert!(
-            err.contains("ddim") && err.contains("dpm++2m") && err.contains("euler"),
+            err.contains("unipc") && err.contains("dpm++2m") && err.contains("euler_a"),
             "{err}"
         );
+    }
+
+    /// A stochastic sampler refuses a step without noise, a deterministic one a step with it.
+    #[test]
+    fn noise_is_required_exactly_where_it_is_drawn() {
+        let cfg = SchedulerConfig::pixart();
+        let mut a = Sampler::new(&cfg, SamplingMethod::EulerAncestral, 2, 4).unwrap();
+        let mut x = [1.0f32; 4];
+        assert!(matches!(
+            a.step(0, &[0.0; 4], &mut x),
+            Err(SamplerError::Noise { .. })
+        ));
+        a.step_with_noise(0, &[0.0; 4], &mut x, Some(&[0.5; 4]))
+            .unwrap();
+        let mut l = Sampler::new(&cfg, SamplingMethod::Lcm, 2, 4).unwrap();
+        l.step_with_noise(0, &[0.0; 4], &mut x, Some(&[0.5; 4]))
+            .unwrap();
+        // The last LCM step draws nothing.
+        assert!(l
+            .step_with_noise(1, &[0.0; 4], &mut x, Some(&[0.5; 4]))
+            .is_err());
+        l.step(1, &[0.0; 4], &mut x).unwrap();
+        let mut d = Sampler::new(&cfg, SamplingMethod::Ddim, 2, 4).unwrap();
+        assert!(d
+            .step_with_noise(0, &[0.0; 4], &mut x, Some(&[0.5; 4]))
+            .is_err());
     }
 
     /// The 4-step schedules quoted in the fixtures README §3 (diffusers' values).

@@ -87,13 +87,22 @@ pub const DEFAULT_CFG_SCALE: f32 = 4.5;
 
 /// The samplers in AUTOMATIC1111's spelling with their aliases, as `GET /sdapi/v1/samplers`
 /// lists them.
-pub const SAMPLERS: [(&str, SamplingMethod, &[&str]); 2] = [
+pub const SAMPLERS: [(&str, SamplingMethod, &[&str]); 7] = [
     (
         "DPM++ 2M",
         SamplingMethod::DpmPp2m,
         &["k_dpmpp_2m", "dpm++2m"],
     ),
     ("Euler", SamplingMethod::Euler, &["k_euler", "euler"]),
+    (
+        "Euler a",
+        SamplingMethod::EulerAncestral,
+        &["k_euler_a", "euler_a"],
+    ),
+    ("Heun", SamplingMethod::Heun, &["k_heun", "heun"]),
+    ("DPM2", SamplingMethod::Dpm2, &["k_dpm_2", "dpm2"]),
+    ("DDIM", SamplingMethod::Ddim, &["ddim"]),
+    ("LCM", SamplingMethod::Lcm, &["lcm"]),
 ];
 
 /// A sampler named in A1111 spelling (`DPM++ 2M`, `Euler`), by an A1111 alias (`k_euler`) or

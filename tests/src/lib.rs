@@ -27,7 +27,7 @@ pub struct RefTensor {
     pub data: Vec<f32>,
 }
 
-/// Reads every tensor of a safetensors file (F32, I32, I64 and U8 converted to f32).
+/// Reads every tensor of a safetensors file (F32, F64, I32, I64 and U8 converted to f32).
 pub fn read_safetensors(path: &Path) -> HashMap<String, RefTensor> {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let st = safetensors::SafeTensors::deserialize(&bytes)
@@ -49,6 +49,10 @@ pub fn read_safetensors(path: &Path) -> HashMap<String, RefTensor> {
                 .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
                 .collect(),
             safetensors::Dtype::U8 => d.iter().map(|&b| f32::from(b)).collect(),
+            safetensors::Dtype::F64 => d
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32)
+                .collect(),
             other => panic!(
                 "{}: tensor {name} has unsupported dtype {other:?}",
                 path.display()

@@ -207,7 +207,7 @@ fn images_equal_the_cli_and_show_the_prompt() {
     assert!(info["infotexts"][0]
         .as_str()
         .unwrap()
-        .contains("Seed: 7, Size: 128x128"));
+        .contains("Seed: 7, RNG: torch-cpu, Size: 128x128"));
     // OpenAI route at the size the demo model was trained at, as the README's main job.
     let body = json!({"model": "demo", "prompt": PROMPT, "n": 1, "size": "64x64",
         "response_format": "b64_json", "seed": 42, "steps": 20});

@@ -258,7 +258,9 @@ struct GenArgs {
     /// Classifier-free guidance scale (≤ 1 disables guidance).
     #[arg(long = "cfg-scale", default_value_t = 4.5)]
     cfg_scale: f32,
-    /// Sampler: dpm++2m or euler.
+    /// Sampler: dpm++2m, euler, euler_a, heun, dpm2, ddim or lcm (stable-diffusion.cpp's
+    /// names; heun and dpm2 call the denoiser 2·steps − 1 times; euler_a and lcm draw noise
+    /// from the seed's generator at each step).
     #[arg(long = "sampling-method", default_value = "dpm++2m")]
     sampling_method: String,
     /// Seed of the initial noise: 0 to 2^64 − 1, or −1 for a random seed (printed, and recorded
