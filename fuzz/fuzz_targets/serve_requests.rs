@@ -14,6 +14,7 @@ fuzz_target!(|data: &[u8]| {
         sizes: vec![(64, 64), (128, 64), (512, 512)],
         max_steps: 150,
         max_images: 8,
+        default_method: edge_runtime::sampler::SamplingMethod::DpmPp2m,
     };
     let r = if route % 2 == 0 {
         parse_openai(body, &lim)

@@ -16,7 +16,8 @@ use std::fmt;
 use std::str::FromStr;
 
 use edge_schema::scheduler::{
-    BetaSchedule, FinalSigmasType, PredictionType, SchedulerConfig, SolverType, TimestepSpacing,
+    BetaSchedule, FinalSigmasType, PredictionType, SchedulerClass, SchedulerConfig, SolverType,
+    TimestepSpacing,
 };
 
 /// Errors of building a schedule or running a sampler.
@@ -121,6 +122,20 @@ impl SamplingMethod {
             SamplingMethod::Dpm2 => "DPM2",
             SamplingMethod::Ddim => "DDIM",
             SamplingMethod::Lcm => "LCM",
+        }
+    }
+
+    /// The sampler a plan's scheduler class names (its default: a PixArt-LCM folder's
+    /// `LCMScheduler` gives [`SamplingMethod::Lcm`]).
+    pub const fn for_class(class: SchedulerClass) -> SamplingMethod {
+        match class {
+            SchedulerClass::DpmSolverMultistep => SamplingMethod::DpmPp2m,
+            SchedulerClass::EulerDiscrete => SamplingMethod::Euler,
+            SchedulerClass::EulerAncestralDiscrete => SamplingMethod::EulerAncestral,
+            SchedulerClass::HeunDiscrete => SamplingMethod::Heun,
+            SchedulerClass::KDpm2Discrete => SamplingMethod::Dpm2,
+            SchedulerClass::Ddim => SamplingMethod::Ddim,
+            SchedulerClass::Lcm => SamplingMethod::Lcm,
         }
     }
 

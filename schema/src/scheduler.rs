@@ -27,6 +27,16 @@ pub enum SchedulerClass {
     DpmSolverMultistep,
     /// `EulerDiscreteScheduler`.
     EulerDiscrete,
+    /// `EulerAncestralDiscreteScheduler`.
+    EulerAncestralDiscrete,
+    /// `HeunDiscreteScheduler`.
+    HeunDiscrete,
+    /// `KDPM2DiscreteScheduler`.
+    KDpm2Discrete,
+    /// `DDIMScheduler` (eta 0, `clip_sample`, `set_alpha_to_one`).
+    Ddim,
+    /// `LCMScheduler` (PixArt-LCM: 50 original steps, timestep scaling 10).
+    Lcm,
 }
 
 impl SchedulerClass {
@@ -35,8 +45,24 @@ impl SchedulerClass {
         match self {
             SchedulerClass::DpmSolverMultistep => "DPMSolverMultistepScheduler",
             SchedulerClass::EulerDiscrete => "EulerDiscreteScheduler",
+            SchedulerClass::EulerAncestralDiscrete => "EulerAncestralDiscreteScheduler",
+            SchedulerClass::HeunDiscrete => "HeunDiscreteScheduler",
+            SchedulerClass::KDpm2Discrete => "KDPM2DiscreteScheduler",
+            SchedulerClass::Ddim => "DDIMScheduler",
+            SchedulerClass::Lcm => "LCMScheduler",
         }
     }
+
+    /// Every class a plan may name.
+    pub const ALL: [SchedulerClass; 7] = [
+        SchedulerClass::DpmSolverMultistep,
+        SchedulerClass::EulerDiscrete,
+        SchedulerClass::EulerAncestralDiscrete,
+        SchedulerClass::HeunDiscrete,
+        SchedulerClass::KDpm2Discrete,
+        SchedulerClass::Ddim,
+        SchedulerClass::Lcm,
+    ];
 }
 
 /// How the training betas are laid out over the train timesteps (`beta_schedule`).

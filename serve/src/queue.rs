@@ -406,6 +406,7 @@ fn worker(
             sizes: meta.sizes.iter().map(|s| (s.width, s.height)).collect(),
             max_steps: cfg.max_steps,
             max_images: cfg.max_images,
+            default_method: edge_runtime::sampler::SamplingMethod::for_class(meta.scheduler.class),
         },
         budget,
     };

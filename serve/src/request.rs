@@ -23,6 +23,8 @@ pub struct Limits {
     pub max_steps: usize,
     /// The most images one request may ask for (`n`; `batch_size · n_iter`).
     pub max_images: usize,
+    /// The sampler of a request that names none (the plan's scheduler class).
+    pub default_method: SamplingMethod,
 }
 
 impl Limits {
@@ -391,7 +393,7 @@ pub fn parse_openai(body: &[u8], lim: &Limits) -> Result<JobSpec, RequestError> 
     }
     let method = match string(&m, "sampler")? {
         Some(s) => parse_sampler("sampler", &s)?,
-        None => SamplingMethod::DpmPp2m,
+        None => lim.default_method,
     };
     Ok(JobSpec {
         prompt,
@@ -462,7 +464,7 @@ pub fn parse_txt2img(body: &[u8], lim: &Limits) -> Result<JobSpec, RequestError>
     let method = match (string(&m, "sampler_name")?, string(&m, "sampler_index")?) {
         (Some(s), _) => parse_sampler("sampler_name", &s)?,
         (None, Some(s)) => parse_sampler("sampler_index", &s)?,
-        (None, None) => SamplingMethod::DpmPp2m,
+        (None, None) => lim.default_method,
     };
     if let Some(s) = string(&m, "scheduler")? {
         if !s.eq_ignore_ascii_case("automatic") {
@@ -511,6 +513,7 @@ mod tests {
             sizes: vec![(64, 64), (96, 64)],
             max_steps: 50,
             max_images: 4,
+            default_method: SamplingMethod::DpmPp2m,
         }
     }
 

@@ -172,3 +172,70 @@ fn lcm_scalings_match_diffusers_tables() {
         );
     }
 }
+
+/// `pixart-sigma-tiny-lcm/` (shared README §11): the scheduler class comes from the folder.
+/// Only `model_index.json`, `scheduler/` and `reference/` are kept here; the other
+/// components are byte copies of `pixart-sigma-tiny/`, from which the folder is assembled.
+#[test]
+fn an_lcm_folder_defaults_to_lcm_and_matches_its_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("pixart-sigma-tiny-lcm");
+    std::fs::create_dir(&folder).unwrap();
+    let copy_dir = |from: &std::path::Path, to: &std::path::Path| {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    };
+    for c in ["text_encoder", "tokenizer", "transformer", "vae"] {
+        copy_dir(&fixture(&format!("pixart-sigma-tiny/{c}")), &folder.join(c));
+    }
+    copy_dir(
+        &fixture("pixart-sigma-tiny-lcm/scheduler"),
+        &folder.join("scheduler"),
+    );
+    std::fs::copy(
+        fixture("pixart-sigma-tiny-lcm/model_index.json"),
+        folder.join("model_index.json"),
+    )
+    .unwrap();
+    let bytes = compiled_plan(&folder, &[(64, 64)], None);
+    let plan = Plan::from_bytes(&bytes).unwrap();
+    let class = plan.meta().scheduler.class;
+    assert_eq!(class, edge_schema::scheduler::SchedulerClass::Lcm);
+    let method = SamplingMethod::for_class(class);
+    assert_eq!(method, SamplingMethod::Lcm);
+    let r = read_safetensors(&fixture(
+        "pixart-sigma-tiny-lcm/reference/pipeline_lcm_4_cat_64x64.safetensors",
+    ));
+    let mut session = Session::new(&plan, edge_kernels::generic(), None).unwrap();
+    let params = GenerateParams {
+        prompt: "a lovely cat".into(),
+        negative_prompt: String::new(),
+        steps: 4,
+        cfg_scale: 0.0,
+        method,
+        seed: 1234,
+        width: 64,
+        height: 64,
+        rng: NoiseRng::TorchCpu,
+        init_latents: None,
+    };
+    let out = edge_runtime::generate(&mut session, &params, &mut |_| {}).unwrap();
+    assert_close(
+        "lcm folder final latents",
+        &out.latents,
+        &r["final_latents"].data,
+        1e-3,
+    );
+    let img = &r["image_uint8"];
+    let worst = out
+        .rgb
+        .iter()
+        .zip(&img.data)
+        .map(|(&a, &b)| (i32::from(a) - b as i32).abs())
+        .max()
+        .unwrap();
+    assert!(worst <= 1, "lcm folder: PNG off by {worst} levels");
+}

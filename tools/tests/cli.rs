@@ -1747,3 +1747,71 @@ fn seed_42_gives_the_diffusers_image_with_the_defaults() {
         ours.len()
     );
 }
+
+/// Without `--sampling-method` the plan's scheduler class decides: a PixArt-LCM folder
+/// (`tests/fixtures/pixart-sigma-tiny-lcm`, assembled with the components of
+/// `pixart-sigma-tiny`) generates with LCM and records it.
+#[test]
+fn the_default_sampler_is_the_one_the_plan_names() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+    let t = tempfile::tempdir().unwrap();
+    let folder = t.path().join("lcm");
+    for c in [
+        "text_encoder",
+        "tokenizer",
+        "transformer",
+        "vae",
+        "scheduler",
+    ] {
+        let from = if c == "scheduler" {
+            fixtures.join("pixart-sigma-tiny-lcm").join(c)
+        } else {
+            fixtures.join("pixart-sigma-tiny").join(c)
+        };
+        std::fs::create_dir_all(folder.join(c)).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), folder.join(c).join(e.file_name())).unwrap();
+        }
+    }
+    std::fs::copy(
+        fixtures.join("pixart-sigma-tiny-lcm/model_index.json"),
+        folder.join("model_index.json"),
+    )
+    .unwrap();
+    let plan = t.path().join("lcm.plan");
+    let o = run(EDGEPLAN, &compile_args(s(&folder), s(&plan), "64"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let png = t.path().join("cat.png");
+    let o = run(
+        EDGERUN,
+        &[
+            "generate",
+            "--plan",
+            s(&plan),
+            "-p",
+            "a lovely cat",
+            "-s",
+            "1234",
+            "--steps",
+            "4",
+            "--cfg-scale",
+            "0",
+            "--quiet",
+            "-o",
+            s(&png),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = png_text(&std::fs::read(&png).unwrap());
+    let (_, _, f) = a1111(&text.iter().find(|(k, _)| k == "parameters").unwrap().1);
+    assert_eq!(f["Sampler"], "LCM");
+    let ours = png_pixels(&png);
+    let theirs =
+        png_pixels(&fixtures.join("pixart-sigma-tiny-lcm/reference/pipeline_lcm_4_cat_64x64.png"));
+    let worst = ours.iter().zip(&theirs).map(|(a, b)| a.abs_diff(*b)).max();
+    assert!(
+        worst <= Some(1),
+        "off by {worst:?} levels from diffusers' LCM image"
+    );
+}

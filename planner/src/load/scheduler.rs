@@ -300,17 +300,52 @@ impl Fields<'_> {
                 })
             }
         };
-        let class = match class_name.as_str() {
-            "DPMSolverMultistepScheduler" => SchedulerClass::DpmSolverMultistep,
-            "EulerDiscreteScheduler" => SchedulerClass::EulerDiscrete,
-            other => {
-                return Err(self.unsupported(
-                    "_class_name",
-                    format!("{other:?}"),
-                    "\"DPMSolverMultistepScheduler\", \"EulerDiscreteScheduler\"",
-                ))
-            }
+        let Some(class) = SchedulerClass::ALL
+            .into_iter()
+            .find(|c| c.diffusers_name() == class_name)
+        else {
+            return Err(self.unsupported(
+                "_class_name",
+                format!("{class_name:?}"),
+                "\"DPMSolverMultistepScheduler\", \"EulerDiscreteScheduler\", \"EulerAncestralDiscreteScheduler\", \"HeunDiscreteScheduler\", \"KDPM2DiscreteScheduler\", \"DDIMScheduler\", \"LCMScheduler\"",
+            ));
         };
+        // What the runtime's DDIM and LCM steps assume (their classes' defaults).
+        let (clip_default, lcm) = match class {
+            SchedulerClass::Ddim => (true, false),
+            SchedulerClass::Lcm => (false, true),
+            _ => (false, false),
+        };
+        if matches!(class, SchedulerClass::Ddim | SchedulerClass::Lcm) {
+            let clip = self.bool_or("clip_sample", clip_default)?;
+            if clip != clip_default {
+                return Err(self.unsupported(
+                    "clip_sample",
+                    clip.to_string(),
+                    if clip_default { "true" } else { "false" },
+                ));
+            }
+            if !self.bool_or("set_alpha_to_one", true)? {
+                return Err(self.unsupported("set_alpha_to_one", "false".to_string(), "true"));
+            }
+            if self.number_or("clip_sample_range", 1.0)? != 1.0 {
+                return Err(self.unsupported(
+                    "clip_sample_range",
+                    self.number_or("clip_sample_range", 1.0)?.to_string(),
+                    "1.0",
+                ));
+            }
+        }
+        if lcm {
+            let steps = self.uint_or("original_inference_steps", 50)?;
+            if steps != 50 {
+                return Err(self.unsupported("original_inference_steps", steps.to_string(), "50"));
+            }
+            let scaling = self.number_or("timestep_scaling", 10.0)?;
+            if scaling != 10.0 {
+                return Err(self.unsupported("timestep_scaling", scaling.to_string(), "10.0"));
+            }
+        }
 
         let beta_schedule = match self.str_or("beta_schedule", "linear")? {
             "linear" => BetaSchedule::Linear,

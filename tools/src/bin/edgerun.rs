@@ -260,9 +260,10 @@ struct GenArgs {
     cfg_scale: f32,
     /// Sampler: dpm++2m, euler, euler_a, heun, dpm2, ddim or lcm (stable-diffusion.cpp's
     /// names; heun and dpm2 call the denoiser 2·steps − 1 times; euler_a and lcm draw noise
-    /// from the seed's generator at each step).
-    #[arg(long = "sampling-method", default_value = "dpm++2m")]
-    sampling_method: String,
+    /// from the seed's generator at each step). Default: the one the plan's scheduler config
+    /// names (dpm++2m for PixArt's DPMSolverMultistepScheduler, lcm for a PixArt-LCM folder).
+    #[arg(long = "sampling-method")]
+    sampling_method: Option<String>,
     /// Seed of the initial noise: 0 to 2^64 − 1, or −1 for a random seed (printed, and recorded
     /// in the PNG like any other).
     #[arg(
@@ -541,9 +542,11 @@ fn pick_seed(s: &str) -> Result<(u64, bool)> {
 
 fn generate(a: GenArgs) -> Result<()> {
     let t0 = Instant::now();
-    let method: SamplingMethod = a
+    let method: Option<SamplingMethod> = a
         .sampling_method
-        .parse()
+        .as_deref()
+        .map(str::parse)
+        .transpose()
         .map_err(|e| anyhow::anyhow!("--sampling-method: {e}"))?;
     if a.steps == 0 {
         bail!("--steps: must be at least 1");
@@ -585,6 +588,7 @@ fn generate(a: GenArgs) -> Result<()> {
     edge_runtime::target::check(&meta.target)
         .with_context(|| format!("plan {}", a.plan.display()))?;
     let (width, height, size) = pick_size(meta, a.width, a.height)?;
+    let method = method.unwrap_or(SamplingMethod::for_class(meta.scheduler.class));
     let den = &meta.stages[size.denoiser_stage as usize];
     let lshape: Vec<usize> = std::iter::once(1)
         .chain(
