@@ -15,6 +15,7 @@ fuzz_target!(|data: &[u8]| {
         max_steps: 150,
         max_images: 8,
         default_method: edge_runtime::sampler::SamplingMethod::DpmPp2m,
+        plan_karras: false,
     };
     let r = if route % 2 == 0 {
         parse_openai(body, &lim)

@@ -15,6 +15,8 @@ pub struct GenerationInfo {
     pub seed: u64,
     /// The generator the seed fed (recorded unless `init_latents` replaced its noise).
     pub rng: crate::rng::NoiseRng,
+    /// Karras sigmas were used (recorded as A1111's `Schedule type: Karras`).
+    pub karras: bool,
     /// Image width in pixels.
     pub width: u32,
     /// Image height in pixels.
@@ -40,9 +42,14 @@ impl GenerationInfo {
         let mut fields = vec![
             ("Steps", self.steps.to_string()),
             ("Sampler", self.sampler.a1111_name().to_string()),
+        ];
+        if self.karras {
+            fields.push(("Schedule type", "Karras".to_string()));
+        }
+        fields.extend([
             ("CFG scale", self.cfg_scale.to_string()),
             ("Seed", self.seed.to_string()),
-        ];
+        ]);
         if self.init_latents.is_none() {
             fields.push(("RNG", self.rng.name().to_string()));
         }
@@ -127,6 +134,7 @@ mod tests {
             cfg_scale: 4.5,
             seed: 7,
             rng: crate::rng::NoiseRng::TorchCpu,
+            karras: false,
             width: 64,
             height: 32,
             model: "m, x".into(),

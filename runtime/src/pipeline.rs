@@ -33,6 +33,9 @@ pub struct GenerateParams {
     pub seed: u64,
     /// The generator the seed feeds ([`NoiseRng::TorchCpu`] by default: diffusers' noise).
     pub rng: NoiseRng,
+    /// Karras sigmas (`Some(true)`), the discrete schedule (`Some(false)`), or what the plan's
+    /// scheduler config says (`None`).
+    pub karras: Option<bool>,
     /// Image width in pixels (must be one of the plan's sizes).
     pub width: u32,
     /// Image height in pixels.
@@ -333,7 +336,11 @@ pub fn generate_with(
             n
         }
     };
-    let mut sampler = Sampler::new(&meta.scheduler, params.method, params.steps, latent_len)?;
+    let mut scheduler = meta.scheduler.clone();
+    if let Some(k) = params.karras {
+        scheduler.use_karras_sigmas = k;
+    }
+    let mut sampler = Sampler::new(&scheduler, params.method, params.steps, latent_len)?;
     let sigma0 = sampler.init_noise_sigma();
     for x in latents.iter_mut() {
         *x *= sigma0;

@@ -379,7 +379,15 @@ pub fn schedule(
         FinalSigmasType::Zero => 0.0,
         FinalSigmasType::SigmaMin => tables.sigmas[0],
     };
+    if cfg.use_karras_sigmas && method != SamplingMethod::DpmPp2m {
+        return Err(SamplerError::InvalidConfig(format!(
+            "use_karras_sigmas: karras sigmas are implemented for dpm++2m only, not {method}"
+        )));
+    }
     let sched = match method {
+        SamplingMethod::DpmPp2m if cfg.use_karras_sigmas => {
+            dpm_karras_schedule(&tables, steps, sigma_last)
+        }
         SamplingMethod::DpmPp2m => dpm_schedule(cfg, &tables, steps, sigma_last),
         SamplingMethod::Euler | SamplingMethod::EulerAncestral => {
             euler_schedule(cfg, &tables, steps, sigma_last)
@@ -502,6 +510,56 @@ fn euler_schedule(
         sigmas_interpol: Vec::new(),
         prev_timesteps: Vec::new(),
     }
+}
+
+/// `DPMSolverMultistepScheduler.set_timesteps` with `use_karras_sigmas`: `σ_i = (σmax^{1/ρ} +
+/// i/(S−1)·(σmin^{1/ρ} − σmax^{1/ρ}))^ρ`, ρ = 7, between the train sigmas at t = N − 1 and
+/// t = 0 (float64, as numpy), timesteps `round(t(σ_i))` by numpy's `_sigma_to_t`, then the
+/// final sigma.
+fn dpm_karras_schedule(tables: &TrainTables, steps: usize, sigma_last: f32) -> Schedule {
+    let sig = &tables.sigmas;
+    let (sigma_min, sigma_max) = (f64::from(sig[0]), f64::from(sig[sig.len() - 1]));
+    let rho = 7.0f64;
+    let (min_inv, max_inv) = (sigma_min.powf(1.0 / rho), sigma_max.powf(1.0 / rho));
+    let karras: Vec<f64> = np_linspace(0.0, 1.0, steps)
+        .into_iter()
+        .map(|r| (max_inv + r * (min_inv - max_inv)).powf(rho))
+        .collect();
+    // numpy's log of the float32 train sigmas stays float32.
+    let log_sigmas: Vec<f32> = sig.iter().map(|s| s.ln()).collect();
+    let timesteps: Vec<f32> = karras
+        .iter()
+        .map(|&s| sigma_to_t_f64(s, &log_sigmas).round_ties_even() as f32)
+        .collect();
+    let mut sigmas: Vec<f32> = karras.iter().map(|&s| s as f32).collect();
+    sigmas.push(sigma_last);
+    Schedule {
+        timesteps,
+        sigmas,
+        init_noise_sigma: 1.0,
+        sigmas_interpol: Vec::new(),
+        prev_timesteps: Vec::new(),
+    }
+}
+
+/// diffusers' numpy `_sigma_to_t`: as [`sigma_to_t`] in float64 over float32 `log_sigmas`.
+fn sigma_to_t_f64(sigma: f64, log_sigmas: &[f32]) -> f64 {
+    let ls = sigma.max(1e-10).ln();
+    let n = log_sigmas.len();
+    let (mut low, mut count, mut best) = (0usize, 0usize, 0usize);
+    for (i, &l) in log_sigmas.iter().enumerate() {
+        if ls - f64::from(l) >= 0.0 {
+            count += 1;
+            if count > best {
+                best = count;
+                low = i;
+            }
+        }
+    }
+    let low = low.min(n - 2);
+    let (lo, hi) = (f64::from(log_sigmas[low]), f64::from(log_sigmas[low + 1]));
+    let w = ((lo - ls) / (lo - hi)).clamp(0.0, 1.0);
+    (1.0 - w) * low as f64 + w * (low + 1) as f64
 }
 
 /// `init_noise_sigma` of the k-diffusion family: the largest sigma, or `sqrt(max² + 1)` with

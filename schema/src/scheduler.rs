@@ -5,8 +5,9 @@
 //! numbers a sampler produces. The planner reads the JSON (`edge_planner::load::scheduler`);
 //! the runtime builds its sampler from this struct (`edge_runtime::sampler`). Options that the
 //! runtime does not implement have no representation here (a config using them is refused
-//! when it is loaded), except `use_karras_sigmas` and `thresholding`, which are kept so that a
-//! plan can say explicitly that they are off; [`SchedulerConfig::validate`] refuses them on.
+//! when it is loaded), except `thresholding`, kept so that a plan can say explicitly that it is
+//! off ([`SchedulerConfig::validate`] refuses it on), and `use_karras_sigmas`, which is
+//! implemented for DPM-Solver++ only.
 //!
 //! The types are postcard-friendly: plain structs and unit enums, no untagged enums and no
 //! free-form JSON values.
@@ -164,7 +165,7 @@ pub struct SchedulerConfig {
     pub timestep_spacing: TimestepSpacing,
     /// `steps_offset`: added to the timesteps with `Leading` spacing.
     pub steps_offset: u32,
-    /// `use_karras_sigmas`: must be false (Karras sigmas are not implemented).
+    /// `use_karras_sigmas`: the Karras et al. (2022) sigmas, `ρ = 7` (DPM-Solver++ only).
     pub use_karras_sigmas: bool,
     /// `thresholding`: must be false (dynamic thresholding is not implemented).
     pub thresholding: bool,
@@ -252,8 +253,11 @@ impl SchedulerConfig {
                 self.steps_offset
             ));
         }
-        if self.use_karras_sigmas {
-            return Err("scheduler use_karras_sigmas = true is not supported".to_string());
+        if self.use_karras_sigmas && self.class != SchedulerClass::DpmSolverMultistep {
+            return Err(format!(
+                "scheduler use_karras_sigmas = true is supported with DPMSolverMultistepScheduler only, not {}",
+                self.class.diffusers_name()
+            ));
         }
         if self.thresholding {
             return Err("scheduler thresholding = true is not supported".to_string());
@@ -322,7 +326,10 @@ mod tests {
             ("steps_offset", Box::new(|c| c.steps_offset = 5000)),
             (
                 "use_karras_sigmas",
-                Box::new(|c| c.use_karras_sigmas = true),
+                Box::new(|c| {
+                    c.class = SchedulerClass::EulerDiscrete;
+                    c.use_karras_sigmas = true;
+                }),
             ),
             ("thresholding", Box::new(|c| c.thresholding = true)),
             (

@@ -407,6 +407,7 @@ fn worker(
             max_steps: cfg.max_steps,
             max_images: cfg.max_images,
             default_method: edge_runtime::sampler::SamplingMethod::for_class(meta.scheduler.class),
+            plan_karras: meta.scheduler.use_karras_sigmas,
         },
         budget,
     };
@@ -489,6 +490,7 @@ fn run_job(
             width: spec.width,
             height: spec.height,
             rng: spec.rng,
+            karras: spec.karras,
             init_latents: None,
         };
         let mut timed_out = false;
@@ -550,6 +552,7 @@ fn run_job(
             cfg_scale: spec.cfg_scale,
             seed: seed_i,
             rng: spec.rng,
+            karras: spec.karras.unwrap_or(info.limits.plan_karras),
             width: spec.width,
             height: spec.height,
             model: info.model.clone(),

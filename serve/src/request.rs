@@ -25,6 +25,8 @@ pub struct Limits {
     pub max_images: usize,
     /// The sampler of a request that names none (the plan's scheduler class).
     pub default_method: SamplingMethod,
+    /// Whether the plan's scheduler config asks for karras sigmas.
+    pub plan_karras: bool,
 }
 
 impl Limits {
@@ -53,6 +55,9 @@ pub struct JobSpec {
     /// The generator the seeds feed (field `rng`: `torch-cpu` (default), `cpu`,
     /// `torch-cpu-default`, `edge`).
     pub rng: NoiseRng,
+    /// Field `scheduler`: `Karras` (`Some(true)`), `discrete` (`Some(false)`), `Automatic` or
+    /// absent: the plan's config (`None`).
+    pub karras: Option<bool>,
     /// Image width in pixels (one of the plan's sizes).
     pub width: u32,
     /// Image height in pixels.
@@ -330,6 +335,7 @@ struct Common {
     cfg_scale: f32,
     seed: Option<u64>,
     rng: NoiseRng,
+    karras: Option<bool>,
 }
 
 fn common(m: &Map<String, Value>, lim: &Limits) -> Result<Common, RequestError> {
@@ -345,7 +351,30 @@ fn common(m: &Map<String, Value>, lim: &Limits) -> Result<Common, RequestError> 
             Some(r) => r.parse().map_err(|e| err("rng", format!("rng: {e}")))?,
             None => NoiseRng::default(),
         },
+        karras: match string(m, "scheduler")?.map(|s| s.trim().to_ascii_lowercase()) {
+            None => None,
+            Some(s) if s == "automatic" => None,
+            Some(s) if s == "karras" => Some(true),
+            Some(s) if s == "discrete" || s == "uniform" => Some(false),
+            Some(s) => {
+                return Err(err(
+                    "scheduler",
+                    format!("scheduler: {s:?} is not served; this server has \"Automatic\" (the plan's schedule), \"Karras\" and \"discrete\""),
+                ))
+            }
+        },
     })
+}
+
+/// Karras sigmas only where they are implemented (DPM-Solver++).
+fn check_karras(c: &Common, method: SamplingMethod, lim: &Limits) -> Result<(), RequestError> {
+    if c.karras.unwrap_or(lim.plan_karras) && method != SamplingMethod::DpmPp2m {
+        return Err(err(
+            "scheduler",
+            format!("scheduler: karras sigmas are implemented for dpm++2m only, not {method}"),
+        ));
+    }
+    Ok(())
 }
 
 /// `POST /v1/images/generations` (OpenAI images API): `prompt` (required), `n`, `size`
@@ -395,6 +424,7 @@ pub fn parse_openai(body: &[u8], lim: &Limits) -> Result<JobSpec, RequestError> 
         Some(s) => parse_sampler("sampler", &s)?,
         None => lim.default_method,
     };
+    check_karras(&c, method, lim)?;
     Ok(JobSpec {
         prompt,
         negative_prompt: c.negative_prompt,
@@ -403,6 +433,7 @@ pub fn parse_openai(body: &[u8], lim: &Limits) -> Result<JobSpec, RequestError> 
         method,
         seed: c.seed,
         rng: c.rng,
+        karras: c.karras,
         width,
         height,
         count,
@@ -466,14 +497,6 @@ pub fn parse_txt2img(body: &[u8], lim: &Limits) -> Result<JobSpec, RequestError>
         (None, Some(s)) => parse_sampler("sampler_index", &s)?,
         (None, None) => lim.default_method,
     };
-    if let Some(s) = string(&m, "scheduler")? {
-        if !s.eq_ignore_ascii_case("automatic") {
-            return Err(err(
-                "scheduler",
-                format!("scheduler: {s:?} is not served; this server has \"Automatic\" (the plan's own timestep schedule)"),
-            ));
-        }
-    }
     match get(&m, "enable_hr") {
         None | Some(Value::Bool(false)) => {}
         Some(Value::Bool(true)) => {
@@ -489,6 +512,7 @@ pub fn parse_txt2img(body: &[u8], lim: &Limits) -> Result<JobSpec, RequestError>
             ))
         }
     }
+    check_karras(&c, method, lim)?;
     Ok(JobSpec {
         prompt,
         negative_prompt: c.negative_prompt,
@@ -497,6 +521,7 @@ pub fn parse_txt2img(body: &[u8], lim: &Limits) -> Result<JobSpec, RequestError>
         method,
         seed: c.seed,
         rng: c.rng,
+        karras: c.karras,
         width,
         height,
         count: (batch * iters) as usize,
@@ -514,6 +539,7 @@ mod tests {
             max_steps: 50,
             max_images: 4,
             default_method: SamplingMethod::DpmPp2m,
+            plan_karras: false,
         }
     }
 
@@ -534,6 +560,7 @@ mod tests {
                 method: SamplingMethod::Euler,
                 seed: Some(7),
                 rng: NoiseRng::TorchCpu,
+                karras: None,
                 width: 96,
                 height: 64,
                 count: 2
@@ -651,9 +678,14 @@ mod tests {
                 "at most 4",
             ),
             (
-                br#"{"scheduler":"Karras","width":64,"height":64}"#,
+                br#"{"scheduler":"Exponential","width":64,"height":64}"#,
                 "scheduler",
                 "Automatic",
+            ),
+            (
+                br#"{"scheduler":"Karras","sampler_name":"Euler","width":64,"height":64}"#,
+                "scheduler",
+                "dpm++2m only",
             ),
             (
                 br#"{"enable_hr":true,"width":64,"height":64}"#,

@@ -139,6 +139,7 @@ pub fn demo_params(steps: usize) -> edge_runtime::GenerateParams {
         width: 64,
         height: 64,
         rng: Default::default(),
+        karras: None,
         init_latents: None,
     }
 }

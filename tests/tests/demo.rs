@@ -75,6 +75,7 @@ fn params(prompt: &str, seed: u64, init: Option<Vec<f32>>) -> GenerateParams {
         width: 64,
         height: 64,
         rng: Default::default(),
+        karras: None,
         init_latents: init,
     }
 }

@@ -121,6 +121,7 @@ fn demo_latents(p: &Plan, prompt: &str, w: u32, h: u32) -> Vec<f32> {
         width: w,
         height: h,
         rng: Default::default(),
+        karras: None,
         init_latents: None,
     };
     edge_runtime::generate(&mut s, &params, &mut |_| {})

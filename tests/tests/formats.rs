@@ -118,6 +118,7 @@ fn dpm4_latents(plan: &Plan, name: &str, reference: &str) -> (Vec<f32>, Vec<f32>
         width: 64,
         height: 64,
         rng: Default::default(),
+        karras: None,
         init_latents: Some(r["initial_noise"].data.clone()),
     };
     let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();

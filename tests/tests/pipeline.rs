@@ -172,6 +172,7 @@ fn pipeline_matches(name: &str, run: &str, method: SamplingMethod, steps: usize,
         width: (w * 8) as u32,
         height: (h * 8) as u32,
         rng: Default::default(),
+        karras: None,
         init_latents: Some(noise.data.clone()),
     };
     let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();

@@ -155,6 +155,7 @@ fn seeded_matches(run: &str, method: SamplingMethod, steps: usize, seed: u64) {
         width: (w * 8) as u32,
         height: (h * 8) as u32,
         rng: NoiseRng::TorchCpu,
+        karras: None,
         init_latents: None,
     };
     let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();

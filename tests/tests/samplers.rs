@@ -24,9 +24,22 @@ fn max_rel(a: &[f32], b: &[f32]) -> f64 {
 }
 
 fn run(key: &str, method: SamplingMethod, steps: usize, cfg: f32, stochastic: bool) {
+    run_with(key, method, steps, cfg, stochastic, false);
+}
+
+fn run_with(
+    key: &str,
+    method: SamplingMethod,
+    steps: usize,
+    cfg: f32,
+    stochastic: bool,
+    karras: bool,
+) {
     let r = read_safetensors(&fixture(&format!("samplers/pipeline_{key}.safetensors")));
     // The schedule, against what diffusers' scheduler held.
-    let s = Sampler::new(&SchedulerConfig::pixart(), method, steps, 256).unwrap();
+    let mut config = SchedulerConfig::pixart();
+    config.use_karras_sigmas = karras;
+    let s = Sampler::new(&config, method, steps, 256).unwrap();
     let ts = &r["timesteps"].data;
     assert_eq!(
         s.timesteps().len(),
@@ -70,6 +83,7 @@ fn run(key: &str, method: SamplingMethod, steps: usize, cfg: f32, stochastic: bo
         width: 64,
         height: 64,
         rng: NoiseRng::TorchCpu,
+        karras: Some(karras),
         init_latents: (!stochastic).then(|| noise.data.clone()),
     };
     let out = edge_runtime::generate(&mut session, &params, &mut |_| {}).unwrap();
@@ -139,6 +153,20 @@ fn ddim() {
             n,
             4.5,
             false,
+        );
+    }
+}
+
+#[test]
+fn dpm_karras() {
+    for n in [4, 8] {
+        run_with(
+            &format!("dpm_karras_{n}_cat_64x64"),
+            SamplingMethod::DpmPp2m,
+            n,
+            4.5,
+            false,
+            true,
         );
     }
 }
@@ -220,6 +248,7 @@ fn an_lcm_folder_defaults_to_lcm_and_matches_its_reference() {
         width: 64,
         height: 64,
         rng: NoiseRng::TorchCpu,
+        karras: None,
         init_latents: None,
     };
     let out = edge_runtime::generate(&mut session, &params, &mut |_| {}).unwrap();

@@ -42,6 +42,7 @@ fn run(
         width: w,
         height: h,
         rng: Default::default(),
+        karras: None,
         init_latents: Some(noise.to_vec()),
     };
     let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();

@@ -1815,3 +1815,34 @@ fn the_default_sampler_is_the_one_the_plan_names() {
         "off by {worst:?} levels from diffusers' LCM image"
     );
 }
+
+/// `--scheduler karras` is recorded as A1111 writes it; asked of a sampler it is not
+/// implemented for, or misspelt, it is refused before any work.
+#[test]
+fn karras_sigmas_are_chosen_and_recorded() {
+    let t = tempfile::tempdir().unwrap();
+    let png = t.path().join("k.png");
+    let o = generate(demo_plan(), &png, &["--quiet", "--scheduler", "karras"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = png_text(&std::fs::read(&png).unwrap());
+    let (_, _, f) = a1111(&text.iter().find(|(k, _)| k == "parameters").unwrap().1);
+    assert_eq!(f["Schedule type"], "Karras");
+    assert_eq!(f["Sampler"], "DPM++ 2M");
+    let other = t.path().join("o.png");
+    for (args, text) in [
+        (
+            vec!["--scheduler", "karras", "--sampling-method", "euler"],
+            "karras sigmas are implemented for --sampling-method dpm++2m only",
+        ),
+        (
+            vec!["--scheduler", "exponential"],
+            "--scheduler exponential: expected discrete or karras",
+        ),
+    ] {
+        let o = generate(demo_plan(), &other, &args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(text), "{args:?}: {err}");
+        assert!(!other.exists());
+    }
+}

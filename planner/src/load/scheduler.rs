@@ -463,8 +463,12 @@ impl Fields<'_> {
             self.must_be_off(field)?;
         }
         let use_karras_sigmas = self.bool_or("use_karras_sigmas", false)?;
-        if use_karras_sigmas {
-            return Err(self.unsupported("use_karras_sigmas", "true".to_string(), "false"));
+        if use_karras_sigmas && class != SchedulerClass::DpmSolverMultistep {
+            return Err(self.unsupported(
+                "use_karras_sigmas",
+                "true".to_string(),
+                "false (karras sigmas are implemented for DPMSolverMultistepScheduler)",
+            ));
         }
         let thresholding = self.bool_or("thresholding", false)?;
         if thresholding {
@@ -592,7 +596,6 @@ mod tests {
             ("lower_order_final", "1"),
             ("final_sigmas_type", "\"sigma_max\""),
             ("timestep_spacing", "\"uniform\""),
-            ("use_karras_sigmas", "true"),
             ("thresholding", "true"),
             ("use_flow_sigmas", "true"),
             ("rescale_betas_zero_snr", "true"),
@@ -609,7 +612,7 @@ mod tests {
                 "{field} = {value}: {msg} does not name the field"
             );
         }
-        let msg = error_of(&with("_class_name", "\"DDIMScheduler\""));
+        let msg = error_of(&with("_class_name", "\"PNDMScheduler\""));
         assert!(
             msg.contains("_class_name") && msg.contains("EulerDiscreteScheduler"),
             "{msg}"

@@ -673,6 +673,7 @@ fn compare_with_reference(
         width: (shape[3] * ds) as u32,
         height: (shape[2] * ds) as u32,
         rng: Default::default(),
+        karras: None,
         init_latents: Some(noise),
     };
     let out = edge_runtime::generate(&mut session, &params, &mut |_| {})?;

@@ -264,6 +264,10 @@ struct GenArgs {
     /// names (dpm++2m for PixArt's DPMSolverMultistepScheduler, lcm for a PixArt-LCM folder).
     #[arg(long = "sampling-method")]
     sampling_method: Option<String>,
+    /// Sigma schedule: `discrete` or `karras` (diffusers' `use_karras_sigmas`, for dpm++2m).
+    /// Default: what the plan's scheduler config says.
+    #[arg(long = "scheduler")]
+    scheduler: Option<String>,
     /// Seed of the initial noise: 0 to 2^64 − 1, or −1 for a random seed (printed, and recorded
     /// in the PNG like any other).
     #[arg(
@@ -551,6 +555,16 @@ fn generate(a: GenArgs) -> Result<()> {
     if a.steps == 0 {
         bail!("--steps: must be at least 1");
     }
+    let karras = match a
+        .scheduler
+        .as_deref()
+        .map(|s| s.trim().to_ascii_lowercase())
+    {
+        None => None,
+        Some(s) if s == "karras" => Some(true),
+        Some(s) if s == "discrete" => Some(false),
+        Some(s) => bail!("--scheduler {s}: expected discrete or karras"),
+    };
     let (seed, random_seed) = pick_seed(&a.seed)?;
     let rng: edge_runtime::rng::NoiseRng =
         a.rng.parse().map_err(|e| anyhow::anyhow!("--rng: {e}"))?;
@@ -589,6 +603,13 @@ fn generate(a: GenArgs) -> Result<()> {
         .with_context(|| format!("plan {}", a.plan.display()))?;
     let (width, height, size) = pick_size(meta, a.width, a.height)?;
     let method = method.unwrap_or(SamplingMethod::for_class(meta.scheduler.class));
+    let karras_used = karras.unwrap_or(meta.scheduler.use_karras_sigmas);
+    if karras_used && method != SamplingMethod::DpmPp2m {
+        bail!(
+            "--scheduler karras: karras sigmas are implemented for --sampling-method dpm++2m only, not {method}{}",
+            if karras.is_none() { " (the plan's scheduler config asks for them; give --scheduler discrete)" } else { "" }
+        );
+    }
     let den = &meta.stages[size.denoiser_stage as usize];
     let lshape: Vec<usize> = std::iter::once(1)
         .chain(
@@ -686,6 +707,7 @@ fn generate(a: GenArgs) -> Result<()> {
         width,
         height,
         rng,
+        karras,
         init_latents,
     };
     // A bar on a terminal; plain lines otherwise (logs, systemd), so progress is never silent.
@@ -770,6 +792,7 @@ fn generate(a: GenArgs) -> Result<()> {
         cfg_scale: a.cfg_scale,
         seed,
         rng,
+        karras: karras_used,
         width,
         height,
         model: meta.model.name.clone(),
