@@ -1846,3 +1846,46 @@ fn karras_sigmas_are_chosen_and_recorded() {
         assert!(!other.exists());
     }
 }
+
+/// `-b N` makes N images with seeds s, s+1, …, named by `%d` (or `_1`…`_N`); image k is the
+/// image a single run with seed s+k−1 makes, byte for byte.
+#[test]
+fn batch_count_makes_consecutive_seeds() {
+    let t = tempfile::tempdir().unwrap();
+    let pattern = t.path().join("cat_%d.png");
+    let o = generate(demo_plan(), &pattern, &["--quiet", "-s", "5", "-b", "3"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for (k, seed) in [(1, "5"), (2, "6"), (3, "7")] {
+        let png = std::fs::read(t.path().join(format!("cat_{k}.png"))).unwrap();
+        let text = png_text(&png);
+        let (_, _, f) = a1111(&text.iter().find(|(k, _)| k == "parameters").unwrap().1);
+        assert_eq!(f["Seed"], seed, "image {k}");
+    }
+    let single = t.path().join("single.png");
+    let o = generate(demo_plan(), &single, &["--quiet", "-s", "6"]);
+    assert!(o.status.success());
+    assert_eq!(
+        std::fs::read(&single).unwrap(),
+        std::fs::read(t.path().join("cat_2.png")).unwrap(),
+        "image 2 of the batch differs from a run with seed 6"
+    );
+    // Without %d: _1, _2 before the extension.
+    let plain = t.path().join("dog.png");
+    let o = generate(demo_plan(), &plain, &["--quiet", "-b", "2"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(t.path().join("dog_1.png").exists() && t.path().join("dog_2.png").exists());
+    assert!(!plain.exists());
+    for (args, text) in [
+        (vec!["-b", "0"], "-b/--batch-count 0: expected 1 to 1000"),
+        (
+            vec!["-b", "2", "--init-latents", "x.safetensors"],
+            "with --init-latents",
+        ),
+    ] {
+        let out = t.path().join("refused_%d.png");
+        let o = generate(demo_plan(), &out, &args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(text), "{args:?}: {err}");
+    }
+}

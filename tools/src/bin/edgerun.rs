@@ -289,9 +289,14 @@ struct GenArgs {
     /// Image height in pixels (default: the plan's only size).
     #[arg(short = 'H', long = "height")]
     height: Option<u32>,
-    /// Output PNG (the name must end in .png, or have no extension).
+    /// Output PNG (the name must end in .png, or have no extension). With `-b N`, `%d` in the
+    /// name is replaced by the image's number (1…N); without `%d`, `_1`…`_N` is added before
+    /// the extension.
     #[arg(short = 'o', long = "output", default_value = "output.png")]
     output: PathBuf,
+    /// Images to make, with seeds s, s+1, … (stable-diffusion.cpp's `-b`).
+    #[arg(short = 'b', long = "batch-count", default_value_t = 1)]
+    batch_count: usize,
     /// Worker threads (default: one per core).
     #[arg(short = 't', long = "threads", default_value_t = 0)]
     threads: usize,
@@ -358,6 +363,27 @@ fn read_latents(path: &Path, shape: &[usize]) -> Result<Vec<f32>> {
         );
     }
     Ok(v)
+}
+
+/// The name of image `i` of `n`: `%d` replaced by `i + 1`; without `%d`, `_{i + 1}` before
+/// the extension when `n > 1`; the name itself for one image.
+fn batch_name(path: &Path, i: usize, n: usize) -> PathBuf {
+    let text = path.to_string_lossy();
+    if text.contains("%d") {
+        return PathBuf::from(text.replace("%d", &(i + 1).to_string()));
+    }
+    if n == 1 {
+        return path.to_path_buf();
+    }
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let name = match path.extension() {
+        Some(e) => format!("{stem}_{}.{}", i + 1, e.to_string_lossy()),
+        None => format!("{stem}_{}", i + 1),
+    };
+    path.with_file_name(name)
 }
 
 /// Refuses an output name whose extension says another format than the one written: `-o
@@ -578,10 +604,23 @@ fn generate(a: GenArgs) -> Result<()> {
     if let Some(p) = &a.trusted_key {
         inputs.push(("--trusted-key", p));
     }
-    let mut outputs: Vec<(&str, &Path)> = vec![("-o", a.output.as_path())];
-    if let Some(p) = &a.latents_out {
-        outputs.push(("--latents-out", p));
+    if !(1..=1000).contains(&a.batch_count) {
+        bail!("-b/--batch-count {}: expected 1 to 1000", a.batch_count);
     }
+    if a.batch_count > 1 && a.init_latents.is_some() {
+        bail!("-b {} with --init-latents: the file gives one noise, every image would start from it; give one image per file", a.batch_count);
+    }
+    let count = a.batch_count;
+    let pngs: Vec<PathBuf> = (0..count)
+        .map(|i| batch_name(&a.output, i, count))
+        .collect();
+    let latent_files: Vec<PathBuf> = a
+        .latents_out
+        .iter()
+        .flat_map(|p| (0..count).map(move |i| batch_name(p, i, count)))
+        .collect();
+    let mut outputs: Vec<(&str, &Path)> = pngs.iter().map(|p| ("-o", p.as_path())).collect();
+    outputs.extend(latent_files.iter().map(|p| ("--latents-out", p.as_path())));
     refuse_clobber(&inputs, &outputs)?;
     check_extension("-o", &a.output, "PNG", "png")?;
     if let Some(p) = &a.latents_out {
@@ -697,121 +736,134 @@ fn generate(a: GenArgs) -> Result<()> {
             )
         })?;
     }
-    let params = GenerateParams {
-        prompt: a.prompt.clone(),
-        negative_prompt: a.negative_prompt.clone(),
-        steps: a.steps,
-        cfg_scale: a.cfg_scale,
-        method,
-        seed,
-        width,
-        height,
-        rng,
-        karras,
-        init_latents,
-    };
-    // A bar on a terminal; plain lines otherwise (logs, systemd), so progress is never silent.
-    let lines = !a.quiet && !std::io::stderr().is_terminal();
-    let bar = ProgressBar::new(a.steps as u64);
-    if a.quiet || lines {
-        bar.set_draw_target(ProgressDrawTarget::hidden());
-    } else {
-        bar.set_style(
-            ProgressStyle::with_template("{msg:>10} [{bar:30}] {pos}/{len} {elapsed_precise}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        bar.set_message("encoding");
-    }
     let mut timings: HashMap<&str, f64> = HashMap::new();
     // With -v, the resident-set peak of each phase (VmHWM reset at each phase's start).
     let mut phase_peak: HashMap<&str, u64> = HashMap::new();
-    let mut phase_end = |name: &'static str| {
+    let mut last_out = None;
+    for i in 0..count {
+        let seed = seed.wrapping_add(i as u64);
+        let output = &pngs[i];
+        if count > 1 && !a.quiet {
+            say!("image {}/{count} (seed {seed})", i + 1);
+        }
+        let params = GenerateParams {
+            prompt: a.prompt.clone(),
+            negative_prompt: a.negative_prompt.clone(),
+            steps: a.steps,
+            cfg_scale: a.cfg_scale,
+            method,
+            seed,
+            width,
+            height,
+            rng,
+            karras,
+            init_latents: init_latents.clone(),
+        };
+        // A bar on a terminal; plain lines otherwise (logs, systemd), so progress is never silent.
+        let lines = !a.quiet && !std::io::stderr().is_terminal();
+        let bar = ProgressBar::new(a.steps as u64);
+        if a.quiet || lines {
+            bar.set_draw_target(ProgressDrawTarget::hidden());
+        } else {
+            bar.set_style(
+                ProgressStyle::with_template("{msg:>10} [{bar:30}] {pos}/{len} {elapsed_precise}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            bar.set_message("encoding");
+        }
+        timings.clear();
+        let mut phase_end = |name: &'static str| {
+            if a.verbose {
+                phase_peak.insert(name, peak_rss_kib().unwrap_or(0));
+                reset_peak_rss();
+            }
+        };
         if a.verbose {
-            phase_peak.insert(name, peak_rss_kib().unwrap_or(0));
             reset_peak_rss();
         }
-    };
-    if a.verbose {
-        reset_peak_rss();
-    }
-    let mut last = Instant::now();
-    let out = edge_runtime::generate(&mut session, &params, &mut |p| {
-        let now = Instant::now();
-        let dt = (now - last).as_secs_f64();
-        last = now;
-        match p {
-            Progress::Encoded => {
-                phase_end("encode");
-                timings.insert("encode", dt);
-                bar.set_message("sampling");
-                if lines {
-                    say!("encoded the prompt in {dt:.2}s");
+        let mut last = Instant::now();
+        let out = edge_runtime::generate(&mut session, &params, &mut |p| {
+            let now = Instant::now();
+            let dt = (now - last).as_secs_f64();
+            last = now;
+            match p {
+                Progress::Encoded => {
+                    phase_end("encode");
+                    timings.insert("encode", dt);
+                    bar.set_message("sampling");
+                    if lines {
+                        say!("encoded the prompt in {dt:.2}s");
+                    }
+                }
+                Progress::Step { done, total } => {
+                    if done == total {
+                        phase_end("sample");
+                    }
+                    *timings.entry("sample").or_default() += dt;
+                    bar.set_position(done as u64);
+                    if lines {
+                        say!("step {done}/{total} in {dt:.2}s");
+                    }
+                }
+                Progress::Decoded => {
+                    phase_end("decode");
+                    timings.insert("decode", dt);
+                    bar.set_message("decoded");
+                    if lines {
+                        say!("decoded the latents in {dt:.2}s");
+                    }
                 }
             }
-            Progress::Step { done, total } => {
-                if done == total {
-                    phase_end("sample");
-                }
-                *timings.entry("sample").or_default() += dt;
-                bar.set_position(done as u64);
-                if lines {
-                    say!("step {done}/{total} in {dt:.2}s");
-                }
-            }
-            Progress::Decoded => {
-                phase_end("decode");
-                timings.insert("decode", dt);
-                bar.set_message("decoded");
-                if lines {
-                    say!("decoded the latents in {dt:.2}s");
-                }
-            }
+        })?;
+        bar.finish_and_clear();
+        if out.truncated {
+            say!(
+                "warning: the prompt was longer than the plan's {} tokens and was truncated",
+                meta.text.max_sequence_length
+            );
         }
-    })?;
-    bar.finish_and_clear();
-    if out.truncated {
-        say!(
-            "warning: the prompt was longer than the plan's {} tokens and was truncated",
-            meta.text.max_sequence_length
-        );
+        if let Some(p) = latent_files.get(i) {
+            write_latents(p, &out.latents, &lshape)?;
+        }
+        let plan_name = a
+            .plan
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        let digest = edge_schema::header::encode_hex(&plan.digest());
+        let fields = edge_runtime::parameters::GenerationInfo {
+            prompt: a.prompt.clone(),
+            negative_prompt: a.negative_prompt.clone(),
+            steps: a.steps,
+            sampler: method,
+            cfg_scale: a.cfg_scale,
+            seed,
+            rng,
+            karras: karras_used,
+            width,
+            height,
+            model: meta.model.name.clone(),
+            plan_name,
+            plan_digest: digest,
+            init_latents: a
+                .init_latents
+                .as_ref()
+                .and_then(|p| p.file_name())
+                .map(|n| n.to_string_lossy().to_string()),
+        };
+        edge_runtime::image::write_png(output, &out.rgb, width, height, &fields.png_text())?;
+        if !a.quiet {
+            say!(
+                "wrote {} ({width}x{height}) in {:.2}s",
+                output.display(),
+                t0.elapsed().as_secs_f64()
+            );
+        }
+        last_out = Some(out);
     }
-    if let Some(p) = &a.latents_out {
-        write_latents(p, &out.latents, &lshape)?;
-    }
-    let plan_name = a
-        .plan
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_default();
-    let digest = edge_schema::header::encode_hex(&plan.digest());
-    let fields = edge_runtime::parameters::GenerationInfo {
-        prompt: a.prompt.clone(),
-        negative_prompt: a.negative_prompt.clone(),
-        steps: a.steps,
-        sampler: method,
-        cfg_scale: a.cfg_scale,
-        seed,
-        rng,
-        karras: karras_used,
-        width,
-        height,
-        model: meta.model.name.clone(),
-        plan_name,
-        plan_digest: digest,
-        init_latents: a
-            .init_latents
-            .as_ref()
-            .and_then(|p| p.file_name())
-            .map(|n| n.to_string_lossy().to_string()),
+    let Some(out) = last_out else {
+        return Ok(());
     };
-    edge_runtime::image::write_png(&a.output, &out.rgb, width, height, &fields.png_text())?;
-    if !a.quiet {
-        say!(
-            "wrote {} ({width}x{height}) in {:.2}s",
-            a.output.display(),
-            t0.elapsed().as_secs_f64()
-        );
-    }
     if a.verbose {
         let per_step: Vec<String> = out
             .streamed_per_step
