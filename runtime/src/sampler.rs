@@ -80,11 +80,14 @@ pub enum SamplingMethod {
     /// LCM, `LCMScheduler` (50 original steps, timestep scaling 10): noise drawn before every
     /// step but the last.
     Lcm,
+    /// UniPC, `UniPCMultistepScheduler` (B(h) = expm1 "bh2", data prediction, the UniC
+    /// corrector after every step but the first, UniP predictor of the config's order).
+    UniPc,
 }
 
 impl SamplingMethod {
     /// Every method.
-    pub const ALL: [SamplingMethod; 7] = [
+    pub const ALL: [SamplingMethod; 8] = [
         SamplingMethod::DpmPp2m,
         SamplingMethod::Euler,
         SamplingMethod::EulerAncestral,
@@ -92,11 +95,13 @@ impl SamplingMethod {
         SamplingMethod::Dpm2,
         SamplingMethod::Ddim,
         SamplingMethod::Lcm,
+        SamplingMethod::UniPc,
     ];
 
     /// The names [`FromStr`] accepts (case-insensitive).
-    pub const ACCEPTED: [&'static str; 10] = [
+    pub const ACCEPTED: [&'static str; 11] = [
         "dpm++2m", "dpmpp2m", "dpm++", "dpmpp", "euler", "euler_a", "heun", "dpm2", "ddim", "lcm",
+        "unipc",
     ];
 
     /// The canonical name (stable-diffusion.cpp's where it has one).
@@ -109,6 +114,7 @@ impl SamplingMethod {
             SamplingMethod::Dpm2 => "dpm2",
             SamplingMethod::Ddim => "ddim",
             SamplingMethod::Lcm => "lcm",
+            SamplingMethod::UniPc => "unipc",
         }
     }
 
@@ -122,6 +128,7 @@ impl SamplingMethod {
             SamplingMethod::Dpm2 => "DPM2",
             SamplingMethod::Ddim => "DDIM",
             SamplingMethod::Lcm => "LCM",
+            SamplingMethod::UniPc => "UniPC",
         }
     }
 
@@ -136,6 +143,7 @@ impl SamplingMethod {
             SchedulerClass::KDpm2Discrete => SamplingMethod::Dpm2,
             SchedulerClass::Ddim => SamplingMethod::Ddim,
             SchedulerClass::Lcm => SamplingMethod::Lcm,
+            SchedulerClass::UniPcMultistep => SamplingMethod::UniPc,
         }
     }
 
@@ -167,6 +175,7 @@ impl FromStr for SamplingMethod {
             "dpm2" => Ok(SamplingMethod::Dpm2),
             "ddim" => Ok(SamplingMethod::Ddim),
             "lcm" => Ok(SamplingMethod::Lcm),
+            "unipc" => Ok(SamplingMethod::UniPc),
             _ => Err(SamplerError::UnknownMethod {
                 name: s.to_string(),
             }),
@@ -388,7 +397,9 @@ pub fn schedule(
         SamplingMethod::DpmPp2m if cfg.use_karras_sigmas => {
             dpm_karras_schedule(&tables, steps, sigma_last)
         }
-        SamplingMethod::DpmPp2m => dpm_schedule(cfg, &tables, steps, sigma_last),
+        SamplingMethod::DpmPp2m | SamplingMethod::UniPc => {
+            dpm_schedule(cfg, &tables, steps, sigma_last)
+        }
         SamplingMethod::Euler | SamplingMethod::EulerAncestral => {
             euler_schedule(cfg, &tables, steps, sigma_last)
         }
@@ -726,6 +737,35 @@ fn lcm_schedule(
     Ok(alpha_schedule(timesteps, prev_timesteps, tables))
 }
 
+/// UniC's `R` (rows `rks^0`, `rks^1` with `rks = [rk, 1]`) and `b` (`h_phi_k · k! / B_h`,
+/// `h_phi_1 = expm1(hh) / hh − 1`, `h_phi_2 = h_phi_1 / hh − 1/2`) for order 2.
+fn unipc_rb(rk: f32, hh: f32, b_h: f32) -> ([[f32; 2]; 2], [f32; 2]) {
+    let mut h_phi_k = hh.exp_m1() / hh - 1.0;
+    let mut factorial = 1.0f32;
+    let mut b = [0f32; 2];
+    for (k, bk) in b.iter_mut().enumerate() {
+        *bk = h_phi_k * factorial / b_h;
+        factorial *= (k + 2) as f32;
+        h_phi_k = h_phi_k / hh - 1.0 / factorial;
+    }
+    ([[1.0, 1.0], [rk, 1.0]], b)
+}
+
+/// `torch.linalg.solve` of a 2×2 system by LU with partial pivoting (LAPACK `sgesv`).
+fn solve2(a: [[f32; 2]; 2], b: [f32; 2]) -> [f32; 2] {
+    let (a, b) = if a[1][0].abs() > a[0][0].abs() {
+        ([a[1], a[0]], [b[1], b[0]])
+    } else {
+        (a, b)
+    };
+    let l = a[1][0] / a[0][0];
+    let u22 = a[1][1] - l * a[0][1];
+    let y2 = b[1] - l * b[0];
+    let x2 = y2 / u22;
+    let x1 = (b[0] - a[0][1] * x2) / a[0][0];
+    [x1, x2]
+}
+
 /// LCM's boundary-condition scalings at timestep `t`: `c_skip = σ_d²/((10t)² + σ_d²)`,
 /// `c_out = 10t/sqrt((10t)² + σ_d²)`, σ_d = 0.5, in f32 as diffusers' tensors.
 pub fn lcm_scalings(t: f32) -> (f32, f32) {
@@ -811,7 +851,8 @@ pub struct Sampler {
     next_step: usize,
     /// DDIM, LCM: `alphas_cumprod` of the train schedule.
     alphas_cumprod: Vec<f32>,
-    /// Heun, DPM2: the latents at the start of the interval (`self.sample`), `[latent_len]`.
+    /// Heun, DPM2: the latents at the start of the interval (`self.sample`); UniPC: the data
+    /// prediction of the step before the last; `[latent_len]`.
     stash: Vec<f32>,
     /// Heun: the first call's derivative, `[latent_len]`.
     prev_derivative: Vec<f32>,
@@ -819,6 +860,10 @@ pub struct Sampler {
     heun_dt: f32,
     /// Heun, DPM2: the next call is the first of an interval.
     first_order: bool,
+    /// UniPC: the sample before the last predictor (`last_sample`), `[latent_len]`.
+    last_sample: Vec<f32>,
+    /// UniPC: the order of the last predictor (`this_order`).
+    last_order: u32,
 }
 
 impl Sampler {
@@ -834,11 +879,11 @@ impl Sampler {
     ) -> Result<Self, SamplerError> {
         let schedule = schedule(cfg, method, steps)?;
         let history = match method {
-            SamplingMethod::DpmPp2m => latent_len,
+            SamplingMethod::DpmPp2m | SamplingMethod::UniPc => latent_len,
             _ => 0,
         };
         let stash = match method {
-            SamplingMethod::Heun | SamplingMethod::Dpm2 => latent_len,
+            SamplingMethod::Heun | SamplingMethod::Dpm2 | SamplingMethod::UniPc => latent_len,
             _ => 0,
         };
         let alphas_cumprod = match method {
@@ -871,6 +916,15 @@ impl Sampler {
             ],
             heun_dt: 0.0,
             first_order: true,
+            last_sample: vec![
+                0.0;
+                if method == SamplingMethod::UniPc {
+                    latent_len
+                } else {
+                    0
+                }
+            ],
+            last_order: 0,
         })
     }
 
@@ -944,7 +998,10 @@ impl Sampler {
         self.check("latents", latents.len())?;
         self.check("scaled output", out.len())?;
         let sigma = match self.method {
-            SamplingMethod::DpmPp2m | SamplingMethod::Ddim | SamplingMethod::Lcm => {
+            SamplingMethod::DpmPp2m
+            | SamplingMethod::Ddim
+            | SamplingMethod::Lcm
+            | SamplingMethod::UniPc => {
                 out.copy_from_slice(latents);
                 return Ok(());
             }
@@ -1025,6 +1082,7 @@ impl Sampler {
             SamplingMethod::Dpm2 => self.dpm2_step(step_index, model_output, latents),
             SamplingMethod::Ddim => self.ddim_step(step_index, model_output, latents),
             SamplingMethod::Lcm => self.lcm_step(step_index, model_output, latents, noise),
+            SamplingMethod::UniPc => self.unipc_step(step_index, model_output, latents),
         }
         self.next_step = step_index + 1;
         Ok(())
@@ -1275,6 +1333,112 @@ impl Sampler {
                 Some(n) => sa_prev * denoised + sb_prev * n[j],
                 None => denoised,
             };
+        }
+    }
+
+    /// `UniPCMultistepScheduler.step` (predict_x0, bh2, orders 1–2, no disabled corrector):
+    /// the data prediction `m` of this step; from the second step the UniC corrector
+    /// (`multistep_uni_c_bh_update`) replaces the sample with one that also uses `m`; then
+    /// the history shifts and the UniP predictor (`multistep_uni_p_bh_update`) of order
+    /// `min(solver_order, S − i, steps so far + 1)` steps to the next sigma. Scalars in f32 as
+    /// diffusers' tensors.
+    fn unipc_step(&mut self, i: usize, model_output: &[f32], x: &mut [f32]) {
+        let sig = &self.schedule.sigmas;
+        let lambda_of = |sigma: f32| {
+            let (a, s) = alpha_sigma(sigma);
+            lambda(a, s)
+        };
+        // convert_model_output: this step's data prediction, kept in `x0`.
+        let (alpha_i, sigma_i) = alpha_sigma(sig[i]);
+        match self.prediction {
+            PredictionType::Epsilon => {
+                for ((d, &xv), &e) in self.x0.iter_mut().zip(x.iter()).zip(model_output) {
+                    *d = (xv - sigma_i * e) / alpha_i;
+                }
+            }
+            PredictionType::VPrediction => {
+                for ((d, &xv), &v) in self.x0.iter_mut().zip(x.iter()).zip(model_output) {
+                    *d = alpha_i * xv - sigma_i * v;
+                }
+            }
+            PredictionType::Sample => self.x0.copy_from_slice(model_output),
+        }
+        // The corrector: x (the predictor's output) from last_sample with the previous data
+        // prediction m0 = x0_prev, this step's output x0, and for order 2 the one before
+        // (kept in `stash`).
+        if i > 0 {
+            let order = self.last_order;
+            let (alpha_t, sigma_t) = alpha_sigma(sig[i]);
+            let (_, sigma_s0) = alpha_sigma(sig[i - 1]);
+            let h = lambda_of(sig[i]) - lambda_of(sig[i - 1]);
+            let hh = -h;
+            let h_phi_1 = hh.exp_m1();
+            let b_h = hh.exp_m1();
+            let ratio = sigma_t / sigma_s0;
+            let coef = alpha_t * h_phi_1;
+            let ab = alpha_t * b_h;
+            if order >= 2 {
+                let rk = (lambda_of(sig[i - 2]) - lambda_of(sig[i - 1])) / h;
+                let (r, b) = unipc_rb(rk, hh, b_h);
+                let rhos = solve2(r, b);
+                for ((((xv, &ls), &m0), &m1), &mt) in x
+                    .iter_mut()
+                    .zip(&self.last_sample)
+                    .zip(&self.x0_prev)
+                    .zip(&self.stash)
+                    .zip(&self.x0)
+                {
+                    let d1 = (m1 - m0) / rk;
+                    let corr = rhos[0] * d1;
+                    let x_t_ = ratio * ls - coef * m0;
+                    *xv = x_t_ - ab * (corr + rhos[1] * (mt - m0));
+                }
+            } else {
+                for (((xv, &ls), &m0), &mt) in x
+                    .iter_mut()
+                    .zip(&self.last_sample)
+                    .zip(&self.x0_prev)
+                    .zip(&self.x0)
+                {
+                    let x_t_ = ratio * ls - coef * m0;
+                    *xv = x_t_ - ab * (0.0 + 0.5 * (mt - m0));
+                }
+            }
+        }
+        // Shift the history: stash ← m_{i−1}, x0_prev ← m_i.
+        std::mem::swap(&mut self.stash, &mut self.x0_prev);
+        std::mem::swap(&mut self.x0_prev, &mut self.x0);
+        let steps = self.steps();
+        let mut order = self.solver_order;
+        if self.lower_order_final {
+            order = order.min((steps - i) as u32);
+        }
+        order = order.min(self.lower_order_nums + 1);
+        self.last_order = order;
+        self.last_sample.copy_from_slice(x);
+        // The predictor from m0 = x0_prev (this step) and m1 = stash (the previous one).
+        let (alpha_t, sigma_t) = alpha_sigma(sig[i + 1]);
+        let (_, sigma_s0) = alpha_sigma(sig[i]);
+        let h = lambda_of(sig[i + 1]) - lambda_of(sig[i]);
+        let hh = -h;
+        let h_phi_1 = hh.exp_m1();
+        let b_h = hh.exp_m1();
+        let ratio = sigma_t / sigma_s0;
+        let coef = alpha_t * h_phi_1;
+        let ab = alpha_t * b_h;
+        if order >= 2 {
+            let rk = (lambda_of(sig[i - 1]) - lambda_of(sig[i])) / h;
+            for ((xv, &m0), &m1) in x.iter_mut().zip(&self.x0_prev).zip(&self.stash) {
+                let d1 = (m1 - m0) / rk;
+                *xv = (ratio * *xv - coef * m0) - ab * (0.5 * d1);
+            }
+        } else {
+            for (xv, &m0) in x.iter_mut().zip(&self.x0_prev) {
+                *xv = (ratio * *xv - coef * m0) - ab * 0.0;
+            }
+        }
+        if self.lower_order_nums < self.solver_order {
+            self.lower_order_nums += 1;
         }
     }
 

@@ -38,6 +38,8 @@ pub enum SchedulerClass {
     Ddim,
     /// `LCMScheduler` (PixArt-LCM: 50 original steps, timestep scaling 10).
     Lcm,
+    /// `UniPCMultistepScheduler` (bh2, predict_x0).
+    UniPcMultistep,
 }
 
 impl SchedulerClass {
@@ -51,11 +53,12 @@ impl SchedulerClass {
             SchedulerClass::KDpm2Discrete => "KDPM2DiscreteScheduler",
             SchedulerClass::Ddim => "DDIMScheduler",
             SchedulerClass::Lcm => "LCMScheduler",
+            SchedulerClass::UniPcMultistep => "UniPCMultistepScheduler",
         }
     }
 
     /// Every class a plan may name.
-    pub const ALL: [SchedulerClass; 7] = [
+    pub const ALL: [SchedulerClass; 8] = [
         SchedulerClass::DpmSolverMultistep,
         SchedulerClass::EulerDiscrete,
         SchedulerClass::EulerAncestralDiscrete,
@@ -63,6 +66,7 @@ impl SchedulerClass {
         SchedulerClass::KDpm2Discrete,
         SchedulerClass::Ddim,
         SchedulerClass::Lcm,
+        SchedulerClass::UniPcMultistep,
     ];
 }
 

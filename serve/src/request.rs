@@ -94,7 +94,7 @@ pub const DEFAULT_CFG_SCALE: f32 = 4.5;
 
 /// The samplers in AUTOMATIC1111's spelling with their aliases, as `GET /sdapi/v1/samplers`
 /// lists them.
-pub const SAMPLERS: [(&str, SamplingMethod, &[&str]); 7] = [
+pub const SAMPLERS: [(&str, SamplingMethod, &[&str]); 8] = [
     (
         "DPM++ 2M",
         SamplingMethod::DpmPp2m,
@@ -110,6 +110,7 @@ pub const SAMPLERS: [(&str, SamplingMethod, &[&str]); 7] = [
     ("DPM2", SamplingMethod::Dpm2, &["k_dpm_2", "dpm2"]),
     ("DDIM", SamplingMethod::Ddim, &["ddim"]),
     ("LCM", SamplingMethod::Lcm, &["lcm"]),
+    ("UniPC", SamplingMethod::UniPc, &["unipc"]),
 ];
 
 /// A sampler named in A1111 spelling (`DPM++ 2M`, `Euler`), by an A1111 alias (`k_euler`) or

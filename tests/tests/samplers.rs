@@ -1,6 +1,7 @@
 //! The samplers beyond DPM-Solver++ and Euler against diffusers' own runs
 //! (`tests/fixtures/samplers/`, README §10 of the shared set): the real pixart-sigma-tiny
-//! pipeline, "a lovely cat", 64×64, with Euler ancestral, Heun, KDPM2 (`dpm2`), DDIM and LCM.
+//! pipeline, "a lovely cat", 64×64, with Euler ancestral, Heun, KDPM2 (`dpm2`), DDIM, LCM,
+//! UniPC and DPM-Solver++ with karras sigmas.
 //! Deterministic samplers start from the stored initial noise; the stochastic ones (Euler
 //! ancestral, LCM) draw it and every step's noise from `torch.Generator("cpu").manual_seed(7)`.
 //! Checked: the schedule (timesteps, sigmas, midpoints), the final latents within
@@ -172,6 +173,19 @@ fn dpm_karras() {
 }
 
 #[test]
+fn unipc() {
+    for n in [4, 8, 20] {
+        run(
+            &format!("unipc_{n}_cat_64x64"),
+            SamplingMethod::UniPc,
+            n,
+            4.5,
+            false,
+        );
+    }
+}
+
+#[test]
 fn lcm() {
     run("lcm_4_g0_cat_64x64", SamplingMethod::Lcm, 4, 0.0, true);
     run("lcm_4_g1_cat_64x64", SamplingMethod::Lcm, 4, 1.0, true);
@@ -267,4 +281,41 @@ fn an_lcm_folder_defaults_to_lcm_and_matches_its_reference() {
         .max()
         .unwrap();
     assert!(worst <= 1, "lcm folder: PNG off by {worst} levels");
+}
+
+/// Replays diffusers' guided model outputs (`trace.noise_pred`) through our step from the same
+/// latents, call by call.
+fn replay(key: &str, method: SamplingMethod, steps: usize) -> f64 {
+    let r = read_safetensors(&fixture(&format!("samplers/pipeline_{key}.safetensors")));
+    let before = &r["trace.latents_before_step"];
+    let after = &r["trace.latents_after_step"];
+    let eps = &r["trace.noise_pred"];
+    let calls = before.shape[0];
+    let n = before.data.len() / calls;
+    let mut s = Sampler::new(&SchedulerConfig::pixart(), method, steps, n).unwrap();
+    let mut worst = 0f64;
+    for c in 0..calls {
+        let e = &eps.data[c * n..(c + 1) * n];
+        let mut xi = before.data[c * n..(c + 1) * n].to_vec();
+        s.step(c, e, &mut xi).unwrap();
+        let want = &after.data[c * n..(c + 1) * n];
+        let err = edge_e2e::max_abs_diff(&xi, want) / edge_e2e::max_abs(want).max(1.0);
+        worst = worst.max(err);
+    }
+    worst
+}
+
+#[test]
+fn scheduler_steps_replay_diffusers_outputs() {
+    for (key, m, n) in [
+        ("unipc_4_cat_64x64", SamplingMethod::UniPc, 4),
+        ("unipc_8_cat_64x64", SamplingMethod::UniPc, 8),
+        ("unipc_20_cat_64x64", SamplingMethod::UniPc, 20),
+        ("heun_8_cat_64x64", SamplingMethod::Heun, 8),
+        ("kdpm2_8_cat_64x64", SamplingMethod::Dpm2, 8),
+        ("ddim_8_cat_64x64", SamplingMethod::Ddim, 8),
+    ] {
+        let w = replay(key, m, n);
+        assert!(w < 1e-4, "{key}: step replay off by {w:.2e}");
+    }
 }

@@ -307,7 +307,7 @@ impl Fields<'_> {
             return Err(self.unsupported(
                 "_class_name",
                 format!("{class_name:?}"),
-                "\"DPMSolverMultistepScheduler\", \"EulerDiscreteScheduler\", \"EulerAncestralDiscreteScheduler\", \"HeunDiscreteScheduler\", \"KDPM2DiscreteScheduler\", \"DDIMScheduler\", \"LCMScheduler\"",
+                "\"DPMSolverMultistepScheduler\", \"EulerDiscreteScheduler\", \"EulerAncestralDiscreteScheduler\", \"HeunDiscreteScheduler\", \"KDPM2DiscreteScheduler\", \"DDIMScheduler\", \"LCMScheduler\", \"UniPCMultistepScheduler\"",
             ));
         };
         // What the runtime's DDIM and LCM steps assume (their classes' defaults).
@@ -334,6 +334,26 @@ impl Fields<'_> {
                     self.number_or("clip_sample_range", 1.0)?.to_string(),
                     "1.0",
                 ));
+            }
+        }
+        if class == SchedulerClass::UniPcMultistep {
+            // The runtime implements UniPC's B(h) = expm1 (bh2; diffusers maps the DPM names
+            // midpoint, heun and logrho to it), data prediction and an enabled corrector.
+            let st = self.str_or("solver_type", "bh2")?;
+            if !matches!(st, "bh2" | "midpoint" | "heun" | "logrho") {
+                return Err(self.unsupported("solver_type", format!("{st:?}"), "\"bh2\""));
+            }
+            if !self.bool_or("predict_x0", true)? {
+                return Err(self.unsupported("predict_x0", "false".to_string(), "true"));
+            }
+            if let Some(Json::Array(v)) = self.get("disable_corrector") {
+                if !v.is_empty() {
+                    return Err(self.unsupported(
+                        "disable_corrector",
+                        v.len().to_string() + " steps",
+                        "[]",
+                    ));
+                }
             }
         }
         if lcm {

@@ -258,7 +258,7 @@ struct GenArgs {
     /// Classifier-free guidance scale (≤ 1 disables guidance).
     #[arg(long = "cfg-scale", default_value_t = 4.5)]
     cfg_scale: f32,
-    /// Sampler: dpm++2m, euler, euler_a, heun, dpm2, ddim or lcm (stable-diffusion.cpp's
+    /// Sampler: dpm++2m, euler, euler_a, heun, dpm2, ddim, lcm or unipc (stable-diffusion.cpp's
     /// names; heun and dpm2 call the denoiser 2·steps − 1 times; euler_a and lcm draw noise
     /// from the seed's generator at each step). Default: the one the plan's scheduler config
     /// names (dpm++2m for PixArt's DPMSolverMultistepScheduler, lcm for a PixArt-LCM folder).
