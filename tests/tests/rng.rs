@@ -159,6 +159,9 @@ fn seeded_matches(run: &str, method: SamplingMethod, steps: usize, seed: u64) {
         init_latents: None,
     };
     let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();
+    let refl = &r["final_latents"].data;
+    let err = edge_e2e::max_abs_diff(&out.latents, refl) / edge_e2e::max_abs(refl).max(1.0);
+    eprintln!("seeded {run}: final latents max |diff| / max(1, max|ref|) = {err:.2e}");
     assert_close(
         &format!("seeded {run} final latents"),
         &out.latents,
