@@ -1193,6 +1193,8 @@ impl Sampler {
     /// (its derivative and `dt` kept), the second averages the derivatives at `σ` and at `σ'`
     /// (x0 from the second call's output at `σ'`) and steps from the interval's start.
     fn heun_step(&mut self, i: usize, model_output: &[f32], x: &mut [f32]) {
+        // The element loops zip these buffers: a short one would make the step a no-op.
+        debug_assert_eq!(self.stash.len(), x.len());
         let sig = &self.schedule.sigmas;
         if self.first_order {
             let (sigma, sigma_next) = (sig[i], sig[i + 1]);
@@ -1246,6 +1248,8 @@ impl Sampler {
     /// midpoint `m`; the second, with the output at `m`, steps the interval's start to `σ'`
     /// along `(x_m − x0)/m`.
     fn dpm2_step(&mut self, i: usize, model_output: &[f32], x: &mut [f32]) {
+        // The element loops zip these buffers: a short one would make the step a no-op.
+        debug_assert_eq!(self.stash.len(), x.len());
         let sig = &self.schedule.sigmas;
         let ip = &self.schedule.sigmas_interpol;
         if self.first_order {
@@ -1343,6 +1347,8 @@ impl Sampler {
     /// `min(solver_order, S − i, steps so far + 1)` steps to the next sigma. Scalars in f32 as
     /// diffusers' tensors.
     fn unipc_step(&mut self, i: usize, model_output: &[f32], x: &mut [f32]) {
+        // The element loops zip these buffers: a short one would make the step a no-op.
+        debug_assert_eq!(self.stash.len(), x.len());
         let sig = &self.schedule.sigmas;
         let lambda_of = |sigma: f32| {
             let (a, s) = alpha_sigma(sigma);
