@@ -296,6 +296,14 @@ pub fn generate_with(
             reason: format!("{} is not a finite number", params.cfg_scale),
         });
     }
+    // The sampler first: a schedule that cannot run is refused before any work.
+    let den = &meta.stages[size.denoiser_stage as usize];
+    let latent_len = numel(den, den.inputs[0]);
+    let mut scheduler = meta.scheduler.clone();
+    if let Some(k) = params.karras {
+        scheduler.use_karras_sigmas = k;
+    }
+    let mut sampler = Sampler::new(&scheduler, params.method, params.steps, latent_len)?;
     let tokenizer = Tokenizer::new(&meta.tokenizer).map_err(|e| Error::Tokenizer(e.to_string()))?;
     let guided = params.cfg_scale > 1.0;
     let (ctx_c, mask_c, trunc_c) = encode_text(session, &tokenizer, &params.prompt)?;
@@ -311,8 +319,6 @@ pub fn generate_with(
     session.plan().check_unchanged()?;
     report(Progress::Encoded)?;
 
-    let den = &meta.stages[size.denoiser_stage as usize];
-    let latent_len = numel(den, den.inputs[0]);
     // One generator for the initial noise (unless given) and then the per-step noise of
     // stochastic samplers, as diffusers passes one generator to both.
     let mut noise = crate::rng::NoiseStream::new(params.rng, params.seed);
@@ -336,11 +342,6 @@ pub fn generate_with(
             n
         }
     };
-    let mut scheduler = meta.scheduler.clone();
-    if let Some(k) = params.karras {
-        scheduler.use_karras_sigmas = k;
-    }
-    let mut sampler = Sampler::new(&scheduler, params.method, params.steps, latent_len)?;
     let sigma0 = sampler.init_noise_sigma();
     for x in latents.iter_mut() {
         *x *= sigma0;

@@ -30,8 +30,23 @@ pub enum SamplerError {
     #[error("invalid scheduler config: {0}")]
     InvalidConfig(String),
     /// The requested number of inference steps is out of range.
-    #[error("{steps} inference steps requested (--steps); expected 1..={max} (the scheduler's num_train_timesteps)")]
-    BadSteps { steps: usize, max: u32 },
+    #[error("{steps} inference steps requested (--steps); expected 1..={max} ({what})")]
+    BadSteps {
+        steps: usize,
+        max: u32,
+        /// What bounds the count.
+        what: &'static str,
+    },
+    /// The schedule repeats a timestep (e.g. 1000 linspace steps over 1000 train timesteps
+    /// round two of them to 500): a multistep solver would divide by a zero step.
+    #[error("{steps} inference steps give the timestep {t} twice (steps {i} and {j}) with {method}; choose fewer steps")]
+    RepeatedTimestep {
+        steps: usize,
+        t: f32,
+        i: usize,
+        j: usize,
+        method: &'static str,
+    },
     /// The config gives a noise schedule with an unusable value (e.g. betas whose cumulative
     /// product underflows to 0, making sigma infinite).
     #[error("the scheduler config gives an unusable noise schedule: {what}")]
@@ -381,7 +396,11 @@ pub fn schedule(
     cfg.validate().map_err(SamplerError::InvalidConfig)?;
     let n = cfg.num_train_timesteps;
     if steps == 0 || steps > n as usize {
-        return Err(SamplerError::BadSteps { steps, max: n });
+        return Err(SamplerError::BadSteps {
+            steps,
+            max: n,
+            what: "the scheduler's num_train_timesteps",
+        });
     }
     let tables = train_tables(cfg);
     let sigma_last = match cfg.final_sigmas_type {
@@ -411,6 +430,20 @@ pub fn schedule(
         SamplingMethod::Lcm => lcm_schedule(cfg, &tables, steps)?,
     };
     check_schedule(&sched)?;
+    // Heun and DPM2 repeat timesteps by design (two calls per interval).
+    if !matches!(method, SamplingMethod::Heun | SamplingMethod::Dpm2) {
+        if let Some(i) =
+            (1..sched.timesteps.len()).find(|&i| sched.timesteps[i] == sched.timesteps[i - 1])
+        {
+            return Err(SamplerError::RepeatedTimestep {
+                steps,
+                t: sched.timesteps[i],
+                i,
+                j: i + 1,
+                method: method.name(),
+            });
+        }
+    }
     Ok(sched)
 }
 
@@ -718,6 +751,7 @@ fn lcm_schedule(
         return Err(SamplerError::BadSteps {
             steps,
             max: LCM_ORIGINAL_STEPS as u32,
+            what: "LCM's original_inference_steps",
         });
     }
     let k = i64::from(cfg.num_train_timesteps) / LCM_ORIGINAL_STEPS as i64;

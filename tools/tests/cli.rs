@@ -1889,3 +1889,75 @@ fn batch_count_makes_consecutive_seeds() {
         assert!(err.contains(text), "{args:?}: {err}");
     }
 }
+
+/// Settings that cannot give a good image are refused before any output: a folder as `-o`
+/// (with or without `-b`), a batch name that is a folder, a schedule that repeats a timestep
+/// (1000 linspace steps), more LCM steps than its original schedule, a guidance scale of 1e30.
+#[test]
+fn unusable_outputs_and_schedules_are_refused_before_any_work() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("out");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::create_dir(dir.join("x_2.png")).unwrap();
+    let slash = format!("{}/", dir.display());
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["-o".into(), slash.clone(), "-b".into(), "2".into()],
+            "names a folder",
+        ),
+        (
+            vec!["-o".into(), s(&dir).into()],
+            "exists and is not a regular file (a folder)",
+        ),
+        (
+            vec![
+                "-o".into(),
+                s(&dir.join("x.png")).into(),
+                "-b".into(),
+                "3".into(),
+            ],
+            "x_2.png: exists and is not a regular file",
+        ),
+        (
+            vec!["--steps".into(), "1000".into()],
+            "give the timestep 500 twice",
+        ),
+        (
+            vec![
+                "--sampling-method".into(),
+                "lcm".into(),
+                "--steps".into(),
+                "51".into(),
+            ],
+            "expected 1..=50 (LCM's original_inference_steps)",
+        ),
+        (
+            vec!["--cfg-scale".into(), "1e30".into()],
+            "--cfg-scale 1000000000000000000000000000000: expected a number up to 100",
+        ),
+    ];
+    for (args, text) in &cases {
+        let mut full = vec![
+            "generate".to_string(),
+            "--plan".into(),
+            s(demo_plan()).into(),
+            "-p".into(),
+            PROMPT.into(),
+        ];
+        if !args.iter().any(|a| a == "-o") {
+            full.extend(["-o".into(), s(&dir.join("ok.png")).into()]);
+        }
+        full.extend(args.iter().cloned());
+        let refs: Vec<&str> = full.iter().map(String::as_str).collect();
+        let o = run(EDGERUN, &refs);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(text), "{args:?}: {err}");
+        let mut left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["x_2.png"], "{args:?} left files behind");
+    }
+}

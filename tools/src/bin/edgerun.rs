@@ -255,12 +255,13 @@ struct GenArgs {
     /// Denoising steps.
     #[arg(long, default_value_t = 20)]
     steps: usize,
-    /// Classifier-free guidance scale (≤ 1 disables guidance).
-    #[arg(long = "cfg-scale", default_value_t = 4.5)]
+    /// Classifier-free guidance scale (≤ 1 disables guidance; at most 100).
+    #[arg(long = "cfg-scale", default_value_t = 4.5, allow_hyphen_values = true)]
     cfg_scale: f32,
     /// Sampler: dpm++2m, euler, euler_a, heun, dpm2, ddim, lcm or unipc (stable-diffusion.cpp's
     /// names; heun and dpm2 call the denoiser 2·steps − 1 times; euler_a and lcm draw noise
-    /// from the seed's generator at each step). Default: the one the plan's scheduler config
+    /// from the seed's generator at each step; ddim clamps x0 to [−1, 1] as diffusers' DDIM
+    /// does, which costs PixArt-Σ images their colour). Default: the one the plan's scheduler config
     /// names (dpm++2m for PixArt's DPMSolverMultistepScheduler, lcm for a PixArt-LCM folder).
     #[arg(long = "sampling-method")]
     sampling_method: Option<String>,
@@ -295,8 +296,13 @@ struct GenArgs {
     #[arg(short = 'o', long = "output", default_value = "output.png")]
     output: PathBuf,
     /// Images to make, with seeds s, s+1, … (stable-diffusion.cpp's `-b`).
-    #[arg(short = 'b', long = "batch-count", default_value_t = 1)]
-    batch_count: usize,
+    #[arg(
+        short = 'b',
+        long = "batch-count",
+        default_value_t = 1,
+        allow_hyphen_values = true
+    )]
+    batch_count: i64,
     /// Worker threads (default: one per core).
     #[arg(short = 't', long = "threads", default_value_t = 0)]
     threads: usize,
@@ -396,6 +402,37 @@ fn check_extension(flag: &str, out: &Path, format: &str, ext: &str) -> Result<()
         ),
         _ => Ok(()),
     }
+}
+
+/// Refuses, before any work, an output that names a folder (`dir/`, an existing folder) or
+/// an existing file that is not a regular file, so no output is left half-made.
+fn check_output_file(flag: &str, out: &Path) -> Result<()> {
+    if out
+        .as_os_str()
+        .to_string_lossy()
+        .ends_with(std::path::MAIN_SEPARATOR)
+        || out.file_name().is_none()
+    {
+        bail!(
+            "{flag} {}: names a folder; give a file name (e.g. {})",
+            out.display(),
+            out.join("image.png").display()
+        );
+    }
+    if let Ok(m) = std::fs::metadata(out) {
+        if !m.is_file() {
+            bail!(
+                "{flag} {}: exists and is not a regular file ({}); nothing was written",
+                out.display(),
+                if m.is_dir() {
+                    "a folder"
+                } else {
+                    "a device, pipe or socket"
+                }
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Refuses, before any work, an output whose folder does not exist or is not a folder.
@@ -607,10 +644,20 @@ fn generate(a: GenArgs) -> Result<()> {
     if !(1..=1000).contains(&a.batch_count) {
         bail!("-b/--batch-count {}: expected 1 to 1000", a.batch_count);
     }
+    if !a.cfg_scale.is_finite() || a.cfg_scale > 100.0 {
+        bail!(
+            "--cfg-scale {}: expected a number up to 100 (PixArt uses 4.5; ≤ 1 disables guidance)",
+            a.cfg_scale
+        );
+    }
     if a.batch_count > 1 && a.init_latents.is_some() {
         bail!("-b {} with --init-latents: the file gives one noise, every image would start from it; give one image per file", a.batch_count);
     }
-    let count = a.batch_count;
+    check_output_file("-o", &a.output)?;
+    if let Some(p) = &a.latents_out {
+        check_output_file("--latents-out", p)?;
+    }
+    let count = a.batch_count as usize;
     let pngs: Vec<PathBuf> = (0..count)
         .map(|i| batch_name(&a.output, i, count))
         .collect();
@@ -628,6 +675,7 @@ fn generate(a: GenArgs) -> Result<()> {
     }
     for (flag, out) in &outputs {
         check_output_dir(flag, out)?;
+        check_output_file(flag, out)?;
     }
     start_threads(a.threads)?;
     let plan = match &a.trusted_key {
