@@ -135,3 +135,24 @@ fn demo_images_from_our_noise_show_the_prompt() {
         check_content(&out.rgb, (28, 35), "yellow", "black");
     }
 }
+
+/// A guidance scale that overflows f32 ends the run with the step it diverged at and the
+/// guidance scale named, and no image (the runtime's check; the CLI bounds the scale before).
+#[test]
+fn diverging_guidance_names_the_step() {
+    let plan = demo_plan();
+    let mut s = Session::new(&plan, edge_kernels::generic(), None).unwrap();
+    let mut p = params("a large red circle on a blue background", 1, None);
+    p.cfg_scale = 1e38;
+    p.steps = 4;
+    let err = edge_runtime::generate(&mut s, &p, &mut |_| {}).unwrap_err();
+    assert!(
+        matches!(err, edge_runtime::Error::Diverged { step: 1..=4, .. }),
+        "{err}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("diverged") && msg.contains("guidance scale"),
+        "{msg}"
+    );
+}
