@@ -48,6 +48,41 @@ pub struct CompileOptions {
     /// 2⁻¹¹ of itself relatively) or Q8_0 (34 bytes per 32 values; each value within
     /// `amax / 200` of itself, `amax` the largest magnitude of its 32-value block).
     pub kv_cache: DType,
+    /// Called as the weights are read and packed and as the plan is written (a progress bar
+    /// in `edgeplan`); none by default.
+    pub progress: ProgressHook,
+}
+
+/// What [`CompileOptions::progress`] is told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompileProgress {
+    /// A weight of `bytes` source bytes was read (and will be packed).
+    Read { bytes: u64 },
+    /// `done` of `total` bytes of the plan file are written.
+    Written { done: u64, total: u64 },
+}
+
+/// A progress callback (thread-safe: weights may be read from several threads).
+#[derive(Clone, Default)]
+pub struct ProgressHook(pub Option<std::sync::Arc<dyn Fn(CompileProgress) + Send + Sync>>);
+
+impl ProgressHook {
+    /// Tells the callback, if any.
+    pub fn report(&self, p: CompileProgress) {
+        if let Some(f) = &self.0 {
+            f(p);
+        }
+    }
+}
+
+impl std::fmt::Debug for ProgressHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "ProgressHook(set)"
+        } else {
+            "ProgressHook(none)"
+        })
+    }
 }
 
 impl Default for CompileOptions {
@@ -66,6 +101,7 @@ impl Default for CompileOptions {
             segments: SegmentMode::Auto,
             tiling: TileRequest::default(),
             kv_cache: DType::F32,
+            progress: ProgressHook::default(),
         }
     }
 }
@@ -83,6 +119,7 @@ pub struct Compiled {
 pub struct SourceResolver<'a> {
     pub source: &'a dyn TensorSource,
     used: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    progress: ProgressHook,
 }
 
 impl<'a> SourceResolver<'a> {
@@ -91,7 +128,14 @@ impl<'a> SourceResolver<'a> {
         SourceResolver {
             source,
             used: Default::default(),
+            progress: ProgressHook::default(),
         }
+    }
+
+    /// The resolver, reporting every weight it reads to `progress`.
+    pub fn with_progress(mut self, progress: ProgressHook) -> Self {
+        self.progress = progress;
+        self
     }
 
     /// The source's tensors no graph asked for, sorted, leaving out those `ignored` accepts
@@ -147,6 +191,17 @@ impl WeightResolver for SourceResolver<'_> {
     /// Errors: [`PlanError::MissingWeight`] naming the missing tensor, the file, its stored
     /// name when it differs, and the expected shape; [`PlanError::WeightShape`] naming the part whose shape disagrees.
     fn resolve(&self, spec: &WeightSpec, shape: &[u64]) -> Result<LoadedWeight> {
+        let w = self.resolve_quietly(spec, shape)?;
+        self.progress.report(CompileProgress::Read {
+            bytes: w.bytes.len() as u64,
+        });
+        Ok(w)
+    }
+}
+
+impl SourceResolver<'_> {
+    /// [`WeightResolver::resolve`] without the progress report.
+    fn resolve_quietly(&self, spec: &WeightSpec, shape: &[u64]) -> Result<LoadedWeight> {
         let found_of = |t: &crate::load::RawTensor<'_>| -> Vec<u64> {
             t.shape.iter().map(|&d| d as u64).collect()
         };
@@ -911,7 +966,7 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
     let mut stages = Vec::new();
 
     let t5_graph = build_t5_encoder(t5_cfg, seq_len as usize)?;
-    let t5_src = SourceResolver::new(inp.t5);
+    let t5_src = SourceResolver::new(inp.t5).with_progress(opts.progress.clone());
     stages.push(lower(
         &t5_graph,
         StageKind::TextEncoder,
@@ -940,7 +995,7 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         }
     }
 
-    let dit_src = SourceResolver::new(inp.dit);
+    let dit_src = SourceResolver::new(inp.dit).with_progress(opts.progress.clone());
     let mut notes: Vec<String> = Vec::new();
     let cross_kv_stage = Some(stages.len() as u32);
     stages.push(lower(
@@ -952,7 +1007,7 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         &dit_src,
         policy,
     )?);
-    let vae_src = SourceResolver::new(inp.vae);
+    let vae_src = SourceResolver::new(inp.vae).with_progress(opts.progress.clone());
     let mut sizes = Vec::new();
     for &(w, h) in &opts.sizes {
         let unit = downscale * patch;
@@ -1145,7 +1200,7 @@ fn override_vae_scale(g: &mut edge_graph::Graph, scaling_factor: f32) {
 /// Compiles `dir` and writes the plan to `out` atomically.
 pub fn compile_to_file(dir: &Path, opts: &CompileOptions, out: &Path) -> Result<Compiled> {
     let c = compile_folder(dir, opts)?;
-    write_compiled(c, out)
+    write_compiled(c, out, &opts.progress)
 }
 
 /// [`compile_inputs`], then writes the plan to `out` atomically.
@@ -1156,11 +1211,11 @@ pub fn compile_inputs_to_file(
     out: &Path,
 ) -> Result<Compiled> {
     let c = compile_inputs(dir, files, opts)?;
-    write_compiled(c, out)
+    write_compiled(c, out, &opts.progress)
 }
 
 /// Records the fallbacks as plan notes, assembles and writes atomically.
-fn write_compiled(mut c: Compiled, out: &Path) -> Result<Compiled> {
+fn write_compiled(mut c: Compiled, out: &Path, progress: &ProgressHook) -> Result<Compiled> {
     let fallbacks: Vec<String> = c
         .table
         .fallbacks
@@ -1173,6 +1228,6 @@ fn write_compiled(mut c: Compiled, out: &Path) -> Result<Compiled> {
         })
         .collect();
     c.meta.notes.extend(fallbacks);
-    crate::write::write_plan(&mut c.meta, &c.table, out)?;
+    crate::write::write_plan_reporting(&mut c.meta, &c.table, out, progress)?;
     Ok(c)
 }

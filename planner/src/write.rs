@@ -131,13 +131,63 @@ pub fn assemble(meta: &mut PlanMeta, table: &TensorTable) -> Result<Vec<u8>> {
 /// # Errors
 /// Layout and verification errors as [`assemble`]; [`PlanError::Write`] naming `path`.
 pub fn write_plan(meta: &mut PlanMeta, table: &TensorTable, path: &Path) -> Result<()> {
+    write_plan_reporting(meta, table, path, &crate::compile::ProgressHook::default())
+}
+
+/// [`write_plan`], telling `progress` the bytes written after each tensor.
+pub fn write_plan_reporting(
+    meta: &mut PlanMeta,
+    table: &TensorTable,
+    path: &Path,
+    progress: &crate::compile::ProgressHook,
+) -> Result<()> {
     let layout = lay_out(meta, table)?;
-    edge_schema::io::write_atomic_with(path, |out| emit(out, &layout, meta, table)).map_err(
-        |source| PlanError::Write {
-            path: path.display().to_string(),
-            source,
-        },
-    )
+    let total = layout.header.file_len.get();
+    edge_schema::io::write_atomic_with(path, |out| {
+        let mut counting = Counting {
+            out,
+            done: 0,
+            total,
+            progress,
+            reported: 0,
+        };
+        emit(&mut counting, &layout, meta, table)?;
+        progress.report(crate::compile::CompileProgress::Written { done: total, total });
+        Ok(())
+    })
+    .map_err(|source| PlanError::Write {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// A writer that reports its byte count (at most every 4 MiB).
+struct Counting<'a> {
+    out: &'a mut dyn Write,
+    done: u64,
+    total: u64,
+    progress: &'a crate::compile::ProgressHook,
+    reported: u64,
+}
+
+impl Write for Counting<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.done += n as u64;
+        if self.done - self.reported >= 4 << 20 {
+            self.reported = self.done;
+            self.progress
+                .report(crate::compile::CompileProgress::Written {
+                    done: self.done,
+                    total: self.total,
+                });
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
 }
 
 /// Writes `bytes` to `path` with [`edge_schema::io::write_atomic`]: never a partial plan, a

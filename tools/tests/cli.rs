@@ -1963,3 +1963,27 @@ fn unusable_outputs_and_schedules_are_refused_before_any_work() {
         assert_eq!(left, ["x_2.png"], "{args:?} left files behind");
     }
 }
+
+/// `edgeplan compile` reports its reading and writing phases (plain lines when stderr is not a
+/// terminal, percentages with MB and an ETA); `--quiet` silences them.
+#[test]
+fn compile_reports_progress_unless_quiet() {
+    let t = tempfile::tempdir().unwrap();
+    let plan = t.path().join("p.plan");
+    let m = demo_model();
+    let o = run(EDGEPLAN, &compile_args(s(&m), s(&plan), "64"));
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("reading weights: 10% ("), "{err}");
+    assert!(err.contains("writing the plan: 100% ("), "{err}");
+    assert!(err.contains(" eta "), "{err}");
+    let mut args = compile_args(s(&m), s(&plan), "64");
+    args.push("--quiet");
+    let o = run(EDGEPLAN, &args);
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !err.contains("reading weights") && !err.contains("writing the plan"),
+        "{err}"
+    );
+}

@@ -224,6 +224,9 @@ struct CompileArgs {
     /// Target the plan is packed for: generic, x86_64, aarch64-neon.
     #[arg(long, default_value = "generic")]
     target: String,
+    /// No progress display (a bar on a terminal, plain lines otherwise).
+    #[arg(long)]
+    quiet: bool,
 }
 
 fn parse_type(s: &str, flag: &str) -> Result<DType> {
@@ -303,7 +306,7 @@ fn compile(a: CompileArgs) -> Result<()> {
             .rules
             .push((p.to_string(), parse_type(t, "--quant-rule")?));
     }
-    let opts = CompileOptions {
+    let mut opts = CompileOptions {
         sizes,
         max_sequence_length: a.max_sequence_length,
         policy,
@@ -320,6 +323,7 @@ fn compile(a: CompileArgs) -> Result<()> {
             None => edge_planner::budget::HEADROOM,
         },
         segments: a.segments.parse()?,
+        progress: Default::default(),
         kv_cache: match a.kv_cache_type.to_ascii_lowercase().as_str() {
             "f32" => DType::F32,
             "f16" => DType::F16,
@@ -366,6 +370,21 @@ fn compile(a: CompileArgs) -> Result<()> {
                     .map(|f| (flag.to_string(), f)),
             );
         }
+    }
+    // Progress: the weight files' bytes as the total of the reading phase (a weight read twice
+    // only moves the bar further), the plan file's length for the writing phase.
+    let read_total: u64 = sources
+        .iter()
+        .filter(|(_, p)| {
+            p.extension()
+                .is_some_and(|e| e == "safetensors" || e == "gguf" || e == "bin")
+        })
+        .filter_map(|(_, p)| std::fs::metadata(p).ok().map(|m| m.len()))
+        .sum();
+    if !a.quiet {
+        let ui = std::sync::Arc::new(CompileUi::new(read_total));
+        opts.progress =
+            edge_planner::compile::ProgressHook(Some(std::sync::Arc::new(move |p| ui.report(p))));
     }
     let inputs: Vec<(&str, &std::path::Path)> = sources
         .iter()
@@ -414,6 +433,95 @@ fn compile(a: CompileArgs) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// `edgeplan compile`'s progress: a bar on a terminal, plain lines at every tenth otherwise
+/// (logs, systemd).
+struct CompileUi {
+    bar: indicatif::ProgressBar,
+    lines: bool,
+    state: std::sync::Mutex<UiState>,
+}
+
+struct UiState {
+    read: u64,
+    writing: bool,
+    last_tenth: u64,
+    started: std::time::Instant,
+}
+
+impl CompileUi {
+    fn new(read_total: u64) -> Self {
+        use std::io::IsTerminal;
+        let lines = !std::io::stderr().is_terminal();
+        let bar = indicatif::ProgressBar::new(read_total.max(1));
+        if lines {
+            bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+        } else {
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{msg:>16} [{bar:30}] {bytes}/{total_bytes} eta {eta}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            bar.set_message("reading weights");
+        }
+        CompileUi {
+            bar,
+            lines,
+            state: std::sync::Mutex::new(UiState {
+                read: 0,
+                writing: false,
+                last_tenth: 0,
+                started: std::time::Instant::now(),
+            }),
+        }
+    }
+
+    fn report(&self, p: edge_planner::compile::CompileProgress) {
+        use edge_planner::compile::CompileProgress as P;
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (phase, done, total) = match p {
+            P::Read { bytes } => {
+                st.read += bytes;
+                let total = self.bar.length().unwrap_or(1);
+                ("reading weights", st.read.min(total), total)
+            }
+            P::Written { done, total } => {
+                if !st.writing {
+                    st.writing = true;
+                    st.last_tenth = 0;
+                    st.started = std::time::Instant::now();
+                    self.bar.set_length(total.max(1));
+                    self.bar.set_message("writing the plan");
+                    self.bar.reset_eta();
+                }
+                ("writing the plan", done, total.max(1))
+            }
+        };
+        self.bar.set_position(done);
+        if self.lines {
+            let tenth = done * 10 / total;
+            if tenth > st.last_tenth {
+                st.last_tenth = tenth;
+                let secs = st.started.elapsed().as_secs_f64();
+                let eta = if done > 0 {
+                    secs * (total - done) as f64 / done as f64
+                } else {
+                    0.0
+                };
+                say!(
+                    "{phase}: {}% ({} of {} MB), {secs:.1}s, eta {eta:.1}s",
+                    tenth * 10,
+                    done >> 20,
+                    total >> 20
+                );
+            }
+        }
+        if st.writing && done >= total {
+            self.bar.finish_and_clear();
+        }
+    }
 }
 
 /// Prints, per image size, the predicted peak of every stage the run goes through (the shared
