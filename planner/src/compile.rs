@@ -966,6 +966,17 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
     let mut stages = Vec::new();
 
     let t5_graph = build_t5_encoder(t5_cfg, seq_len as usize)?;
+    // Sizes are checked before any weight is read.
+    let unit = downscale * patch;
+    if let Some(&(w, h)) = opts
+        .sizes
+        .iter()
+        .find(|&&(w, h)| w == 0 || h == 0 || w % unit != 0 || h % unit != 0 || w > 8192 || h > 8192)
+    {
+        return Err(PlanError::Invalid(format!(
+            "image size {w}x{h}: width and height (-W/-H) must be positive multiples of {unit} (VAE factor {downscale} × patch {patch}), at most 8192"
+        )));
+    }
     let t5_src = SourceResolver::new(inp.t5).with_progress(opts.progress.clone());
     stages.push(lower(
         &t5_graph,

@@ -45,7 +45,9 @@ fn entries(dir: &Path) -> Vec<String> {
 
 /// Whether `line` is one of `edgerun generate`'s plain progress lines (stderr not a terminal).
 fn is_progress(line: &str) -> bool {
-    line.starts_with("encoded the prompt in ")
+    line.starts_with("reading weights: ")
+        || line.starts_with("writing the plan: ")
+        || line.starts_with("encoded the prompt in ")
         || line.starts_with("decoded the latents in ")
         || (line.starts_with("step ") && line.contains(" in "))
 }
