@@ -771,6 +771,19 @@ fn lcm_schedule(
     Ok(alpha_schedule(timesteps, prev_timesteps, tables))
 }
 
+/// `x0` from the model output `out` at noise level `sigma` for sample `x` (k-diffusion
+/// parameterisation, as the Euler-type schedulers compute `pred_original_sample`).
+fn k_x0(prediction: PredictionType, sigma: f32, x: f32, out: f32) -> f32 {
+    match prediction {
+        PredictionType::Epsilon => x - sigma * out,
+        PredictionType::VPrediction => {
+            let sq = sigma * sigma + 1.0;
+            out * (-sigma / sq.sqrt()) + x / sq
+        }
+        PredictionType::Sample => out,
+    }
+}
+
 /// UniC's `R` (rows `rks^0`, `rks^1` with `rks = [rk, 1]`) and `b` (`h_phi_k · k! / B_h`,
 /// `h_phi_1 = expm1(hh) / hh − 1`, `h_phi_2 = h_phi_1 / hh − 1/2`) for order 2.
 fn unipc_rb(rk: f32, hh: f32, b_h: f32) -> ([[f32; 2]; 2], [f32; 2]) {
@@ -1124,22 +1137,10 @@ impl Sampler {
 
     /// `DPMSolverMultistepScheduler.step` for `dpmsolver++` (no noise, no thresholding).
     fn dpm_step(&mut self, i: usize, model_output: &[f32], x: &mut [f32]) {
+        // convert_model_output: the data prediction x0.
+        self.data_prediction(self.schedule.sigmas[i], x, model_output);
         let sigmas = &self.schedule.sigmas;
         let (alpha_s0, sigma_s0) = alpha_sigma(sigmas[i]);
-        // convert_model_output: the data prediction x0.
-        match self.prediction {
-            PredictionType::Epsilon => {
-                for ((d, &xv), &e) in self.x0.iter_mut().zip(x.iter()).zip(model_output) {
-                    *d = (xv - sigma_s0 * e) / alpha_s0;
-                }
-            }
-            PredictionType::VPrediction => {
-                for ((d, &xv), &v) in self.x0.iter_mut().zip(x.iter()).zip(model_output) {
-                    *d = alpha_s0 * xv - sigma_s0 * v;
-                }
-            }
-            PredictionType::Sample => self.x0.copy_from_slice(model_output),
-        }
 
         let steps = self.steps();
         let lower_order_final = i == steps - 1
@@ -1193,16 +1194,22 @@ impl Sampler {
         }
     }
 
-    /// `x0` from the model output at noise level `sigma` (k-diffusion parameterisation, as the
-    /// Euler-type schedulers compute `pred_original_sample`).
-    fn k_x0(&self, sigma: f32, x: f32, out: f32) -> f32 {
+    /// `convert_model_output` of DPM-Solver++ and UniPC: the data prediction at `sigma` into
+    /// `x0`.
+    fn data_prediction(&mut self, sigma: f32, x: &[f32], model_output: &[f32]) {
+        let (alpha, sigma_t) = alpha_sigma(sigma);
         match self.prediction {
-            PredictionType::Epsilon => x - sigma * out,
-            PredictionType::VPrediction => {
-                let sq = sigma * sigma + 1.0;
-                out * (-sigma / sq.sqrt()) + x / sq
+            PredictionType::Epsilon => {
+                for ((d, &xv), &e) in self.x0.iter_mut().zip(x).zip(model_output) {
+                    *d = (xv - sigma_t * e) / alpha;
+                }
             }
-            PredictionType::Sample => out,
+            PredictionType::VPrediction => {
+                for ((d, &xv), &v) in self.x0.iter_mut().zip(x).zip(model_output) {
+                    *d = alpha * xv - sigma_t * v;
+                }
+            }
+            PredictionType::Sample => self.x0.copy_from_slice(model_output),
         }
     }
 
@@ -1217,7 +1224,7 @@ impl Sampler {
         let sigma_down = (sigma_to * sigma_to - sigma_up * sigma_up).sqrt();
         let dt = sigma_down - sigma_from;
         for ((xv, &o), &n) in x.iter_mut().zip(model_output).zip(noise) {
-            let x0 = self.k_x0(sigma_from, *xv, o);
+            let x0 = k_x0(self.prediction, sigma_from, *xv, o);
             let derivative = (*xv - x0) / sigma_from;
             *xv = (*xv + derivative * dt) + n * sigma_up;
         }
@@ -1239,14 +1246,7 @@ impl Sampler {
                 .zip(self.prev_derivative.iter_mut())
                 .zip(self.stash.iter_mut())
             {
-                let x0 = match self.prediction {
-                    PredictionType::Epsilon => *xv - sigma * o,
-                    PredictionType::VPrediction => {
-                        let sq = sigma * sigma + 1.0;
-                        o * (-sigma / sq.sqrt()) + *xv / sq
-                    }
-                    PredictionType::Sample => o,
-                };
+                let x0 = k_x0(self.prediction, sigma, *xv, o);
                 let derivative = (*xv - x0) / sigma;
                 *d = derivative;
                 *st = *xv;
@@ -1263,14 +1263,7 @@ impl Sampler {
                 .zip(self.prev_derivative.iter())
                 .zip(self.stash.iter())
             {
-                let x0 = match self.prediction {
-                    PredictionType::Epsilon => *xv - sigma_next * o,
-                    PredictionType::VPrediction => {
-                        let sq = sigma_next * sigma_next + 1.0;
-                        o * (-sigma_next / sq.sqrt()) + *xv / sq
-                    }
-                    PredictionType::Sample => o,
-                };
+                let x0 = k_x0(self.prediction, sigma_next, *xv, o);
                 let derivative = (d + (*xv - x0) / sigma_next) / 2.0;
                 *xv = st + derivative * dt;
             }
@@ -1286,17 +1279,16 @@ impl Sampler {
         debug_assert_eq!(self.stash.len(), x.len());
         let sig = &self.schedule.sigmas;
         let ip = &self.schedule.sigmas_interpol;
+        // diffusers' KDPM2 has no `sample` prediction; it is read as epsilon here, as before.
+        let pred = match self.prediction {
+            PredictionType::Sample => PredictionType::Epsilon,
+            p => p,
+        };
         if self.first_order {
             let (sigma, sigma_interpol) = (sig[i], ip[i + 1]);
             let dt = sigma_interpol - sigma;
             for ((xv, &o), st) in x.iter_mut().zip(model_output).zip(self.stash.iter_mut()) {
-                let x0 = match self.prediction {
-                    PredictionType::VPrediction => {
-                        let sq = sigma * sigma + 1.0;
-                        o * (-sigma / sq.sqrt()) + *xv / sq
-                    }
-                    _ => *xv - sigma * o,
-                };
+                let x0 = k_x0(pred, sigma, *xv, o);
                 let derivative = (*xv - x0) / sigma;
                 *st = *xv;
                 *xv += derivative * dt;
@@ -1306,13 +1298,7 @@ impl Sampler {
             let (sigma, sigma_interpol, sigma_next) = (sig[i - 1], ip[i], sig[i]);
             let dt = sigma_next - sigma;
             for ((xv, &o), &st) in x.iter_mut().zip(model_output).zip(self.stash.iter()) {
-                let x0 = match self.prediction {
-                    PredictionType::VPrediction => {
-                        let sq = sigma_interpol * sigma_interpol + 1.0;
-                        o * (-sigma_interpol / sq.sqrt()) + *xv / sq
-                    }
-                    _ => *xv - sigma_interpol * o,
-                };
+                let x0 = k_x0(pred, sigma_interpol, *xv, o);
                 let derivative = (*xv - x0) / sigma_interpol;
                 *xv = st + derivative * dt;
             }
@@ -1383,26 +1369,13 @@ impl Sampler {
     fn unipc_step(&mut self, i: usize, model_output: &[f32], x: &mut [f32]) {
         // The element loops zip these buffers: a short one would make the step a no-op.
         debug_assert_eq!(self.stash.len(), x.len());
+        // convert_model_output: this step's data prediction, kept in `x0`.
+        self.data_prediction(self.schedule.sigmas[i], x, model_output);
         let sig = &self.schedule.sigmas;
         let lambda_of = |sigma: f32| {
             let (a, s) = alpha_sigma(sigma);
             lambda(a, s)
         };
-        // convert_model_output: this step's data prediction, kept in `x0`.
-        let (alpha_i, sigma_i) = alpha_sigma(sig[i]);
-        match self.prediction {
-            PredictionType::Epsilon => {
-                for ((d, &xv), &e) in self.x0.iter_mut().zip(x.iter()).zip(model_output) {
-                    *d = (xv - sigma_i * e) / alpha_i;
-                }
-            }
-            PredictionType::VPrediction => {
-                for ((d, &xv), &v) in self.x0.iter_mut().zip(x.iter()).zip(model_output) {
-                    *d = alpha_i * xv - sigma_i * v;
-                }
-            }
-            PredictionType::Sample => self.x0.copy_from_slice(model_output),
-        }
         // The corrector: x (the predictor's output) from last_sample with the previous data
         // prediction m0 = x0_prev, this step's output x0, and for order 2 the one before
         // (kept in `stash`).

@@ -342,6 +342,17 @@ pub fn host_bytes(meta: &PlanMeta, size: &ImageSize) -> u64 {
     .unwrap_or(0)
 }
 
+/// The bytes `size`'s exact decode holds in a spill file, when its plan holds them in one
+/// (`HeldIn::File`); `None` when the decode spills nothing.
+pub fn spilled_bytes(meta: &PlanMeta, size: &ImageSize) -> Option<u64> {
+    let spills = size
+        .decoder_tiling
+        .as_ref()
+        .and_then(|t| t.sync.as_ref())
+        .is_some_and(|s| s.held == HeldIn::File);
+    spills.then(|| held_bytes(meta, size))
+}
+
 /// [`peak_held_bytes`] of `size`'s exact decode, wherever it holds them (0 for other decodes).
 pub fn held_bytes(meta: &PlanMeta, size: &ImageSize) -> u64 {
     let Some(t) = &size.decoder_tiling else {

@@ -368,19 +368,13 @@ fn worker(
             session.set_spill_dir(d.clone());
         }
         for z in &meta.sizes {
-            let held = z
-                .decoder_tiling
-                .as_ref()
-                .and_then(|t| t.sync.as_ref())
-                .is_some_and(|s| s.held == edge_schema::plan::HeldIn::File);
-            if held {
+            if let Some(bytes) = edge_schema::tiles::spilled_bytes(meta, z) {
                 edge_runtime::tiling::check_spill_dir(&session.spill_dir()).with_context(|| {
                     format!(
-                        "--spill-dir {}: this plan's VAE decode at {}x{} holds {} bytes in a spill file there",
+                        "--spill-dir {}: this plan's VAE decode at {}x{} holds {bytes} bytes in a spill file there",
                         session.spill_dir().display(),
                         z.width,
                         z.height,
-                        edge_schema::tiles::held_bytes(meta, z)
                     )
                 })?;
             }

@@ -367,15 +367,37 @@ fn common(m: &Map<String, Value>, lim: &Limits) -> Result<Common, RequestError> 
     })
 }
 
-/// Karras sigmas only where they are implemented (DPM-Solver++).
-fn check_karras(c: &Common, method: SamplingMethod, lim: &Limits) -> Result<(), RequestError> {
-    if c.karras.unwrap_or(lim.plan_karras) && method != SamplingMethod::DpmPp2m {
-        return Err(err(
-            "scheduler",
-            format!("scheduler: karras sigmas are implemented for dpm++2m only, not {method}"),
-        ));
+impl Common {
+    /// The job of both APIs from the shared fields and the route's own; karras sigmas only
+    /// where they are implemented (DPM-Solver++).
+    fn job(
+        self,
+        prompt: String,
+        method: SamplingMethod,
+        (width, height): (u32, u32),
+        count: usize,
+        lim: &Limits,
+    ) -> Result<JobSpec, RequestError> {
+        if self.karras.unwrap_or(lim.plan_karras) && method != SamplingMethod::DpmPp2m {
+            return Err(err(
+                "scheduler",
+                format!("scheduler: karras sigmas are implemented for dpm++2m only, not {method}"),
+            ));
+        }
+        Ok(JobSpec {
+            prompt,
+            negative_prompt: self.negative_prompt,
+            steps: self.steps,
+            cfg_scale: self.cfg_scale,
+            method,
+            seed: self.seed,
+            rng: self.rng,
+            karras: self.karras,
+            width,
+            height,
+            count,
+        })
     }
-    Ok(())
 }
 
 /// `POST /v1/images/generations` (OpenAI images API): `prompt` (required), `n`, `size`
@@ -425,20 +447,7 @@ pub fn parse_openai(body: &[u8], lim: &Limits) -> Result<JobSpec, RequestError> 
         Some(s) => parse_sampler("sampler", &s)?,
         None => lim.default_method,
     };
-    check_karras(&c, method, lim)?;
-    Ok(JobSpec {
-        prompt,
-        negative_prompt: c.negative_prompt,
-        steps: c.steps,
-        cfg_scale: c.cfg_scale,
-        method,
-        seed: c.seed,
-        rng: c.rng,
-        karras: c.karras,
-        width,
-        height,
-        count,
-    })
+    c.job(prompt, method, (width, height), count, lim)
 }
 
 /// `POST /sdapi/v1/txt2img` (AUTOMATIC1111): `prompt`, `negative_prompt`, `steps`,
@@ -513,20 +522,13 @@ pub fn parse_txt2img(body: &[u8], lim: &Limits) -> Result<JobSpec, RequestError>
             ))
         }
     }
-    check_karras(&c, method, lim)?;
-    Ok(JobSpec {
+    c.job(
         prompt,
-        negative_prompt: c.negative_prompt,
-        steps: c.steps,
-        cfg_scale: c.cfg_scale,
         method,
-        seed: c.seed,
-        rng: c.rng,
-        karras: c.karras,
-        width,
-        height,
-        count: (batch * iters) as usize,
-    })
+        (width, height),
+        (batch * iters) as usize,
+        lim,
+    )
 }
 
 #[cfg(test)]

@@ -127,6 +127,28 @@ pub fn assert_close(what: &str, ours: &[f32], reference: &[f32], tol: f64) {
     );
 }
 
+/// Checks an RGB8 image against the reference's `image_uint8` (as f32 levels): at least
+/// 99.5 % of the channel values within one level, none more than 3 off.
+pub fn assert_png_close(what: &str, ours: &[u8], reference: &[f32]) {
+    assert_eq!(ours.len(), reference.len(), "{what}: image sizes differ");
+    let (mut over_one, mut worst) = (0usize, 0i32);
+    for (&a, &b) in ours.iter().zip(reference) {
+        let d = (i32::from(a) - b as i32).abs();
+        worst = worst.max(d);
+        over_one += usize::from(d > 1);
+    }
+    let within = 1.0 - over_one as f64 / ours.len() as f64;
+    assert!(
+        within >= 0.995 && worst <= 3,
+        "{what}: {within:.4} of channel values within 1 level, worst {worst}"
+    );
+}
+
+/// `max |ours − reference| / max(1, max |reference|)`, the figure the closing notes quote.
+pub fn rel_max_err(ours: &[f32], reference: &[f32]) -> f64 {
+    max_abs_diff(ours, reference) / max_abs(reference).max(1.0)
+}
+
 /// `steps` DPM steps of the demo model at 64×64 from seed 7, with guidance.
 pub fn demo_params(steps: usize) -> edge_runtime::GenerateParams {
     edge_runtime::GenerateParams {

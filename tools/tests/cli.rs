@@ -1701,6 +1701,22 @@ fn kv_cache_type_is_chosen_at_compile_time() {
     assert!(png.exists());
 }
 
+/// `edgerun generate` on a fixture plan with the fixtures' prompt "a lovely cat", quietly.
+fn generate_cat(plan: &Path, png: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "generate",
+        "--plan",
+        s(plan),
+        "-p",
+        "a lovely cat",
+        "--quiet",
+        "-o",
+        s(png),
+    ];
+    args.extend_from_slice(extra);
+    run(EDGERUN, &args)
+}
+
 /// With the defaults (`--rng torch-cpu`, DPM++ 2M), `-s 42` gives the image diffusers gives for
 /// `generator=torch.Generator("cpu").manual_seed(42)` (`tests/fixtures/seeded/`).
 #[test]
@@ -1714,26 +1730,10 @@ fn seed_42_gives_the_diffusers_image_with_the_defaults() {
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let png = t.path().join("cat.png");
-    let o = run(
-        EDGERUN,
-        &[
-            "generate",
-            "--plan",
-            s(&plan),
-            "-p",
-            "a lovely cat",
-            "-n",
-            "",
-            "-s",
-            "42",
-            "--steps",
-            "20",
-            "--cfg-scale",
-            "4.5",
-            "--quiet",
-            "-o",
-            s(&png),
-        ],
+    let o = generate_cat(
+        &plan,
+        &png,
+        &["-n", "", "-s", "42", "--steps", "20", "--cfg-scale", "4.5"],
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let ours = png_pixels(&png);
@@ -1787,24 +1787,10 @@ fn the_default_sampler_is_the_one_the_plan_names() {
     let o = run(EDGEPLAN, &compile_args(s(&folder), s(&plan), "64"));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let png = t.path().join("cat.png");
-    let o = run(
-        EDGERUN,
-        &[
-            "generate",
-            "--plan",
-            s(&plan),
-            "-p",
-            "a lovely cat",
-            "-s",
-            "1234",
-            "--steps",
-            "4",
-            "--cfg-scale",
-            "0",
-            "--quiet",
-            "-o",
-            s(&png),
-        ],
+    let o = generate_cat(
+        &plan,
+        &png,
+        &["-s", "1234", "--steps", "4", "--cfg-scale", "0"],
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let text = png_text(&std::fs::read(&png).unwrap());

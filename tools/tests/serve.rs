@@ -125,6 +125,18 @@ impl Server {
     fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// The server's exit status, waiting at most `limit` (after SIGTERM).
+    fn wait_for_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let t = Instant::now();
+        loop {
+            if let Some(c) = self.child.try_wait().unwrap() {
+                return c;
+            }
+            assert!(t.elapsed() < limit, "still running {limit:?} after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Server {
@@ -554,17 +566,7 @@ fn interrupts_and_time_limits_stop_a_job_and_sigterm_exits_0() {
         "{v}"
     );
     let mut srv = Arc::into_inner(srv).unwrap();
-    let t = Instant::now();
-    let code = loop {
-        if let Some(s) = srv.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the server did not exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let code = srv.wait_for_exit(Duration::from_secs(30));
     assert!(code.success(), "exit status after SIGTERM: {code}");
 }
 
@@ -672,17 +674,7 @@ fn sigterm_with_a_half_sent_request_still_exits() {
         .status()
         .unwrap();
     assert!(k.success());
-    let t = Instant::now();
-    let code = loop {
-        if let Some(c) = srv.child.try_wait().unwrap() {
-            break c;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(15),
-            "still running 15 s after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let code = srv.wait_for_exit(Duration::from_secs(15));
     assert!(code.success(), "{code}");
 }
 

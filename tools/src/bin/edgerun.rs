@@ -769,18 +769,11 @@ fn generate(a: GenArgs) -> Result<()> {
         session.set_spill_dir(d.clone());
     }
     // A decode that spills needs its folder: check it before any work.
-    let spills = meta
-        .size(width, height)
-        .and_then(|z| z.decoder_tiling.as_ref())
-        .and_then(|t| t.sync.as_ref())
-        .is_some_and(|s| s.held == edge_schema::plan::HeldIn::File);
-    if spills {
+    if let Some(bytes) = edge_schema::tiles::spilled_bytes(meta, size) {
         edge_runtime::tiling::check_spill_dir(&session.spill_dir()).with_context(|| {
             format!(
-                "--spill-dir {}: this plan's VAE decode holds {} bytes in a spill file there",
+                "--spill-dir {}: this plan's VAE decode holds {bytes} bytes in a spill file there",
                 session.spill_dir().display(),
-                meta.size(width, height)
-                    .map_or(0, |z| edge_schema::tiles::held_bytes(meta, z))
             )
         })?;
     }
