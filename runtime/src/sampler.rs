@@ -925,13 +925,17 @@ impl Sampler {
         latent_len: usize,
     ) -> Result<Self, SamplerError> {
         let schedule = schedule(cfg, method, steps)?;
-        let history = match method {
-            SamplingMethod::DpmPp2m | SamplingMethod::UniPc => latent_len,
-            _ => 0,
-        };
-        let stash = match method {
-            SamplingMethod::Heun | SamplingMethod::Dpm2 | SamplingMethod::UniPc => latent_len,
-            _ => 0,
+        use SamplingMethod as M;
+        // A latent-sized buffer for the methods that keep one, empty for the others.
+        let buffer = |used_by: &[M]| {
+            vec![
+                0.0f32;
+                if used_by.contains(&method) {
+                    latent_len
+                } else {
+                    0
+                }
+            ]
         };
         let alphas_cumprod = match method {
             SamplingMethod::Ddim | SamplingMethod::Lcm => train_tables(cfg).alphas_cumprod,
@@ -947,30 +951,16 @@ impl Sampler {
             euler_at_final: cfg.euler_at_final,
             final_sigma_zero: cfg.final_sigmas_type == FinalSigmasType::Zero,
             latent_len,
-            x0: vec![0.0; history],
-            x0_prev: vec![0.0; history],
+            x0: buffer(&[M::DpmPp2m, M::UniPc]),
+            x0_prev: buffer(&[M::DpmPp2m, M::UniPc]),
             lower_order_nums: 0,
             next_step: 0,
             alphas_cumprod,
-            stash: vec![0.0; stash],
-            prev_derivative: vec![
-                0.0;
-                if method == SamplingMethod::Heun {
-                    latent_len
-                } else {
-                    0
-                }
-            ],
+            stash: buffer(&[M::Heun, M::Dpm2, M::UniPc]),
+            prev_derivative: buffer(&[M::Heun]),
             heun_dt: 0.0,
             first_order: true,
-            last_sample: vec![
-                0.0;
-                if method == SamplingMethod::UniPc {
-                    latent_len
-                } else {
-                    0
-                }
-            ],
+            last_sample: buffer(&[M::UniPc]),
             last_order: 0,
         })
     }
