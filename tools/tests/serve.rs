@@ -632,10 +632,12 @@ fn slow_and_greedy_clients_are_bounded() {
     let r = read_reply(&mut s);
     assert!(r.starts_with("HTTP/1.1 413"), "{r}");
     assert!(r.contains("limit of 1048576 bytes"), "{r}");
-    // Four connections held open: the fifth gets 503 and is closed.
-    let held: Vec<_> = (0..4).map(|_| raw(&srv)).collect();
-    std::thread::sleep(Duration::from_millis(100));
-    let mut fifth = raw(&srv);
+    // Four connections held open: the fifth gets 503 and is closed. A server of its own with
+    // the default header timeout, so the held connections outlast a loaded machine's delays.
+    let limited = Server::start(&["--max-connections", "4"]);
+    let held: Vec<_> = (0..4).map(|_| raw(&limited)).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut fifth = raw(&limited);
     let r = read_reply(&mut fifth);
     assert!(r.starts_with("HTTP/1.1 503"), "{r}");
     assert!(r.contains("too many connections"), "{r}");
