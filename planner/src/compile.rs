@@ -18,6 +18,7 @@ use crate::load::gguf::GgufFile;
 use crate::load::original::OriginalLayout;
 use crate::load::safetensors::open_safetensors_any;
 use crate::load::{scheduler, tokenizer, LoadError, TensorSource};
+use crate::lora::{LoraFile, LoraMerge, LoraRequest};
 use crate::lower::{lower, LoadedWeight, TensorTable, WeightResolver};
 use crate::pack::PackPolicy;
 use crate::tiling::TileRequest;
@@ -51,6 +52,9 @@ pub struct CompileOptions {
     /// Called as the weights are read and packed and as the plan is written (a progress bar
     /// in `edgeplan`); none by default.
     pub progress: ProgressHook,
+    /// LoRA adapters merged into the transformer's linear weights before packing
+    /// (`--lora FILE[:MULTIPLIER]`, in order; see [`crate::lora`]).
+    pub loras: Vec<LoraRequest>,
 }
 
 /// What [`CompileOptions::progress`] is told.
@@ -102,6 +106,7 @@ impl Default for CompileOptions {
             tiling: TileRequest::default(),
             kv_cache: DType::F32,
             progress: ProgressHook::default(),
+            loras: Vec::new(),
         }
     }
 }
@@ -120,6 +125,7 @@ pub struct SourceResolver<'a> {
     pub source: &'a dyn TensorSource,
     used: std::sync::Mutex<std::collections::BTreeSet<String>>,
     progress: ProgressHook,
+    lora: Option<&'a crate::lora::LoraMerge>,
 }
 
 impl<'a> SourceResolver<'a> {
@@ -129,7 +135,14 @@ impl<'a> SourceResolver<'a> {
             source,
             used: Default::default(),
             progress: ProgressHook::default(),
+            lora: None,
         }
+    }
+
+    /// The resolver, merging `lora`'s updates into the weights it adapts.
+    pub fn with_lora(mut self, lora: &'a crate::lora::LoraMerge) -> Self {
+        self.lora = Some(lora);
+        self
     }
 
     /// The resolver, reporting every weight it reads to `progress`.
@@ -192,6 +205,7 @@ impl WeightResolver for SourceResolver<'_> {
     /// name when it differs, and the expected shape; [`PlanError::WeightShape`] naming the part whose shape disagrees.
     fn resolve(&self, spec: &WeightSpec, shape: &[u64]) -> Result<LoadedWeight> {
         let w = self.resolve_quietly(spec, shape)?;
+        let w = self.merge_lora(spec, w);
         self.progress.report(CompileProgress::Read {
             bytes: w.bytes.len() as u64,
         });
@@ -240,6 +254,7 @@ impl SourceResolver<'_> {
                     dtype: t.dtype,
                     shape: shape.to_vec(),
                     bytes: t.data.to_vec(),
+                    checkpoint_dtype: t.dtype,
                 });
             }
         }
@@ -296,7 +311,35 @@ impl SourceResolver<'_> {
             dtype,
             shape: shape.to_vec(),
             bytes,
+            checkpoint_dtype: dtype,
         })
+    }
+
+    /// Merges the LoRA updates of `spec`'s parts (each part's rows in turn) into `w`, in f32;
+    /// `w` is returned unchanged when no part is adapted.
+    fn merge_lora(&self, spec: &WeightSpec, w: LoadedWeight) -> LoadedWeight {
+        let Some(lora) = self.lora else {
+            return w;
+        };
+        if !spec.parts.iter().any(|p| lora.touches(p)) {
+            return w;
+        }
+        let dims: Vec<usize> = w.shape.iter().map(|&d| d as usize).collect();
+        let mut f = crate::load::to_f32(&crate::load::RawTensor {
+            dtype: w.dtype,
+            shape: dims,
+            data: &w.bytes,
+        });
+        let part_len = f.len() / spec.parts.len().max(1);
+        for (part, rows) in spec.parts.iter().zip(f.chunks_exact_mut(part_len.max(1))) {
+            lora.apply(part, rows);
+        }
+        LoadedWeight {
+            dtype: DType::F32,
+            shape: w.shape,
+            bytes: f.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            checkpoint_dtype: w.checkpoint_dtype,
+        }
     }
 }
 
@@ -1006,11 +1049,44 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         }
     }
 
-    let dit_src = SourceResolver::new(inp.dit).with_progress(opts.progress.clone());
+    let denoiser_graph = |w: u32, h: u32| {
+        let micro = match family {
+            ModelFamily::PixArtAlpha => Some(MicroConditions {
+                height_px: h as f32,
+                width_px: w as f32,
+            }),
+            ModelFamily::PixArtSigma => None,
+        };
+        edge_models::build_pixart_denoiser_cached(
+            dit_cfg,
+            (h / downscale) as usize,
+            (w / downscale) as usize,
+            seq_len as usize,
+            micro,
+            opts.kv_cache,
+        )
+    };
+    let cross_kv_graph =
+        edge_models::build_pixart_cross_kv(dit_cfg, seq_len as usize, opts.kv_cache)?;
+    let lora = if opts.loras.is_empty() {
+        LoraMerge::default()
+    } else {
+        let (w, h) = opts.sizes[0];
+        let layers = linear_layers(&[&cross_kv_graph, &denoiser_graph(w, h)?]);
+        let files = opts
+            .loras
+            .iter()
+            .map(|r| Ok((LoraFile::open(&r.path)?, r.multiplier)))
+            .collect::<Result<Vec<_>>>()?;
+        LoraMerge::bind(files, &layers)?
+    };
+    let dit_src = SourceResolver::new(inp.dit)
+        .with_progress(opts.progress.clone())
+        .with_lora(&lora);
     let mut notes: Vec<String> = Vec::new();
     let cross_kv_stage = Some(stages.len() as u32);
     stages.push(lower(
-        &edge_models::build_pixart_cross_kv(dit_cfg, seq_len as usize, opts.kv_cache)?,
+        &cross_kv_graph,
         StageKind::CrossKv,
         0,
         0,
@@ -1033,22 +1109,7 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         {
             continue;
         }
-        let (lh, lw) = ((h / downscale) as usize, (w / downscale) as usize);
-        let micro = match family {
-            ModelFamily::PixArtAlpha => Some(MicroConditions {
-                height_px: h as f32,
-                width_px: w as f32,
-            }),
-            ModelFamily::PixArtSigma => None,
-        };
-        let dit = edge_models::build_pixart_denoiser_cached(
-            dit_cfg,
-            lh,
-            lw,
-            seq_len as usize,
-            micro,
-            opts.kv_cache,
-        )?;
+        let dit = denoiser_graph(w, h)?;
         let denoiser_stage = stages.len() as u32;
         stages.push(lower(
             &dit,
@@ -1106,6 +1167,7 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
             family,
             name: inp.name,
             pipeline_class: inp.pipeline_class,
+            loras: lora.infos().to_vec(),
         },
         tokenizer: inp.tok,
         scheduler: inp.sched,
@@ -1142,6 +1204,28 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         opts.headroom,
     )?;
     Ok(Compiled { meta, table })
+}
+
+/// The linear-layer weights of `graphs` (diffusers name of each part → `[out, in]`): what a
+/// LoRA may adapt.
+fn linear_layers(graphs: &[&edge_graph::Graph]) -> std::collections::BTreeMap<String, [u64; 2]> {
+    let mut layers = std::collections::BTreeMap::new();
+    for g in graphs {
+        for v in &g.values {
+            let edge_graph::Source::Weight(spec) = &v.source else {
+                continue;
+            };
+            let (edge_graph::WeightKind::Matrix, [rows, cols]) = (spec.kind, v.shape.as_slice())
+            else {
+                continue;
+            };
+            let n = spec.parts.len().max(1) as u64;
+            for p in &spec.parts {
+                layers.insert(p.clone(), [rows / n, *cols]);
+            }
+        }
+    }
+    layers
 }
 
 /// Plan notes (warnings) for checkpoint tensors the graphs did not use, as diffusers warns

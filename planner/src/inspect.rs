@@ -22,6 +22,10 @@ pub fn read_meta(file: &[u8]) -> edge_schema::Result<PlanMeta> {
     Ok(meta)
 }
 
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 fn mib(b: u64) -> String {
     format!("{:.2} MiB", b as f64 / (1024.0 * 1024.0))
 }
@@ -35,6 +39,18 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
         "model: {} ({:?}, {})",
         meta.model.name, meta.model.family, meta.model.pipeline_class
     );
+    for l in &meta.model.loras {
+        let _ = writeln!(
+            s,
+            "lora: {} × {} ({}, {} layers, rank {}, blake3 {})",
+            l.file,
+            l.multiplier,
+            l.format,
+            l.layers,
+            l.rank,
+            hex(&l.blake3[..8])
+        );
+    }
     let _ = writeln!(s, "target: {}", meta.target);
     let _ = writeln!(s, "file: {file_len} bytes ({})", mib(file_len));
     let sizes: Vec<String> = meta

@@ -14,6 +14,7 @@ pub mod decoder;
 pub mod error;
 pub mod inspect;
 pub mod load;
+pub mod lora;
 pub mod lower;
 pub mod pack;
 pub mod sign;

@@ -18,10 +18,14 @@ use crate::pack::{self, Fallback, PackPolicy};
 
 /// A weight as a checkpoint provides it (parts already concatenated).
 pub struct LoadedWeight {
+    /// The type of `bytes`.
     pub dtype: DType,
     /// Shape, outermost-first.
     pub shape: Vec<u64>,
     pub bytes: Vec<u8>,
+    /// The checkpoint's type, which the pack policy keeps when no type is asked for; differs
+    /// from `dtype` when the planner changed the values (a LoRA merged in f32).
+    pub checkpoint_dtype: DType,
 }
 
 /// Resolves graph weights to checkpoint data.
@@ -72,7 +76,7 @@ impl TensorTable {
         let loaded = resolver.resolve(spec, shape)?;
         let name = spec.parts.join("+");
         let row = shape.last().copied().unwrap_or(1);
-        let (dtype, fb) = policy.choose(&name, spec.kind, loaded.dtype, row);
+        let (dtype, fb) = policy.choose(&name, spec.kind, loaded.checkpoint_dtype, row);
         if let Some(r) = policy.rule_for(&name, spec.kind) {
             self.rules_applied.insert(r);
         }

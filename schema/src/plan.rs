@@ -60,6 +60,26 @@ pub struct ModelInfo {
     pub name: String,
     /// The diffusers pipeline class (`PixArtSigmaPipeline`, `PixArtAlphaPipeline`).
     pub pipeline_class: String,
+    /// LoRA adapters merged into the transformer's weights at plan time, in the order given.
+    pub loras: Vec<LoraInfo>,
+}
+
+/// A LoRA merged at plan time (`edgeplan compile --lora FILE[:MULTIPLIER]`):
+/// `W' = W + (B @ A) · multiplier · alpha / rank` for each adapted linear layer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoraInfo {
+    /// The file's name (no directory: a plan does not record the workstation's paths).
+    pub file: String,
+    /// BLAKE3 of the file's bytes.
+    pub blake3: [u8; 32],
+    /// The user's strength (1 when not given).
+    pub multiplier: f32,
+    /// Key format: `peft` (lora_A/lora_B) or `kohya` (lora_down/lora_up/alpha).
+    pub format: String,
+    /// Number of adapted layers.
+    pub layers: u32,
+    /// The largest rank among them.
+    pub rank: u32,
 }
 
 /// Facts about the text-encoder stage.

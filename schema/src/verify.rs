@@ -32,6 +32,17 @@ pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
             meta.vae.scaling_factor
         )));
     }
+    for (i, l) in meta.model.loras.iter().enumerate() {
+        if !l.multiplier.is_finite()
+            || l.file.chars().any(|c| c.is_control() || c == '/')
+            || !matches!(l.format.as_str(), "peft" | "kohya")
+        {
+            return Err(invalid(format!(
+                "LoRA record {i}: multiplier {}, file {:?}, format {:?} (expected a finite multiplier, a file name without directories or control characters, peft or kohya)",
+                l.multiplier, l.file, l.format
+            )));
+        }
+    }
     if meta.vae.downscale == 0 || meta.vae.latent_channels == 0 {
         return Err(invalid(
             "vae downscale and latent channels must be positive".into(),

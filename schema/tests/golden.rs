@@ -29,6 +29,14 @@ fn meta() -> PlanMeta {
             family: ModelFamily::PixArtAlpha,
             name: "golden".into(),
             pipeline_class: "PixArtAlphaPipeline".into(),
+            loras: vec![edge_schema::plan::LoraInfo {
+                file: "style.safetensors".into(),
+                blake3: [7; 32],
+                multiplier: 0.8,
+                format: "kohya".into(),
+                layers: 20,
+                rank: 4,
+            }],
         },
         tokenizer: TokenizerSpec {
             pieces: vec![
@@ -234,7 +242,7 @@ fn metadata_bytes_are_frozen() {
     let digest = blake3::hash(&bytes).to_hex().to_string();
     assert_eq!(
         (FORMAT_VERSION, bytes.len(), digest.as_str()),
-        (5, GOLDEN_LEN, GOLDEN_DIGEST),
+        (6, GOLDEN_LEN, GOLDEN_DIGEST),
         "the postcard encoding of PlanMeta changed: bump FORMAT_VERSION and update the golden values"
     );
     assert_eq!(PlanMeta::decode(&bytes).unwrap(), meta());
@@ -259,5 +267,5 @@ fn header_layout_is_frozen() {
     assert_eq!(&b[224..256], &[0x44; 32]);
 }
 
-const GOLDEN_LEN: usize = 372;
-const GOLDEN_DIGEST: &str = "bf88dbb0ec219bcdeb2a4dbfc02dd91af547135c0b6fe95d00bb92670beba45e";
+const GOLDEN_LEN: usize = 435;
+const GOLDEN_DIGEST: &str = "175a15a3e543337aceee6587d6c834afc5bf0ca4bf3ee020f3b4fc63e55530a3";

@@ -1975,3 +1975,53 @@ fn compile_reports_progress_unless_quiet() {
         "{err}"
     );
 }
+
+/// `edgeplan compile --lora FILE[:MULTIPLIER]` records the LoRA (file name, multiplier,
+/// format, layers, rank, digest) and `inspect` shows it; a multiplier that is not a number and
+/// a LoRA for another model are refused by name, leaving no plan.
+#[test]
+fn lora_is_merged_recorded_and_shown() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+    let model = fixtures.join("pixart-sigma-tiny");
+    let lora = fixtures.join("lora/pixart-sigma-tiny-lora-r4.kohya.safetensors");
+    let t = tempfile::tempdir().unwrap();
+    let plan = t.path().join("lora.plan");
+    let arg = format!("{}:0.8", s(&lora));
+    let mut args = compile_args(s(&model), s(&plan), "64");
+    args.extend(["--lora", &arg, "--quiet"]);
+    let o = run(EDGEPLAN, &args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&run(EDGEPLAN, &["inspect", s(&plan)]).stdout).to_string();
+    let digest: String = blake3::hash(&std::fs::read(&lora).unwrap()).as_bytes()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let want = format!(
+        "lora: pixart-sigma-tiny-lora-r4.kohya.safetensors × 0.8 (kohya, 20 layers, rank 4, blake3 {digest})"
+    );
+    assert!(text.contains(&want), "{text}");
+
+    let out_dir = t.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let bad_plan = out_dir.join("bad.plan");
+    let arg = format!("{}:strong", s(&lora));
+    let mut args = compile_args(s(&model), s(&bad_plan), "64");
+    args.extend(["--lora", &arg]);
+    assert_refused(
+        "non-numeric multiplier",
+        &run(EDGEPLAN, &args),
+        &["--lora", "`strong`"],
+        &out_dir,
+    );
+    // A LoRA of pixart-sigma-tiny given to the demo model (other widths).
+    let demo = demo_model();
+    let mut args = compile_args(s(&demo), s(&bad_plan), "64");
+    let arg = s(&lora).to_string();
+    args.extend(["--lora", &arg]);
+    assert_refused(
+        "LoRA of another model",
+        &run(EDGEPLAN, &args),
+        &["kohya.safetensors", "another model"],
+        &out_dir,
+    );
+}

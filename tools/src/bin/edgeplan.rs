@@ -186,6 +186,10 @@ struct CompileArgs {
     /// Override the VAE config's scaling factor.
     #[arg(long)]
     vae_scale_factor: Option<f32>,
+    /// LoRA FILE[:MULTIPLIER] (safetensors; PEFT/diffusers or kohya keys) merged into the
+    /// transformer's weights before packing; repeatable, applied in order; multiplier 1 by default.
+    #[arg(long = "lora", value_name = "FILE[:MULTIPLIER]")]
+    lora: Vec<String>,
     /// Memory budget for weights resident + arena on the device (e.g. `1.5G`, `800M`).
     #[arg(long = "max-ram")]
     max_ram: Option<String>,
@@ -324,6 +328,11 @@ fn compile(a: CompileArgs) -> Result<()> {
         },
         segments: a.segments.parse()?,
         progress: Default::default(),
+        loras: a
+            .lora
+            .iter()
+            .map(|l| edge_planner::lora::LoraRequest::parse(l))
+            .collect::<Result<_, _>>()?,
         kv_cache: match a.kv_cache_type.to_ascii_lowercase().as_str() {
             "f32" => DType::F32,
             "f16" => DType::F16,
