@@ -55,6 +55,10 @@ pub struct CompileOptions {
     /// LoRA adapters merged into the transformer's linear weights before packing
     /// (`--lora FILE[:MULTIPLIER]`, in order; see [`crate::lora`]).
     pub loras: Vec<LoraRequest>,
+    /// Compile a VAE encoder stage per size for image to image (default; `--no-vae-encoder`
+    /// leaves it out). Skipped, with a note, for a VAE without encoder weights and for a size
+    /// whose whole-image encoder does not fit `max_ram`.
+    pub vae_encoder: bool,
 }
 
 /// What [`CompileOptions::progress`] is told.
@@ -107,6 +111,7 @@ impl Default for CompileOptions {
             kv_cache: DType::F32,
             progress: ProgressHook::default(),
             loras: Vec::new(),
+            vae_encoder: true,
         }
     }
 }
@@ -1153,12 +1158,57 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
             &vae_src,
             policy,
         )?;
+        let encoder_stage = if !opts.vae_encoder {
+            None
+        } else if inp.vae.tensor("encoder.conv_in.weight")?.is_none() {
+            if sizes.is_empty() {
+                notes.push(format!(
+                    "no VAE encoder: {} has no encoder weights (encoder.conv_in.weight), so the plan cannot encode init images (image to image)",
+                    inp.vae.describe()
+                ));
+            }
+            None
+        } else {
+            let g = edge_models::build_vae_encoder(vae_cfg, h as usize, w as usize)?;
+            let moments = 2
+                * vae_cfg.latent_channels as u64
+                * u64::from(h / downscale)
+                * u64::from(w / downscale)
+                * 4;
+            let need = crate::lower::arena_estimate(&g, DType::F32)?
+                + edge_schema::memory::image_bytes(w, h)
+                + moments
+                + opts.headroom;
+            match opts.max_ram {
+                Some(b) if need > b => {
+                    notes.push(format!(
+                        "no VAE encoder for {w}x{h}: its arena and buffers need {} MiB, more than --max-ram allows (tiled encoding is not built); image to image is unavailable at this size",
+                        need.div_ceil(1 << 20)
+                    ));
+                    None
+                }
+                _ => {
+                    let idx = stages.len() as u32;
+                    stages.push(lower(
+                        &g,
+                        StageKind::VaeEncoder,
+                        w,
+                        h,
+                        &mut table,
+                        &vae_src,
+                        policy,
+                    )?);
+                    Some(idx)
+                }
+            }
+        };
         sizes.push(ImageSize {
             width: w,
             height: h,
             denoiser_stage,
             decoder_stage,
             decoder_tiling,
+            encoder_stage,
         });
     }
     let meta = PlanMeta {
@@ -1194,7 +1244,9 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
     policy.check_rules_applied(&table.rules_applied)?;
     let mut meta = meta;
     meta.notes.splice(0..0, inp.assumed.iter().cloned());
-    meta.notes.extend(unused_notes(&t5_src, &dit_src, &vae_src));
+    let encoder_compiled = meta.sizes.iter().any(|z| z.encoder_stage.is_some());
+    meta.notes
+        .extend(unused_notes(&t5_src, &dit_src, &vae_src, encoder_compiled));
     crate::pack::repack_for_target(&mut table, &meta.stages, &meta.target);
     crate::budget::apply(
         &mut meta,
@@ -1231,13 +1283,14 @@ fn linear_layers(graphs: &[&edge_graph::Graph]) -> std::collections::BTreeMap<St
 /// Plan notes (warnings) for checkpoint tensors the graphs did not use, as diffusers warns
 /// ("Some weights of the model checkpoint … were not used"): a config with fewer layers than
 /// the weights, or a tensor under a misspelt name. Not reported: the VAE encoder and
-/// `quant_conv` (this plan has no encoder stage), a T5 checkpoint's decoder and `lm_head`
+/// `quant_conv` when the plan has no encoder stage, a T5 checkpoint's decoder and `lm_head`
 /// (PixArt uses the encoder, as `T5EncoderModel` ignores them), and the second name of T5's
 /// tied embedding (`shared.weight` / `encoder.embed_tokens.weight`).
 fn unused_notes(
     t5: &SourceResolver<'_>,
     dit: &SourceResolver<'_>,
     vae: &SourceResolver<'_>,
+    encoder_compiled: bool,
 ) -> Vec<String> {
     let t5_used = |n: &str| t5.used.lock().is_ok_and(|u| u.contains(n));
     let tied = ["shared.weight", "encoder.embed_tokens.weight"];
@@ -1255,7 +1308,9 @@ fn unused_notes(
         (
             "VAE",
             vae,
-            vae.unused(|n| n.starts_with("encoder.") || n.starts_with("quant_conv.")),
+            vae.unused(|n| {
+                !encoder_compiled && (n.starts_with("encoder.") || n.starts_with("quant_conv."))
+            }),
         ),
     ];
     let mut notes = Vec::new();

@@ -59,6 +59,21 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
         .map(|z| format!("{}x{}", z.width, z.height))
         .collect();
     let _ = writeln!(s, "image sizes (WxH): {}", sizes.join(", "));
+    let enc: Vec<String> = meta
+        .sizes
+        .iter()
+        .filter(|z| z.encoder_stage.is_some())
+        .map(|z| format!("{}x{}", z.width, z.height))
+        .collect();
+    let _ = writeln!(
+        s,
+        "VAE encoder (image to image): {}",
+        if enc.is_empty() {
+            "none".to_string()
+        } else {
+            enc.join(", ")
+        }
+    );
     for z in &meta.sizes {
         let Some(t) = &z.decoder_tiling else { continue };
         let ds = meta.vae.downscale;

@@ -25,6 +25,8 @@ pub enum Error {
         #[source]
         source: crate::sign::SignatureError,
     },
+    #[error("init image {path}: {reason}")]
+    InitImage { path: String, reason: String },
     #[error("the plan has no image size {width}x{height} (WxH); it holds: {available}")]
     SizeNotInPlan {
         width: u32,

@@ -31,7 +31,7 @@ pub mod tiling;
 pub mod tokenizer;
 
 pub use error::{Error, Result};
-pub use pipeline::{generate, generate_with, Flow, GenerateParams, Generated, Progress};
+pub use pipeline::{generate, generate_with, Flow, GenerateParams, Generated, InitImage, Progress};
 pub use plan::Plan;
 pub use session::{Session, StageInput};
 pub use sign::{SignatureError, TrustedKey};

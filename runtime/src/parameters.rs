@@ -29,6 +29,9 @@ pub struct GenerationInfo {
     pub plan_digest: String,
     /// File name of the initial noise, when it was given.
     pub init_latents: Option<String>,
+    /// Image to image: the init image's file name and the strength (recorded as A1111's
+    /// `Denoising strength` and `Init image`).
+    pub init_image: Option<(String, f64)>,
 }
 
 impl GenerationInfo {
@@ -63,6 +66,10 @@ impl GenerationInfo {
             ("Plan", self.plan_name.clone()),
             ("Plan digest", self.plan_digest.clone()),
         ]);
+        if let Some((name, strength)) = &self.init_image {
+            fields.push(("Denoising strength", strength.to_string()));
+            fields.push(("Init image", name.clone()));
+        }
         if let Some(f) = &self.init_latents {
             fields.push(("Init latents", f.clone()));
         }
@@ -141,6 +148,7 @@ mod tests {
             plan_name: "p.plan".into(),
             plan_digest: "abc".into(),
             init_latents: None,
+            init_image: None,
         };
         let t = info.a1111();
         let lines: Vec<&str> = t.lines().collect();

@@ -40,8 +40,24 @@ pub struct GenerateParams {
     pub width: u32,
     /// Image height in pixels.
     pub height: u32,
-    /// Unit-variance initial noise `[c, h/8, w/8]` to use instead of the seeded noise.
+    /// Unit-variance initial noise `[c, h/8, w/8]` to use instead of the seeded noise (for
+    /// image to image: the noise added to the encoded image).
     pub init_latents: Option<Vec<f32>>,
+    /// Image to image: the image to start from and how much of the schedule to run.
+    pub init_image: Option<InitImage>,
+}
+
+/// The start of an image-to-image run (diffusers' `StableDiffusionImg2ImgPipeline` steps,
+/// with PixArt's components): the image is VAE-encoded (the latent distribution's mode, times
+/// the VAE scale), noised with `scheduler.add_noise` to the level of step `t_start`, and the
+/// sampler runs from there (see [`crate::sampler::img2img_begin`]).
+#[derive(Clone, Debug)]
+pub struct InitImage {
+    /// RGB bytes `[height, width, 3]` at the run's width and height.
+    pub rgb: Vec<u8>,
+    /// How much of the schedule runs, in (0, 1]: 1 runs every step from the image noised to
+    /// the first step's level (nearly pure noise), small values keep more of the image.
+    pub strength: f64,
 }
 
 /// What [`generate`] produced.
@@ -64,6 +80,8 @@ pub struct Generated {
 pub enum Progress {
     /// Text encoding finished.
     Encoded,
+    /// Image to image: the init image was encoded.
+    ImageEncoded,
     /// Sampler step `done` of `total` finished.
     Step { done: usize, total: usize },
     /// VAE decoding finished.
@@ -233,6 +251,45 @@ pub fn decode_latents_reported(
     Ok((image, report))
 }
 
+/// Encodes an init image (RGB bytes `[h, w, 3]` of `size`) with the size's VAE encoder into
+/// the clean latents `[c, h/8, w/8]` image to image starts from: the mean half of the moments
+/// (the distribution's mode, as the img2img reference takes it) times the VAE scale.
+///
+/// # Errors
+/// [`Error::Argument`] when the plan has no encoder for `size` or `rgb` has the wrong length;
+/// the session's errors.
+pub fn encode_image(
+    session: &mut Session<'_>,
+    size: &edge_schema::plan::ImageSize,
+    rgb: &[u8],
+) -> Result<Vec<f32>> {
+    let (w, h) = (size.width as usize, size.height as usize);
+    let stage = size.encoder_stage.ok_or_else(|| Error::Argument {
+        flag: "init-img",
+        reason: format!("the plan has no VAE encoder for {w}x{h}"),
+    })?;
+    if rgb.len() != 3 * w * h {
+        return Err(Error::Argument {
+            flag: "init-img",
+            reason: format!("{} bytes of RGB for a {w}x{h} image", rgb.len()),
+        });
+    }
+    let meta = session.plan().meta();
+    let (c, ds) = (
+        meta.vae.latent_channels as usize,
+        meta.vae.downscale.max(1) as usize,
+    );
+    let scale = meta.vae.scaling_factor;
+    let image = crate::image::rgb8_to_vae_input(rgb, w, h);
+    let mut moments = vec![0f32; 2 * c * (h / ds) * (w / ds)];
+    session.run_stage(stage, &[StageInput::F32(&image)], &mut [&mut moments])?;
+    moments.truncate(c * (h / ds) * (w / ds));
+    for m in moments.iter_mut() {
+        *m *= scale;
+    }
+    Ok(moments)
+}
+
 /// What a [`generate_with`] progress callback asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flow {
@@ -270,6 +327,7 @@ pub fn generate_with(
         Flow::Stop => Err(Error::Interrupted {
             after: match p {
                 Progress::Encoded => "the prompt encode".to_string(),
+                Progress::ImageEncoded => "the init image encode".to_string(),
                 Progress::Step { done, total } => format!("step {done}/{total}"),
                 Progress::Decoded => "the decode".to_string(),
             },
@@ -304,6 +362,31 @@ pub fn generate_with(
         scheduler.use_karras_sigmas = k;
     }
     let mut sampler = Sampler::new(&scheduler, params.method, params.steps, latent_len)?;
+    if let Some(init) = &params.init_image {
+        if size.encoder_stage.is_none() {
+            return Err(Error::Argument {
+                flag: "init-img",
+                reason: format!(
+                    "the plan has no VAE encoder for {}x{} (compiled with --no-vae-encoder, or the encoder did not fit its --max-ram); compile it with one for image to image",
+                    params.width, params.height
+                ),
+            });
+        }
+        let want = 3 * params.width as usize * params.height as usize;
+        if init.rgb.len() != want {
+            return Err(Error::Argument {
+                flag: "init-img",
+                reason: format!(
+                    "{} bytes of RGB for a {}x{} image, expected {want}",
+                    init.rgb.len(),
+                    params.width,
+                    params.height
+                ),
+            });
+        }
+        let begin = crate::sampler::img2img_begin(params.steps, init.strength, params.method)?;
+        sampler.begin_at(begin)?;
+    }
     let tokenizer = Tokenizer::new(&meta.tokenizer).map_err(|e| Error::Tokenizer(e.to_string()))?;
     let guided = params.cfg_scale > 1.0;
     let (ctx_c, mask_c, trunc_c) = encode_text(session, &tokenizer, &params.prompt)?;
@@ -319,6 +402,17 @@ pub fn generate_with(
     session.plan().check_unchanged()?;
     report(Progress::Encoded)?;
 
+    // Image to image: the clean latents of the init image (mode of the VAE's distribution,
+    // scaled), computed after the prompts as the img2img pipeline does.
+    let clean = match &params.init_image {
+        Some(init) => {
+            let l = encode_image(session, &size, &init.rgb)?;
+            session.plan().check_unchanged()?;
+            report(Progress::ImageEncoded)?;
+            Some(l)
+        }
+        None => None,
+    };
     // One generator for the initial noise (unless given) and then the per-step noise of
     // stochastic samplers, as diffusers passes one generator to both.
     let mut noise = crate::rng::NoiseStream::new(params.rng, params.seed);
@@ -342,17 +436,28 @@ pub fn generate_with(
             n
         }
     };
-    let sigma0 = sampler.init_noise_sigma();
-    for x in latents.iter_mut() {
-        *x *= sigma0;
+    match &clean {
+        // `add_noise(init_latents, noise, timesteps[begin])`, no `init_noise_sigma`.
+        Some(x0) => {
+            let n = latents.clone();
+            sampler.add_noise(x0, &n, &mut latents)?;
+        }
+        None => {
+            let sigma0 = sampler.init_noise_sigma();
+            for x in latents.iter_mut() {
+                *x *= sigma0;
+            }
+        }
     }
     let timesteps = sampler.timesteps().to_vec();
+    let begin = sampler.begin();
+    let total = timesteps.len() - begin;
     let mut model_in = vec![0f32; latent_len];
     let mut eps_c = vec![0f32; latent_len];
     let mut eps_u = vec![0f32; latent_len];
     let mut step_noise = vec![0f32; latent_len];
     let mut streamed_per_step = Vec::with_capacity(timesteps.len());
-    for (i, &t) in timesteps.iter().enumerate() {
+    for (i, &t) in timesteps.iter().enumerate().skip(begin) {
         let streamed_before = session.streamer().streamed_bytes();
         sampler.scale_model_input(i, &latents, &mut model_in)?;
         denoise(session, &size, &model_in, t, &cond, &mut eps_c)?;
@@ -373,14 +478,14 @@ pub fn generate_with(
         session.plan().check_unchanged()?;
         if latents.iter().any(|v| !v.is_finite()) {
             return Err(Error::Diverged {
-                step: i + 1,
+                step: i + 1 - begin,
                 cfg_scale: params.cfg_scale,
             });
         }
         streamed_per_step.push(session.streamer().streamed_bytes() - streamed_before);
         report(Progress::Step {
-            done: i + 1,
-            total: timesteps.len(),
+            done: i + 1 - begin,
+            total,
         })?;
     }
     // The conditions (T5 states and cross-attention K/V of both prompts) are not needed to

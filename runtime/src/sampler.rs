@@ -65,14 +65,22 @@ pub enum SamplerError {
         method: &'static str,
         expected: usize,
     },
-    /// Steps must run in order 0, 1, 2, … (a multistep solver keeps history); 0 restarts.
+    /// Steps must run in order from the first (0, or the begin index of image to image; a
+    /// multistep solver keeps history); the first restarts.
     #[error(
-        "step {found} called out of order: expected step {expected} of {steps} (or 0 to restart)"
+        "step {found} called out of order: expected step {expected} of {steps} (or the first, to restart)"
     )]
     StepOrder {
         found: usize,
         expected: usize,
         steps: usize,
+    },
+    /// An image-to-image strength that is out of range or leaves no step.
+    #[error("--strength {strength} with {steps} steps: {why}")]
+    Strength {
+        strength: f64,
+        steps: usize,
+        why: &'static str,
     },
 }
 
@@ -159,6 +167,15 @@ impl SamplingMethod {
             SchedulerClass::Ddim => SamplingMethod::Ddim,
             SchedulerClass::Lcm => SamplingMethod::Lcm,
             SchedulerClass::UniPcMultistep => SamplingMethod::UniPc,
+        }
+    }
+
+    /// diffusers' `scheduler.order`: denoiser calls per step (2 for Heun and DPM2, whose
+    /// schedules hold two calls per interval).
+    pub const fn order(self) -> usize {
+        match self {
+            SamplingMethod::Heun | SamplingMethod::Dpm2 => 2,
+            _ => 1,
         }
     }
 
@@ -911,6 +928,38 @@ pub struct Sampler {
     last_sample: Vec<f32>,
     /// UniPC: the order of the last predictor (`this_order`).
     last_order: u32,
+    /// The first step index of the run (`set_begin_index`; 0 but for image to image).
+    begin: usize,
+}
+
+/// The first step of an image-to-image run of `steps` inference steps at `strength`
+/// (diffusers' img2img `get_timesteps`): `init_timestep = min(⌊steps · strength⌋, steps)`
+/// (the product in f64, as Python computes it), `t_start = steps − init_timestep`, and the run
+/// begins at step index `t_start · order` of the full schedule.
+///
+/// # Errors
+/// [`SamplerError::Strength`] for a strength outside (0, 1] or one that leaves no step.
+pub fn img2img_begin(
+    steps: usize,
+    strength: f64,
+    method: SamplingMethod,
+) -> Result<usize, SamplerError> {
+    if !(strength > 0.0 && strength <= 1.0) {
+        return Err(SamplerError::Strength {
+            strength,
+            steps,
+            why: "must be in (0, 1]",
+        });
+    }
+    let init_timestep = ((steps as f64 * strength) as usize).min(steps);
+    if init_timestep == 0 {
+        return Err(SamplerError::Strength {
+            strength,
+            steps,
+            why: "leaves no denoising step (⌊steps · strength⌋ = 0); raise --strength or --steps",
+        });
+    }
+    Ok((steps - init_timestep) * method.order())
 }
 
 impl Sampler {
@@ -962,7 +1011,67 @@ impl Sampler {
             first_order: true,
             last_sample: buffer(&[M::UniPc]),
             last_order: 0,
+            begin: 0,
         })
+    }
+
+    /// Starts the run at step index `begin` of the full schedule instead of 0 (diffusers'
+    /// `set_begin_index`, image to image): the solver's history starts empty there.
+    ///
+    /// # Errors
+    /// [`SamplerError::StepOrder`] for `begin` ≥ S.
+    pub fn begin_at(&mut self, begin: usize) -> Result<(), SamplerError> {
+        self.check_index(begin)?;
+        self.begin = begin;
+        self.next_step = begin;
+        self.lower_order_nums = 0;
+        self.first_order = true;
+        Ok(())
+    }
+
+    /// The first step index of the run (0 unless [`Sampler::begin_at`] moved it).
+    pub fn begin(&self) -> usize {
+        self.begin
+    }
+
+    /// `scheduler.add_noise(x0, noise, timesteps[begin])`: the clean latents `x0` noised to the
+    /// level of the run's first step, into `out` (all `[latent_len]`). Sigma-based samplers
+    /// (Euler, Euler a, Heun, DPM2): `x0 + σ·noise`; DPM-Solver++ and UniPC: `α·x0 + σ_t·noise`
+    /// with `α = 1/sqrt(σ² + 1)`, `σ_t = σ·α`; DDIM and LCM: `sqrt(ᾱ_t)·x0 + sqrt(1 − ᾱ_t)·noise`
+    /// at the step's timestep. σ is `sigmas[begin]`. No `init_noise_sigma` factor.
+    ///
+    /// # Errors
+    /// [`SamplerError::Length`] for wrong lengths.
+    pub fn add_noise(
+        &self,
+        x0: &[f32],
+        noise: &[f32],
+        out: &mut [f32],
+    ) -> Result<(), SamplerError> {
+        self.check("clean latents", x0.len())?;
+        self.check("noise", noise.len())?;
+        self.check("noised latents", out.len())?;
+        let b = self.begin;
+        let (a, s) = match self.method {
+            SamplingMethod::Euler
+            | SamplingMethod::EulerAncestral
+            | SamplingMethod::Heun
+            | SamplingMethod::Dpm2 => (1.0, self.schedule.sigmas[b]),
+            SamplingMethod::DpmPp2m | SamplingMethod::UniPc => {
+                let sigma = self.schedule.sigmas[b];
+                let alpha = 1.0 / (sigma * sigma + 1.0).sqrt();
+                (alpha, sigma * alpha)
+            }
+            SamplingMethod::Ddim | SamplingMethod::Lcm => {
+                let t = self.schedule.timesteps[b] as i64;
+                let ab = self.alpha_bar(t);
+                (ab.sqrt(), (1.0 - ab).sqrt())
+            }
+        };
+        for ((o, &x), &n) in out.iter_mut().zip(x0).zip(noise) {
+            *o = a * x + s * n;
+        }
+        Ok(())
     }
 
     /// The method this sampler runs.
@@ -1096,7 +1205,7 @@ impl Sampler {
                 })
             }
         };
-        if step_index != self.next_step && step_index != 0 {
+        if step_index != self.next_step && step_index != self.begin {
             return Err(SamplerError::StepOrder {
                 found: step_index,
                 expected: self.next_step,
@@ -1105,7 +1214,7 @@ impl Sampler {
         }
         self.check("model_output", model_output.len())?;
         self.check("latents", latents.len())?;
-        if step_index == 0 {
+        if step_index == self.begin {
             self.lower_order_nums = 0;
             self.first_order = true;
         }
@@ -1368,8 +1477,8 @@ impl Sampler {
         };
         // The corrector: x (the predictor's output) from last_sample with the previous data
         // prediction m0 = x0_prev, this step's output x0, and for order 2 the one before
-        // (kept in `stash`).
-        if i > 0 {
+        // (kept in `stash`); not at the run's first step (no `last_sample` yet).
+        if i > self.begin {
             let order = self.last_order;
             let (alpha_t, sigma_t) = alpha_sigma(sig[i]);
             let (_, sigma_s0) = alpha_sigma(sig[i - 1]);

@@ -89,7 +89,8 @@ pub fn tensors_of(stage: &Stage, first: usize, end: usize) -> Vec<u32> {
 
 /// Bytes of the buffers the pipeline keeps outside the arena for one image of `size` while
 /// stage `stage` runs: before decoding, per condition (2 with guidance) the T5 states and the
-/// cross-attention K/V cache; while decoding (the conditions are freed first), the decoded
+/// cross-attention K/V cache, plus while encoding an init image that image as f32 planes and
+/// its moments; while decoding (the conditions are freed first), the decoded
 /// image as f32 planes (3 × W × H × 4 bytes) and what exact VAE tiles hold
 /// ([`crate::tiles::host_bytes`]).
 pub fn host_bytes_at(meta: &PlanMeta, size: &ImageSize, stage: &Stage) -> u64 {
@@ -98,17 +99,31 @@ pub fn host_bytes_at(meta: &PlanMeta, size: &ImageSize, stage: &Stage) -> u64 {
         StageKind::VaeDecoder | StageKind::VaeDecoderHead | StageKind::VaeDecoderTail => {
             image_bytes(size.width, size.height) + crate::tiles::host_bytes(meta, size)
         }
-        _ => {
-            let out_bytes = |stage: u32| -> u64 {
-                meta.stages
-                    .get(stage as usize)
-                    .and_then(|st| st.outputs.first().map(|&o| &st.values[o as usize]))
-                    .and_then(|v| v.byte_len())
-                    .unwrap_or(0)
-            };
-            2 * (out_bytes(meta.text_stage) + meta.cross_kv_stage.map_or(0, out_bytes))
+        // Image to image: the conditions, the input image as f32 planes and the moments.
+        StageKind::VaeEncoder => {
+            let moments = stage
+                .outputs
+                .first()
+                .and_then(|&o| stage.values.get(o as usize))
+                .and_then(|v| v.byte_len())
+                .unwrap_or(0);
+            conditions_bytes(meta) + image_bytes(size.width, size.height) + moments
         }
+        _ => conditions_bytes(meta),
     }
+}
+
+/// Bytes of the two conditions (prompt and negative prompt): T5 states and, when the plan has
+/// the stage, the cross-attention K/V cache of each.
+fn conditions_bytes(meta: &PlanMeta) -> u64 {
+    let out_bytes = |stage: u32| -> u64 {
+        meta.stages
+            .get(stage as usize)
+            .and_then(|st| st.outputs.first().map(|&o| &st.values[o as usize]))
+            .and_then(|v| v.byte_len())
+            .unwrap_or(0)
+    };
+    2 * (out_bytes(meta.text_stage) + meta.cross_kv_stage.map_or(0, out_bytes))
 }
 
 /// Bytes of a decoded `width × height` image on the host: 3 f32 planes.
@@ -147,11 +162,13 @@ pub struct StagePeak {
 }
 
 /// The stages one image of `size` runs, in order: the text encoder (the full-length one),
-/// the cross-attention K/V stage, the denoiser, the decoder (head, then tail, for exact
-/// tiles).
+/// the cross-attention K/V stage, the VAE encoder when the plan has one for the size (an
+/// image-to-image run; counted for every run, so a prediction covers both kinds), the
+/// denoiser, the decoder (head, then tail, for exact tiles).
 pub fn run_order(meta: &PlanMeta, size: &ImageSize) -> Vec<u32> {
     let mut order = vec![meta.text_stage];
     order.extend(meta.cross_kv_stage);
+    order.extend(size.encoder_stage);
     order.push(size.denoiser_stage);
     if let Some(sync) = size.decoder_tiling.as_ref().and_then(|t| t.sync.as_ref()) {
         order.push(sync.head_stage);

@@ -119,6 +119,10 @@ pub struct ImageSize {
     /// When set, the image is decoded tile by tile by the tile decoder `stage` (which then
     /// equals `decoder_stage`) instead of at once.
     pub decoder_tiling: Option<VaeTiling>,
+    /// Index into [`PlanMeta::stages`] of the VAE encoder for this size (image to image), a
+    /// `VaeEncoder` stage over the whole image; `None` when the plan was compiled without it
+    /// (`--no-vae-encoder`, or it did not fit the budget).
+    pub encoder_stage: Option<u32>,
 }
 
 /// A planned tiled VAE decode: the latent image is covered by tiles of

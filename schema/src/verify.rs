@@ -195,6 +195,37 @@ pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
                 sz.width, sz.height
             )));
         }
+        if let Some(e) = sz.encoder_stage {
+            // image [3, H, W] → moments [2c, h, w]
+            let st = meta.stages.get(e as usize);
+            let shape_of = |st: &Stage, id: Option<&u32>| {
+                id.and_then(|&i| st.values.get(i as usize))
+                    .map(|v| v.shape.clone())
+            };
+            let ds = meta.vae.downscale.max(1);
+            let io_ok = st.is_some_and(|st| {
+                shape_of(st, st.inputs.first())
+                    == Some(vec![3, u64::from(sz.height), u64::from(sz.width)])
+                    && shape_of(st, st.outputs.first())
+                        == Some(vec![
+                            2 * u64::from(meta.vae.latent_channels),
+                            u64::from(sz.height / ds),
+                            u64::from(sz.width / ds),
+                        ])
+            });
+            if !ok(e, StageKind::VaeEncoder) || !io_ok {
+                return Err(invalid(format!(
+                    "size {}x{}: encoder stage {e} is not a VAE encoder from [3, {}, {}] to [{}, {}, {}]",
+                    sz.width,
+                    sz.height,
+                    sz.height,
+                    sz.width,
+                    2 * meta.vae.latent_channels,
+                    sz.height / ds,
+                    sz.width / ds
+                )));
+            }
+        }
     }
     let mut prev = 0u32;
     for &(len, idx) in &meta.text_buckets {

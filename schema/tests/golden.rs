@@ -114,6 +114,7 @@ fn meta() -> PlanMeta {
                     overlap_latent_h: 2,
                     sync: None,
                 }),
+                encoder_stage: Some(4),
             },
             ImageSize {
                 width: 96,
@@ -133,6 +134,7 @@ fn meta() -> PlanMeta {
                         held: HeldIn::File,
                     }),
                 }),
+                encoder_stage: None,
             },
         ],
         text_stage: 0,
@@ -267,5 +269,5 @@ fn header_layout_is_frozen() {
     assert_eq!(&b[224..256], &[0x44; 32]);
 }
 
-const GOLDEN_LEN: usize = 435;
-const GOLDEN_DIGEST: &str = "175a15a3e543337aceee6587d6c834afc5bf0ca4bf3ee020f3b4fc63e55530a3";
+const GOLDEN_LEN: usize = 438;
+const GOLDEN_DIGEST: &str = "d4bb036784856b0b5a0f622d5fa66456c158ac2ffa2a9ff142aba27f39f52210";

@@ -486,6 +486,7 @@ fn run_job(
             rng: spec.rng,
             karras: spec.karras,
             init_latents: None,
+            init_image: None,
         };
         let mut timed_out = false;
         let out = edge_runtime::generate_with(session, &params, &mut |p| {
@@ -553,6 +554,7 @@ fn run_job(
             plan_name: info.plan_name.clone(),
             plan_digest: info.digest.clone(),
             init_latents: None,
+            init_image: None,
         };
         let png =
             edge_runtime::image::encode_png(&out.rgb, spec.width, spec.height, &fields.png_text())

@@ -163,5 +163,6 @@ pub fn demo_params(steps: usize) -> edge_runtime::GenerateParams {
         rng: Default::default(),
         karras: None,
         init_latents: None,
+        init_image: None,
     }
 }

@@ -77,6 +77,7 @@ fn params(prompt: &str, seed: u64, init: Option<Vec<f32>>) -> GenerateParams {
         rng: Default::default(),
         karras: None,
         init_latents: init,
+        init_image: None,
     }
 }
 

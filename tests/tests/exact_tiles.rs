@@ -123,6 +123,7 @@ fn demo_latents(p: &Plan, prompt: &str, w: u32, h: u32) -> Vec<f32> {
         rng: Default::default(),
         karras: None,
         init_latents: None,
+        init_image: None,
     };
     edge_runtime::generate(&mut s, &params, &mut |_| {})
         .unwrap()

@@ -164,6 +164,7 @@ fn pipeline(plan: &Plan, r: &HashMap<String, RefTensor>) -> Vec<f32> {
         rng: Default::default(),
         karras: None,
         init_latents: Some(r["initial_noise"].data.clone()),
+        init_image: None,
     };
     let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();
     assert_png_close("lora pipeline image", &out.rgb, &r["image_uint8"].data);

@@ -174,6 +174,7 @@ fn pipeline_matches(name: &str, run: &str, method: SamplingMethod, steps: usize,
         rng: Default::default(),
         karras: None,
         init_latents: Some(noise.data.clone()),
+        init_image: None,
     };
     let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();
     let refl = &r["final_latents"];

@@ -157,6 +157,7 @@ fn seeded_matches(run: &str, method: SamplingMethod, steps: usize, seed: u64) {
         rng: NoiseRng::TorchCpu,
         karras: None,
         init_latents: None,
+        init_image: None,
     };
     let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();
     let refl = &r["final_latents"].data;

@@ -86,6 +86,7 @@ fn run_with(
         rng: NoiseRng::TorchCpu,
         karras: Some(karras),
         init_latents: (!stochastic).then(|| noise.data.clone()),
+        init_image: None,
     };
     let out = edge_runtime::generate(&mut session, &params, &mut |_| {}).unwrap();
     let refl = &r["final_latents"].data;
@@ -253,6 +254,7 @@ fn an_lcm_folder_defaults_to_lcm_and_matches_its_reference() {
         rng: NoiseRng::TorchCpu,
         karras: None,
         init_latents: None,
+        init_image: None,
     };
     let out = edge_runtime::generate(&mut session, &params, &mut |_| {}).unwrap();
     assert_close(

@@ -44,6 +44,7 @@ fn run(
         rng: Default::default(),
         karras: None,
         init_latents: Some(noise.to_vec()),
+        init_image: None,
     };
     let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();
     (out.latents, out.rgb)

@@ -48,6 +48,7 @@ fn is_progress(line: &str) -> bool {
     line.starts_with("reading weights: ")
         || line.starts_with("writing the plan: ")
         || line.starts_with("encoded the prompt in ")
+        || line.starts_with("encoded the init image in ")
         || line.starts_with("decoded the latents in ")
         || (line.starts_with("step ") && line.contains(" in "))
 }
@@ -2023,5 +2024,170 @@ fn lora_is_merged_recorded_and_shown() {
         &run(EDGEPLAN, &args),
         &["kohya.safetensors", "another model"],
         &out_dir,
+    );
+}
+
+/// `edgerun generate -i IMAGE --strength S` follows the img2img reference
+/// (`tests/fixtures/img2img/`, seed 2024 drawn by torch's CPU generator) and records the
+/// strength and the image's name; bad init images (another size, grayscale, 16-bit,
+/// truncated, missing), `--strength` out of range or without `-i`, an output over the init
+/// image and a plan without a VAE encoder are refused by name, writing nothing.
+#[test]
+fn img2img_follows_the_reference_and_refuses_bad_init_images() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+    let t = tempfile::tempdir().unwrap();
+    let plan = t.path().join("sigma.plan");
+    let model = fixtures.join("pixart-sigma-tiny");
+    let o = run(EDGEPLAN, &compile_args(s(&model), s(&plan), "64"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let input = fixtures.join("img2img/input_A_64x64.png");
+    let png = t.path().join("cat.png");
+    let args = [
+        "-i",
+        s(&input),
+        "--strength",
+        "0.6",
+        "--steps",
+        "10",
+        "-s",
+        "2024",
+        "-n",
+        "",
+    ];
+    let o = generate_cat(&plan, &png, &args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ours = png_pixels(&png);
+    let theirs = png_pixels(&fixtures.join("img2img/pipeline_dpm_10_s0.6_cat_64x64.png"));
+    let worst = ours.iter().zip(&theirs).map(|(a, b)| a.abs_diff(*b)).max();
+    assert!(worst <= Some(3), "worst {worst:?}");
+    let text = png_text(&std::fs::read(&png).unwrap());
+    let params = &text.iter().find(|(k, _)| k == "parameters").unwrap().1;
+    assert!(
+        params.contains("Denoising strength: 0.6")
+            && params.contains("Init image: input_A_64x64.png"),
+        "{params}"
+    );
+
+    let out_dir = t.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let out = out_dir.join("x.png");
+    let write = |name: &str, w: u32, h: u32, color: png::ColorType, depth: png::BitDepth| {
+        let p = t.path().join(name);
+        let per = match color {
+            png::ColorType::Grayscale => 1,
+            _ => 3,
+        } * if depth == png::BitDepth::Sixteen {
+            2
+        } else {
+            1
+        };
+        let mut buf = Vec::new();
+        let mut enc = png::Encoder::new(&mut buf, w, h);
+        enc.set_color(color);
+        enc.set_depth(depth);
+        let mut wr = enc.write_header().unwrap();
+        wr.write_image_data(&vec![100u8; (w * h) as usize * per])
+            .unwrap();
+        wr.finish().unwrap();
+        std::fs::write(&p, buf).unwrap();
+        p
+    };
+    use png::{BitDepth as D, ColorType as C};
+    let small = write("small.png", 32, 48, C::Rgb, D::Eight);
+    let gray = write("gray.png", 64, 64, C::Grayscale, D::Eight);
+    let deep = write("deep.png", 64, 64, C::Rgb, D::Sixteen);
+    let cut = t.path().join("cut.png");
+    let whole = std::fs::read(&input).unwrap();
+    std::fs::write(&cut, &whole[..whole.len() / 2]).unwrap();
+    let refused = |what: &str, extra: &[&str], needles: &[&str]| {
+        let o = generate_cat(&plan, &out, extra);
+        assert_refused(what, &o, needles, &out_dir);
+    };
+    refused(
+        "wrong size",
+        &["-i", s(&small)],
+        &["small.png", "32x48", "64x64"],
+    );
+    refused("grayscale", &["-i", s(&gray)], &["gray.png", "grayscale"]);
+    refused("16-bit", &["-i", s(&deep)], &["deep.png", "16 bits"]);
+    refused("truncated", &["-i", s(&cut)], &["cut.png", "truncated"]);
+    let missing = t.path().join("missing.png");
+    refused("missing", &["-i", s(&missing)], &["missing.png"]);
+    refused(
+        "strength range",
+        &["-i", s(&input), "--strength", "1.5"],
+        &["--strength 1.5", "(0, 1]"],
+    );
+    refused(
+        "no step",
+        &["-i", s(&input), "--strength", "0.01"],
+        &["--strength 0.01", "no denoising step"],
+    );
+    refused(
+        "strength alone",
+        &["--strength", "0.5"],
+        &["--strength", "-i/--init-img"],
+    );
+    // The output may not be the init image.
+    let victim = out_dir.join("in.png");
+    std::fs::copy(&input, &victim).unwrap();
+    let o = run(
+        EDGERUN,
+        &[
+            "generate",
+            "--plan",
+            s(&plan),
+            "-p",
+            "x",
+            "--quiet",
+            "-i",
+            s(&victim),
+            "-o",
+            s(&victim),
+        ],
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("-i/--init-img"), "{err}");
+    assert_eq!(
+        std::fs::read(&victim).unwrap(),
+        whole,
+        "the init image was overwritten"
+    );
+    std::fs::remove_file(&victim).unwrap();
+    // A plan without the encoder.
+    let bare = t.path().join("bare.plan");
+    let mut args = compile_args(s(&model), s(&bare), "64");
+    args.push("--no-vae-encoder");
+    let o = run(EDGEPLAN, &args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(std::fs::metadata(&bare).unwrap().len() < std::fs::metadata(&plan).unwrap().len());
+    let o = run(
+        EDGERUN,
+        &[
+            "generate",
+            "--plan",
+            s(&bare),
+            "-p",
+            "x",
+            "--quiet",
+            "-i",
+            s(&input),
+            "-o",
+            s(&out),
+        ],
+    );
+    assert_refused("no encoder", &o, &["no VAE encoder"], &out_dir);
+    let inspect =
+        String::from_utf8_lossy(&run(EDGEPLAN, &["inspect", s(&bare)]).stdout).to_string();
+    assert!(
+        inspect.contains("VAE encoder (image to image): none"),
+        "{inspect}"
+    );
+    let inspect =
+        String::from_utf8_lossy(&run(EDGEPLAN, &["inspect", s(&plan)]).stdout).to_string();
+    assert!(
+        inspect.contains("VAE encoder (image to image): 64x64"),
+        "{inspect}"
     );
 }

@@ -190,6 +190,9 @@ struct CompileArgs {
     /// transformer's weights before packing; repeatable, applied in order; multiplier 1 by default.
     #[arg(long = "lora", value_name = "FILE[:MULTIPLIER]")]
     lora: Vec<String>,
+    /// Leave the VAE encoder out of the plan (no image to image; a smaller plan).
+    #[arg(long = "no-vae-encoder")]
+    no_vae_encoder: bool,
     /// Memory budget for weights resident + arena on the device (e.g. `1.5G`, `800M`).
     #[arg(long = "max-ram")]
     max_ram: Option<String>,
@@ -333,6 +336,7 @@ fn compile(a: CompileArgs) -> Result<()> {
             .iter()
             .map(|l| edge_planner::lora::LoraRequest::parse(l))
             .collect::<Result<_, _>>()?,
+        vae_encoder: !a.no_vae_encoder,
         kv_cache: match a.kv_cache_type.to_ascii_lowercase().as_str() {
             "f32" => DType::F32,
             "f16" => DType::F16,
@@ -792,6 +796,7 @@ fn compare_with_reference(
         rng: Default::default(),
         karras: None,
         init_latents: Some(noise),
+        init_image: None,
     };
     let out = edge_runtime::generate(&mut session, &params, &mut |_| {})?;
     let max_ref = want.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));

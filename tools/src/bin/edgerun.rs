@@ -311,9 +311,19 @@ struct GenArgs {
     /// table gives the generic table's bytes.
     #[arg(long = "kernels", default_value = "best")]
     kernels: String,
-    /// Initial noise: safetensors with one f32 tensor `latents` [1, 4, H/8, W/8] (replaces the seeded noise).
+    /// Initial noise: safetensors with one f32 tensor `latents` [1, 4, H/8, W/8] (replaces the
+    /// seeded noise; with --init-img, the noise added to the encoded image).
     #[arg(long = "init-latents")]
     init_latents: Option<PathBuf>,
+    /// Image to image: start from this PNG (8-bit RGB, one of the plan's sizes; -W/-H default
+    /// to its size). The plan must have a VAE encoder (the default of `edgeplan compile`).
+    #[arg(short = 'i', long = "init-img")]
+    init_img: Option<PathBuf>,
+    /// Image to image: how much of the schedule runs, in (0, 1] (default 0.75): ⌊steps ·
+    /// strength⌋ steps run from the image noised to that step's level; small values keep
+    /// more of the image.
+    #[arg(long = "strength")]
+    strength: Option<f64>,
     /// Also write the final latents (before VAE decoding) as safetensors `latents` [1, 4, H/8, W/8]
     /// (the name must end in .safetensors, or have no extension).
     #[arg(long = "latents-out")]
@@ -641,6 +651,28 @@ fn generate(a: GenArgs) -> Result<()> {
     if let Some(p) = &a.trusted_key {
         inputs.push(("--trusted-key", p));
     }
+    if let Some(p) = &a.init_img {
+        inputs.push(("-i/--init-img", p));
+    }
+    if a.strength.is_some() && a.init_img.is_none() {
+        bail!("--strength applies to image to image only: give -i/--init-img IMAGE.png");
+    }
+    let strength = a.strength.unwrap_or(0.75);
+    if !(strength > 0.0 && strength <= 1.0) {
+        bail!("--strength {strength}: expected a number in (0, 1] (0.75 by default)");
+    }
+    // The init image is read (and refused) before any plan is opened.
+    let init_rgb = match &a.init_img {
+        Some(p) => {
+            let bytes =
+                std::fs::read(p).with_context(|| format!("-i/--init-img {}", p.display()))?;
+            Some(edge_runtime::image::decode_png_rgb(
+                &bytes,
+                &p.display().to_string(),
+            )?)
+        }
+        None => None,
+    };
     if !(1..=1000).contains(&a.batch_count) {
         bail!("-b/--batch-count {}: expected 1 to 1000", a.batch_count);
     }
@@ -688,7 +720,32 @@ fn generate(a: GenArgs) -> Result<()> {
     let meta = plan.meta();
     edge_runtime::target::check(&meta.target)
         .with_context(|| format!("plan {}", a.plan.display()))?;
-    let (width, height, size) = pick_size(meta, a.width, a.height)?;
+    let (width, height, size) = match &init_rgb {
+        Some((iw, ih, _)) => {
+            let p = a.init_img.as_deref().unwrap_or(Path::new("")).display();
+            if a.width.is_some_and(|w| w != *iw) || a.height.is_some_and(|h| h != *ih) {
+                bail!(
+                    "-i/--init-img {p} is {iw}x{ih} but -W/-H ask for {}x{}; resize the image or drop -W/-H",
+                    a.width.unwrap_or(*iw),
+                    a.height.unwrap_or(*ih)
+                );
+            }
+            let size = meta.size(*iw, *ih).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "-i/--init-img {p} is {iw}x{ih} (WxH), not one of the plan's sizes: {}; resize it to one of them",
+                    available_sizes(meta)
+                )
+            })?;
+            if size.encoder_stage.is_none() {
+                bail!(
+                    "-i/--init-img: plan {} has no VAE encoder for {iw}x{ih} (compiled with --no-vae-encoder, or the encoder did not fit its --max-ram; `edgeplan inspect` lists the sizes it encodes)",
+                    a.plan.display()
+                );
+            }
+            (*iw, *ih, size)
+        }
+        None => pick_size(meta, a.width, a.height)?,
+    };
     let method = method.unwrap_or(SamplingMethod::for_class(meta.scheduler.class));
     let karras_used = karras.unwrap_or(meta.scheduler.use_karras_sigmas);
     if karras_used && method != SamplingMethod::DpmPp2m {
@@ -696,6 +753,9 @@ fn generate(a: GenArgs) -> Result<()> {
             "--scheduler karras: karras sigmas are implemented for --sampling-method dpm++2m only, not {method}{}",
             if karras.is_none() { " (the plan's scheduler config asks for them; give --scheduler discrete)" } else { "" }
         );
+    }
+    if init_rgb.is_some() {
+        edge_runtime::sampler::img2img_begin(a.steps, strength, method)?;
     }
     let den = &meta.stages[size.denoiser_stage as usize];
     let lshape: Vec<usize> = std::iter::once(1)
@@ -799,6 +859,12 @@ fn generate(a: GenArgs) -> Result<()> {
             rng,
             karras,
             init_latents: init_latents.clone(),
+            init_image: init_rgb
+                .as_ref()
+                .map(|(_, _, rgb)| edge_runtime::InitImage {
+                    rgb: rgb.clone(),
+                    strength,
+                }),
         };
         // A bar on a terminal; plain lines otherwise (logs, systemd), so progress is never silent.
         let lines = !a.quiet && !std::io::stderr().is_terminal();
@@ -836,7 +902,15 @@ fn generate(a: GenArgs) -> Result<()> {
                         say!("encoded the prompt in {dt:.2}s");
                     }
                 }
+                Progress::ImageEncoded => {
+                    phase_end("encode image");
+                    timings.insert("encode image", dt);
+                    if lines {
+                        say!("encoded the init image in {dt:.2}s");
+                    }
+                }
                 Progress::Step { done, total } => {
+                    bar.set_length(total as u64);
                     if done == total {
                         phase_end("sample");
                     }
@@ -891,6 +965,14 @@ fn generate(a: GenArgs) -> Result<()> {
                 .as_ref()
                 .and_then(|p| p.file_name())
                 .map(|n| n.to_string_lossy().to_string()),
+            init_image: a.init_img.as_ref().map(|p| {
+                (
+                    p.file_name()
+                        .map(|n| n.to_string_lossy().to_string())
+                        .unwrap_or_default(),
+                    strength,
+                )
+            }),
         };
         edge_runtime::image::write_png(output, &out.rgb, width, height, &fields.png_text())?;
         if !a.quiet {
@@ -912,8 +994,11 @@ fn generate(a: GenArgs) -> Result<()> {
             .map(|b| b.to_string())
             .collect();
         say!(
-            "timings: encode {:.3}s, sampling {:.3}s, decode {:.3}s",
+            "timings: encode {:.3}s,{} sampling {:.3}s, decode {:.3}s",
             timings.get("encode").unwrap_or(&0.0),
+            timings
+                .get("encode image")
+                .map_or(String::new(), |t| format!(" encode image {t:.3}s,")),
             timings.get("sample").unwrap_or(&0.0),
             timings.get("decode").unwrap_or(&0.0),
         );
@@ -957,12 +1042,16 @@ fn generate(a: GenArgs) -> Result<()> {
         use edge_schema::plan::StageKind as K;
         for (phase, kinds) in [
             ("encode", &[K::TextEncoder, K::CrossKv][..]),
+            ("encode image", &[K::VaeEncoder][..]),
             ("sample", &[K::Denoiser][..]),
             (
                 "decode",
                 &[K::VaeDecoder, K::VaeDecoderHead, K::VaeDecoderTail][..],
             ),
         ] {
+            if !phase_peak.contains_key(phase) && phase == "encode image" {
+                continue;
+            }
             let stages: Vec<String> = peaks
                 .iter()
                 .filter(|p| kinds.contains(&meta.stages[p.stage as usize].kind))
