@@ -202,6 +202,7 @@ impl<'a> Obj<'a> {
 const PIXART: &str = "PixArtTransformer2DModel";
 const T5: &str = "T5EncoderModel";
 const VAE: &str = "AutoencoderKL";
+const TINY: &str = "AutoencoderTiny";
 
 /// `PixArtTransformer2DModel` settings (diffusers 0.42), with defaults and derived values
 /// resolved.
@@ -482,6 +483,87 @@ impl VaeConfig {
     /// Image pixels per latent pixel along each axis: `2^(len(block_out_channels) − 1)`.
     pub fn downscale_factor(&self) -> usize {
         1usize << (self.block_out_channels.len().saturating_sub(1)).min(16)
+    }
+}
+
+/// `AutoencoderTiny` settings (diffusers 0.42; TAESD, TAESDXL), with defaults resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TinyVaeConfig {
+    /// Image channels into the encoder (default 3).
+    pub in_channels: usize,
+    /// Image channels out of the decoder (default 3).
+    pub out_channels: usize,
+    /// Encoder stage widths, finest first (default `[64, 64, 64, 64]`).
+    pub encoder_block_out_channels: Vec<usize>,
+    /// Decoder stage widths, coarsest first (default `[64, 64, 64, 64]`).
+    pub decoder_block_out_channels: Vec<usize>,
+    /// `AutoencoderTinyBlock`s per encoder stage (default `[1, 3, 3, 3]`).
+    pub num_encoder_blocks: Vec<usize>,
+    /// `AutoencoderTinyBlock`s per decoder stage (default `[3, 3, 3, 1]`).
+    pub num_decoder_blocks: Vec<usize>,
+    /// Latent channels (default 4).
+    pub latent_channels: usize,
+    /// The pipeline decodes `latents / scaling_factor` (default 1.0).
+    pub scaling_factor: f32,
+}
+
+impl TinyVaeConfig {
+    /// Parses a diffusers `AutoencoderTiny` `config.json`.
+    ///
+    /// Errors: wrong JSON types; `act_fn` other than `relu`, `upsample_fn` other than
+    /// `nearest`, `upsampling_scaling_factor` other than 2, a non-zero `shift_factor`; block
+    /// lists of different lengths; encoder stages whose widths change (diffusers' stride-2
+    /// convolutions keep the width).
+    pub fn from_json(v: &Value) -> Result<Self, ConfigError> {
+        let o = Obj::new(TINY, v)?;
+        o.require_str("act_fn", "relu", "relu")?;
+        o.require_str("upsample_fn", "nearest", "nearest")?;
+        if o.count("upsampling_scaling_factor", 2)? != 2 {
+            return Err(o.unsupported(
+                "upsampling_scaling_factor",
+                o.count("upsampling_scaling_factor", 2)?,
+                "2",
+            ));
+        }
+        if let Some(x) = o.opt_number("shift_factor")? {
+            if x != 0.0 {
+                return Err(o.unsupported("shift_factor", x, "0"));
+            }
+        }
+        let enc = o.counts("encoder_block_out_channels", &[64; 4])?;
+        let dec = o.counts("decoder_block_out_channels", &[64; 4])?;
+        let nenc = o.counts("num_encoder_blocks", &[1, 3, 3, 3])?;
+        let ndec = o.counts("num_decoder_blocks", &[3, 3, 3, 1])?;
+        let n = enc.len();
+        if dec.len() != n || nenc.len() != n || ndec.len() != n {
+            return Err(o.inconsistent(format!(
+                "encoder_block_out_channels, decoder_block_out_channels, num_encoder_blocks and num_decoder_blocks have {}, {}, {} and {} entries; they must agree",
+                n,
+                dec.len(),
+                nenc.len(),
+                ndec.len()
+            )));
+        }
+        if enc.windows(2).any(|w| w[0] != w[1]) {
+            return Err(o.inconsistent(format!(
+                "encoder_block_out_channels {enc:?} change width between stages; AutoencoderTiny's stride-2 convolutions keep it"
+            )));
+        }
+        Ok(TinyVaeConfig {
+            in_channels: o.count("in_channels", 3)?,
+            out_channels: o.count("out_channels", 3)?,
+            encoder_block_out_channels: enc,
+            decoder_block_out_channels: dec,
+            num_encoder_blocks: nenc,
+            num_decoder_blocks: ndec,
+            latent_channels: o.count("latent_channels", 4)?,
+            scaling_factor: o.positive("scaling_factor", 1.0)? as f32,
+        })
+    }
+
+    /// Image pixels per latent pixel along each axis: `2^(stages − 1)` (8 for TAESD).
+    pub fn downscale_factor(&self) -> usize {
+        1usize << (self.decoder_block_out_channels.len().saturating_sub(1)).min(16)
     }
 }
 

@@ -6,7 +6,9 @@
 //!   returns the noise prediction;
 //! * [`vae::build_vae_decoder`] (also split into [`vae::build_vae_decoder_head`] and
 //!   [`vae::build_vae_decoder_tail`] for tiles) / [`vae::build_vae_encoder`]: `AutoencoderKL`'s decoder and
-//!   encoder.
+//!   encoder;
+//! * [`taesd::build_tiny_decoder`] / [`taesd::build_tiny_encoder`]: `AutoencoderTiny` (TAESD,
+//!   TAESDXL), the preview decoder.
 //!
 //! Configurations come from the published `config.json` files ([`config`]). Every graph names
 //! its weights with the diffusers / transformers checkpoint names (fused projections are
@@ -18,15 +20,17 @@
 pub mod config;
 pub mod pixart;
 pub mod t5;
+pub mod taesd;
 mod util;
 pub mod vae;
 
-pub use config::{ConfigError, PixArtConfig, T5Config, VaeConfig};
+pub use config::{ConfigError, PixArtConfig, T5Config, TinyVaeConfig, VaeConfig};
 pub use pixart::{
     build_pixart_cross_kv, build_pixart_denoiser, build_pixart_denoiser_cached, cross_kv_shape,
     cross_kv_width, pos_embed_2d, MicroConditions,
 };
 pub use t5::build_t5_encoder;
+pub use taesd::{build_tiny_decoder, build_tiny_encoder};
 pub use vae::{
     build_vae_decoder, build_vae_decoder_head, build_vae_decoder_tail, build_vae_encoder,
 };

@@ -59,6 +59,11 @@ pub struct CompileOptions {
     /// leaves it out). Skipped, with a note, for a VAE without encoder weights and for a size
     /// whose whole-image encoder does not fit `max_ram`.
     pub vae_encoder: bool,
+    /// A tiny autoencoder (TAESD for PixArt-α, TAESDXL for PixArt-Σ) whose decoder becomes a
+    /// `TinyDecoder` stage per size (`--taesd DIR_OR_FILE`): a diffusers `AutoencoderTiny`
+    /// folder (`config.json` + weights) or one weights file with diffusers names
+    /// (`decoder.layers.N…`, TAESD's default config).
+    pub taesd: Option<PathBuf>,
 }
 
 /// What [`CompileOptions::progress`] is told.
@@ -112,6 +117,7 @@ impl Default for CompileOptions {
             progress: ProgressHook::default(),
             loras: Vec::new(),
             vae_encoder: true,
+            taesd: None,
         }
     }
 }
@@ -1100,6 +1106,22 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         policy,
     )?);
     let vae_src = SourceResolver::new(inp.vae).with_progress(opts.progress.clone());
+    let tiny = opts
+        .taesd
+        .as_deref()
+        .map(|p| open_tiny_vae(p, vae_cfg))
+        .transpose()?;
+    let tiny_src = tiny
+        .as_ref()
+        .map(|(_, src)| SourceResolver::new(src.as_ref()).with_progress(opts.progress.clone()));
+    if let Some((cfg, src)) = &tiny {
+        notes.push(format!(
+            "tiny decoder: {} (AutoencoderTiny, {} latent channels, scaling factor {}; TAESD matches PixArt-α's SD VAE, TAESDXL PixArt-Σ's SDXL VAE)",
+            src.describe(),
+            cfg.latent_channels,
+            cfg.scaling_factor
+        ));
+    }
     let mut sizes = Vec::new();
     for &(w, h) in &opts.sizes {
         let unit = downscale * patch;
@@ -1202,6 +1224,27 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
                 }
             }
         };
+        let tiny_decoder_stage = match (&tiny, &tiny_src) {
+            (Some((cfg, _)), Some(src)) => {
+                let g = edge_models::build_tiny_decoder(
+                    cfg,
+                    (h / downscale) as usize,
+                    (w / downscale) as usize,
+                )?;
+                let idx = stages.len() as u32;
+                stages.push(lower(
+                    &g,
+                    StageKind::TinyDecoder,
+                    w,
+                    h,
+                    &mut table,
+                    src,
+                    policy,
+                )?);
+                Some(idx)
+            }
+            _ => None,
+        };
         sizes.push(ImageSize {
             width: w,
             height: h,
@@ -1209,6 +1252,7 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
             decoder_stage,
             decoder_tiling,
             encoder_stage,
+            tiny_decoder_stage,
         });
     }
     let meta = PlanMeta {
@@ -1256,6 +1300,75 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
         opts.headroom,
     )?;
     Ok(Compiled { meta, table })
+}
+
+/// Opens `--taesd`: a diffusers `AutoencoderTiny` folder, or one weights file read with
+/// TAESD's default config; checks that its latents are the VAE's.
+///
+/// Errors: [`PlanError::Invalid`] naming the path for a config that is not an
+/// `AutoencoderTiny`'s, an original-layout TAESD file (`taesd_decoder.safetensors`), or
+/// latents of another shape than `vae`'s; the readers' errors.
+fn open_tiny_vae(
+    path: &Path,
+    vae: &VaeConfig,
+) -> Result<(edge_models::TinyVaeConfig, Box<dyn TensorSource>)> {
+    let bad = |why: String| PlanError::Invalid(format!("--taesd {}: {why}", path.display()));
+    let (cfg, src): (edge_models::TinyVaeConfig, Box<dyn TensorSource>) = if path.is_dir() {
+        let config_path = path.join("config.json");
+        if !config_path.is_file() {
+            return Err(bad(
+                "no config.json (expected a diffusers AutoencoderTiny folder such as madebyollin/taesdxl, or one .safetensors file)".into(),
+            ));
+        }
+        let json = crate::load::folder::read_json_config(&config_path)?;
+        if let Some(c) = json.get("_class_name").and_then(serde_json::Value::as_str) {
+            if c != "AutoencoderTiny" {
+                return Err(bad(format!(
+                    "config.json is an {c}'s; expected AutoencoderTiny (TAESD)"
+                )));
+            }
+        }
+        let cfg = edge_models::TinyVaeConfig::from_json(&json).map_err(|e| cfg_err(path, e))?;
+        (cfg, open_safetensors_any(path)?)
+    } else {
+        let (src, _) = open_weights(path)?;
+        let names = src.names();
+        if !names.iter().any(|n| n.starts_with("decoder.layers.")) {
+            let hint = if names.iter().any(|n| n == "1.weight") {
+                "holds the original TAESD layout (taesd_decoder.safetensors, keys `1.weight`, `3.conv.0.weight`); give the diffusers version (madebyollin/taesd or madebyollin/taesdxl: config.json and diffusion_pytorch_model.safetensors)".to_string()
+            } else {
+                format!(
+                    "no tensor `decoder.layers.0.weight` (an AutoencoderTiny's decoder); it holds {}",
+                    names.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
+                )
+            };
+            return Err(bad(hint));
+        }
+        let mut json = serde_json::json!({});
+        if let Ok(Some(t)) = src.tensor("decoder.layers.0.weight") {
+            if let [c, l, ..] = t.shape[..] {
+                json = serde_json::json!({
+                    "latent_channels": l,
+                    "decoder_block_out_channels": [c, c, c, c],
+                    "encoder_block_out_channels": [c, c, c, c],
+                });
+            }
+        }
+        let cfg = edge_models::TinyVaeConfig::from_json(&json).map_err(|e| cfg_err(path, e))?;
+        (cfg, src)
+    };
+    if cfg.latent_channels != vae.latent_channels
+        || cfg.downscale_factor() != vae.downscale_factor()
+    {
+        return Err(bad(format!(
+            "its latents have {} channels at 1/{} scale, the VAE's {} at 1/{}: not a tiny autoencoder for this model",
+            cfg.latent_channels,
+            cfg.downscale_factor(),
+            vae.latent_channels,
+            vae.downscale_factor()
+        )));
+    }
+    Ok((cfg, src))
 }
 
 /// The linear-layer weights of `graphs` (diffusers name of each part → `[out, in]`): what a

@@ -65,6 +65,21 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
         .filter(|z| z.encoder_stage.is_some())
         .map(|z| format!("{}x{}", z.width, z.height))
         .collect();
+    let tiny: Vec<String> = meta
+        .sizes
+        .iter()
+        .filter(|z| z.tiny_decoder_stage.is_some())
+        .map(|z| format!("{}x{}", z.width, z.height))
+        .collect();
+    let _ = writeln!(
+        s,
+        "tiny decoder (TAESD: --decoder tae, --preview tae): {}",
+        if tiny.is_empty() {
+            "none".to_string()
+        } else {
+            tiny.join(", ")
+        }
+    );
     let _ = writeln!(
         s,
         "VAE encoder (image to image): {}",

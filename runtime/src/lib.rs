@@ -31,7 +31,10 @@ pub mod tiling;
 pub mod tokenizer;
 
 pub use error::{Error, Result};
-pub use pipeline::{generate, generate_with, Flow, GenerateParams, Generated, InitImage, Progress};
+pub use pipeline::{
+    generate, generate_previewing, generate_with, Decoder, Flow, GenerateParams, Generated,
+    InitImage, Preview, PreviewSpec, Progress,
+};
 pub use plan::Plan;
 pub use session::{Session, StageInput};
 pub use sign::{SignatureError, TrustedKey};

@@ -45,6 +45,33 @@ pub struct GenerateParams {
     pub init_latents: Option<Vec<f32>>,
     /// Image to image: the image to start from and how much of the schedule to run.
     pub init_image: Option<InitImage>,
+    /// The decoder of the final image ([`Decoder::Vae`] by default).
+    pub decoder: Decoder,
+    /// Previews while sampling (given to [`generate_previewing`]'s callback); none by default.
+    pub preview: Option<PreviewSpec>,
+}
+
+/// Which decoder turns latents into an image.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Decoder {
+    /// The pipeline's `AutoencoderKL` (as planned: whole or in tiles).
+    #[default]
+    Vae,
+    /// The plan's tiny decoder (TAESD / TAESDXL, `edgeplan compile --taesd`): a fraction of
+    /// the VAE's time and memory, an approximate image.
+    Tiny,
+}
+
+/// What to preview while sampling (stable-diffusion.cpp's `--preview`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PreviewSpec {
+    /// The decoder of the previews.
+    pub decoder: Decoder,
+    /// A preview after every `interval`-th step (≥ 1) and after the last.
+    pub interval: usize,
+    /// Preview the latents after the step instead of the denoiser's clean estimate
+    /// ([`crate::sampler::Sampler::denoised`]).
+    pub noisy: bool,
 }
 
 /// The start of an image-to-image run (diffusers' `StableDiffusionImg2ImgPipeline` steps,
@@ -299,6 +326,40 @@ pub enum Flow {
     Stop,
 }
 
+/// Decodes latents `[c, h, w]` with the plan's tiny decoder for `size` into an image `[3, H, W]`.
+///
+/// # Errors
+/// [`Error::Argument`] (`decoder`) when the plan has no tiny decoder; the session's errors.
+pub fn decode_tiny(
+    session: &mut Session<'_>,
+    size: &edge_schema::plan::ImageSize,
+    latents: &[f32],
+) -> Result<Vec<f32>> {
+    let stage = size.tiny_decoder_stage.ok_or_else(|| Error::Argument {
+        flag: "decoder",
+        reason: format!(
+            "the plan has no tiny decoder for {}x{}; compile it with `edgeplan compile --taesd DIR_OR_FILE`",
+            size.width, size.height
+        ),
+    })?;
+    let mut image = vec![0f32; 3 * size.width as usize * size.height as usize];
+    session.run_stage(stage, &[StageInput::F32(latents)], &mut [&mut image])?;
+    Ok(image)
+}
+
+/// Decodes `latents` with `decoder`.
+fn decode_with(
+    session: &mut Session<'_>,
+    size: &edge_schema::plan::ImageSize,
+    decoder: Decoder,
+    latents: &[f32],
+) -> Result<(Vec<f32>, Option<crate::tiling::ExactReport>)> {
+    match decoder {
+        Decoder::Vae => decode_latents_reported(session, size, latents),
+        Decoder::Tiny => Ok((decode_tiny(session, size, latents)?, None)),
+    }
+}
+
 /// Runs the whole pipeline. `progress` is called after each phase and step.
 pub fn generate(
     session: &mut Session<'_>,
@@ -321,6 +382,31 @@ pub fn generate_with(
     session: &mut Session<'_>,
     params: &GenerateParams,
     progress: &mut dyn FnMut(Progress) -> Flow,
+) -> Result<Generated> {
+    generate_previewing(session, params, progress, &mut |_| Ok(()))
+}
+
+/// A preview image handed to [`generate_previewing`]'s callback.
+#[derive(Clone, Copy, Debug)]
+pub struct Preview<'a> {
+    /// Steps done when it was made, of `total`.
+    pub step: usize,
+    pub total: usize,
+    /// RGB bytes `[height, width, 3]`.
+    pub rgb: &'a [u8],
+}
+
+/// [`generate_with`] that also decodes previews as `params.preview` asks and hands each to
+/// `preview` (which may fail the run, e.g. when the preview file cannot be written).
+///
+/// # Errors
+/// Those of [`generate_with`]; [`Error::Argument`] (`preview`) for an interval of 0 or a
+/// decoder the plan lacks; `preview`'s.
+pub fn generate_previewing(
+    session: &mut Session<'_>,
+    params: &GenerateParams,
+    progress: &mut dyn FnMut(Progress) -> Flow,
+    preview: &mut dyn FnMut(Preview<'_>) -> Result<()>,
 ) -> Result<Generated> {
     let mut report = |p: Progress| match progress(p) {
         Flow::Continue => Ok(()),
@@ -352,6 +438,23 @@ pub fn generate_with(
         return Err(Error::Argument {
             flag: "cfg-scale",
             reason: format!("{} is not a finite number", params.cfg_scale),
+        });
+    }
+    let needs_tiny = params.decoder == Decoder::Tiny
+        || params.preview.is_some_and(|p| p.decoder == Decoder::Tiny);
+    if needs_tiny && size.tiny_decoder_stage.is_none() {
+        return Err(Error::Argument {
+            flag: "decoder",
+            reason: format!(
+                "the plan has no tiny decoder (TAESD) for {}x{}; compile it with `edgeplan compile --taesd DIR_OR_FILE`",
+                params.width, params.height
+            ),
+        });
+    }
+    if params.preview.is_some_and(|p| p.interval == 0) {
+        return Err(Error::Argument {
+            flag: "preview-interval",
+            reason: "must be at least 1".into(),
         });
     }
     // The sampler first: a schedule that cannot run is refused before any work.
@@ -456,6 +559,11 @@ pub fn generate_with(
     let mut eps_c = vec![0f32; latent_len];
     let mut eps_u = vec![0f32; latent_len];
     let mut step_noise = vec![0f32; latent_len];
+    let mut shown = if params.preview.is_some_and(|p| !p.noisy) {
+        vec![0f32; latent_len]
+    } else {
+        Vec::new()
+    };
     let mut streamed_per_step = Vec::with_capacity(timesteps.len());
     for (i, &t) in timesteps.iter().enumerate().skip(begin) {
         let streamed_before = session.streamer().streamed_bytes();
@@ -467,6 +575,13 @@ pub fn generate_with(
             for (c, &u) in eps_c.iter_mut().zip(&eps_u) {
                 *c = u + g * (*c - u);
             }
+        }
+        let done = i + 1 - begin;
+        let want_preview = params
+            .preview
+            .filter(|p| done % p.interval.max(1) == 0 || done == total);
+        if want_preview.is_some_and(|p| !p.noisy) {
+            sampler.denoised(i, &latents, &eps_c, &mut shown)?;
         }
         if params.method.draws_noise(i, timesteps.len()) {
             noise.fill(&mut step_noise);
@@ -483,16 +598,23 @@ pub fn generate_with(
             });
         }
         streamed_per_step.push(session.streamer().streamed_bytes() - streamed_before);
-        report(Progress::Step {
-            done: i + 1 - begin,
-            total,
-        })?;
+        if let Some(p) = want_preview {
+            let lat = if p.noisy { &latents } else { &shown };
+            let (image, _) = decode_with(session, &size, p.decoder, lat)?;
+            let rgb = crate::image::to_rgb8(&image, params.width as usize, params.height as usize);
+            preview(Preview {
+                step: done,
+                total,
+                rgb: &rgb,
+            })?;
+        }
+        report(Progress::Step { done, total })?;
     }
     // The conditions (T5 states and cross-attention K/V of both prompts) are not needed to
     // decode: freed first, so the decoder's peak does not include them.
     drop(cond);
     drop(uncond);
-    let (image, exact_tiles) = decode_latents_reported(session, &size, &latents)?;
+    let (image, exact_tiles) = decode_with(session, &size, params.decoder, &latents)?;
     session.plan().check_unchanged()?;
     report(Progress::Decoded)?;
     let rgb = crate::image::to_rgb8(&image, params.width as usize, params.height as usize);

@@ -1034,6 +1034,56 @@ impl Sampler {
         self.begin
     }
 
+    /// The denoiser's estimate of the clean latents at step `i` (the `denoised` stable-diffusion.cpp
+    /// previews): from `latents` before the step and the guided `model_output`, all
+    /// `[latent_len]`. Sigma-based samplers: k-diffusion's `x0` at the call's σ; DPM-Solver++,
+    /// UniPC, DDIM and LCM: `(x − σ_t·ε)/α_t` (epsilon; `α_t·x − σ_t·v` for v-prediction, the
+    /// output itself for `sample`), σ_t and α_t of the step.
+    ///
+    /// # Errors
+    /// [`SamplerError::Length`] for wrong lengths, [`SamplerError::StepOrder`] for `i` ≥ S.
+    pub fn denoised(
+        &self,
+        i: usize,
+        latents: &[f32],
+        model_output: &[f32],
+        out: &mut [f32],
+    ) -> Result<(), SamplerError> {
+        self.check_index(i)?;
+        self.check("latents", latents.len())?;
+        self.check("model_output", model_output.len())?;
+        self.check("denoised", out.len())?;
+        let vp = |alpha: f32, sigma_t: f32, out: &mut [f32]| {
+            for ((o, &x), &m) in out.iter_mut().zip(latents).zip(model_output) {
+                *o = match self.prediction {
+                    PredictionType::Epsilon => (x - sigma_t * m) / alpha,
+                    PredictionType::VPrediction => alpha * x - sigma_t * m,
+                    PredictionType::Sample => m,
+                };
+            }
+        };
+        match self.method {
+            SamplingMethod::DpmPp2m | SamplingMethod::UniPc => {
+                let (a, s) = alpha_sigma(self.schedule.sigmas[i]);
+                vp(a, s, out);
+            }
+            SamplingMethod::Ddim | SamplingMethod::Lcm => {
+                let ab = self.alpha_bar(self.schedule.timesteps[i] as i64);
+                vp(ab.sqrt(), (1.0 - ab).sqrt(), out);
+            }
+            _ => {
+                let sigma = match self.method {
+                    SamplingMethod::Dpm2 if !self.first_order => self.schedule.sigmas_interpol[i],
+                    _ => self.schedule.sigmas[i],
+                };
+                for ((o, &x), &m) in out.iter_mut().zip(latents).zip(model_output) {
+                    *o = k_x0(self.prediction, sigma, x, m);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// `scheduler.add_noise(x0, noise, timesteps[begin])`: the clean latents `x0` noised to the
     /// level of the run's first step, into `out` (all `[latent_len]`). Sigma-based samplers
     /// (Euler, Euler a, Heun, DPM2): `x0 + σ·noise`; DPM-Solver++ and UniPC: `α·x0 + σ_t·noise`

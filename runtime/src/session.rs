@@ -630,6 +630,8 @@ impl<'p> Session<'p> {
             Op::Mul => (k.mul.run)(f(ins[0])?, f(ins[1])?, out),
             Op::Scale { factor } => edge_kernels::scale(f(ins[0])?, *factor, out),
             Op::Silu => (k.silu.run)(f(ins[0])?, out),
+            Op::Relu => (k.relu.run)(f(ins[0])?, out),
+            Op::Tanh => (k.tanh.run)(f(ins[0])?, out),
             Op::GeluTanh => (k.gelu_tanh.run)(f(ins[0])?, out),
             Op::Attention {
                 heads,

@@ -109,6 +109,8 @@ pub fn host_bytes_at(meta: &PlanMeta, size: &ImageSize, stage: &Stage) -> u64 {
                 .unwrap_or(0);
             conditions_bytes(meta) + image_bytes(size.width, size.height) + moments
         }
+        // Previews decode while the conditions are held.
+        StageKind::TinyDecoder => conditions_bytes(meta) + image_bytes(size.width, size.height),
         _ => conditions_bytes(meta),
     }
 }
@@ -164,12 +166,13 @@ pub struct StagePeak {
 /// The stages one image of `size` runs, in order: the text encoder (the full-length one),
 /// the cross-attention K/V stage, the VAE encoder when the plan has one for the size (an
 /// image-to-image run; counted for every run, so a prediction covers both kinds), the
-/// denoiser, the decoder (head, then tail, for exact tiles).
+/// denoiser, the tiny decoder when the plan has one (previews, `--decoder tae`), the decoder (head, then tail, for exact tiles).
 pub fn run_order(meta: &PlanMeta, size: &ImageSize) -> Vec<u32> {
     let mut order = vec![meta.text_stage];
     order.extend(meta.cross_kv_stage);
     order.extend(size.encoder_stage);
     order.push(size.denoiser_stage);
+    order.extend(size.tiny_decoder_stage);
     if let Some(sync) = size.decoder_tiling.as_ref().and_then(|t| t.sync.as_ref()) {
         order.push(sync.head_stage);
     }

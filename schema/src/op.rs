@@ -38,6 +38,11 @@ pub enum Op {
     Silu,
     /// GELU with the tanh approximation (torch `approximate="tanh"`, transformers `gelu_new`).
     GeluTanh,
+    /// `max(x, 0)` (torch `nn.ReLU`; −0 and NaN pass through as torch gives them: `x` when not
+    /// below 0).
+    Relu,
+    /// `tanh(x)` (torch `tanh`), in the kernels' one arithmetic (`edge_kernels::expf::tanh_f32`).
+    Tanh,
     /// Multi-head attention reading q/k/v in place from (possibly fused) projections:
     /// inputs `[q_src [lq, q_stride], kv_src [lk, kv_stride], key_mask [lk]?, bias [heads, lq, lk]?]`
     /// → `[lq, heads · head_dim]`. Head `h` of query row `i` is
@@ -114,6 +119,8 @@ impl Op {
             Op::Scale { .. } => "scale",
             Op::Silu => "silu",
             Op::GeluTanh => "gelu_tanh",
+            Op::Relu => "relu",
+            Op::Tanh => "tanh",
             Op::Attention { .. } => "attention",
             Op::Conv2d { .. } => "conv2d",
             Op::UpsampleNearest2x => "upsample_nearest2x",
@@ -145,7 +152,7 @@ impl Op {
             Op::Modulate { .. } => (2, 2),
             Op::GatedResidual { .. } => (3, 3),
             Op::Add | Op::Mul => (2, 2),
-            Op::Scale { .. } | Op::Silu | Op::GeluTanh => (1, 1),
+            Op::Scale { .. } | Op::Silu | Op::GeluTanh | Op::Relu | Op::Tanh => (1, 1),
             Op::Attention {
                 has_mask, has_bias, ..
             } => {
@@ -347,7 +354,7 @@ impl Op {
                 }
                 a.to_vec()
             }
-            Op::Scale { .. } | Op::Silu | Op::GeluTanh => f32_in(0)?.to_vec(),
+            Op::Scale { .. } | Op::Silu | Op::GeluTanh | Op::Relu | Op::Tanh => f32_in(0)?.to_vec(),
             Op::Attention {
                 heads,
                 head_dim,

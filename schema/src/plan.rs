@@ -123,6 +123,10 @@ pub struct ImageSize {
     /// `VaeEncoder` stage over the whole image; `None` when the plan was compiled without it
     /// (`--no-vae-encoder`, or it did not fit the budget).
     pub encoder_stage: Option<u32>,
+    /// Index into [`PlanMeta::stages`] of the tiny decoder (TAESD, `edgeplan compile
+    /// --taesd`) for this size: a `TinyDecoder` stage over the whole latent, for previews and
+    /// `edgerun --decoder tae`.
+    pub tiny_decoder_stage: Option<u32>,
 }
 
 /// A planned tiled VAE decode: the latent image is covered by tiles of
@@ -186,6 +190,7 @@ pub enum HeldIn {
 /// | `VaeEncoder` | `image [3, H, W]` in −1…1 | `moments [2c, h, w]` |
 /// | `VaeDecoderHead` | `latent [c, h, w]` (as `VaeDecoder`) | `hidden [C, h, w]` (the mid block's output) |
 /// | `VaeDecoderTail` | `hidden [C, h, w]` (a window of the head's output) | `image [3, H, W]` (that window of the image) |
+/// | `TinyDecoder` | `latent [c, h, w]` (as `VaeDecoder`) | `image [3, H, W]` in about −1…1 (TAESD) |
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StageKind {
     TextEncoder,
@@ -195,6 +200,7 @@ pub enum StageKind {
     VaeEncoder,
     VaeDecoderHead,
     VaeDecoderTail,
+    TinyDecoder,
 }
 
 /// A slot in an arena: `len` bytes at `offset` of arena number `arena`.

@@ -271,6 +271,8 @@ pub fn required_halo(
                 }
                 Op::GroupNorm { .. }
                 | Op::Silu
+                | Op::Relu
+                | Op::Tanh
                 | Op::Add
                 | Op::Mul
                 | Op::Scale { .. }

@@ -195,6 +195,30 @@ pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
                 sz.width, sz.height
             )));
         }
+        if let Some(t) = sz.tiny_decoder_stage {
+            // latent [c, h, w] → image [3, H, W]
+            let ds = meta.vae.downscale.max(1);
+            let io_ok = meta.stages.get(t as usize).is_some_and(|st| {
+                let shape = |id: Option<&u32>| {
+                    id.and_then(|&i| st.values.get(i as usize))
+                        .map(|v| v.shape.clone())
+                };
+                shape(st.inputs.first())
+                    == Some(vec![
+                        u64::from(meta.vae.latent_channels),
+                        u64::from(sz.height / ds),
+                        u64::from(sz.width / ds),
+                    ])
+                    && shape(st.outputs.first())
+                        == Some(vec![3, u64::from(sz.height), u64::from(sz.width)])
+            });
+            if !ok(t, StageKind::TinyDecoder) || !io_ok {
+                return Err(invalid(format!(
+                    "size {}x{}: tiny decoder stage {t} is not a TinyDecoder from the latents to a [3, {}, {}] image",
+                    sz.width, sz.height, sz.height, sz.width
+                )));
+            }
+        }
         if let Some(e) = sz.encoder_stage {
             // image [3, H, W] → moments [2c, h, w]
             let st = meta.stages.get(e as usize);
@@ -390,6 +414,7 @@ fn expected_io(kind: StageKind) -> (usize, usize) {
         StageKind::VaeEncoder => (1, 1),
         StageKind::VaeDecoderHead => (1, 1),
         StageKind::VaeDecoderTail => (1, 1),
+        StageKind::TinyDecoder => (1, 1),
     }
 }
 

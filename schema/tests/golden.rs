@@ -115,6 +115,7 @@ fn meta() -> PlanMeta {
                     sync: None,
                 }),
                 encoder_stage: Some(4),
+                tiny_decoder_stage: None,
             },
             ImageSize {
                 width: 96,
@@ -135,6 +136,7 @@ fn meta() -> PlanMeta {
                     }),
                 }),
                 encoder_stage: None,
+                tiny_decoder_stage: Some(5),
             },
         ],
         text_stage: 0,
@@ -269,5 +271,5 @@ fn header_layout_is_frozen() {
     assert_eq!(&b[224..256], &[0x44; 32]);
 }
 
-const GOLDEN_LEN: usize = 438;
-const GOLDEN_DIGEST: &str = "d4bb036784856b0b5a0f622d5fa66456c158ac2ffa2a9ff142aba27f39f52210";
+const GOLDEN_LEN: usize = 441;
+const GOLDEN_DIGEST: &str = "fcdc94ede2bbe532abac41636d3a77c3f25483343ddc95a190d6b408471124ea";

@@ -487,6 +487,8 @@ fn run_job(
             karras: spec.karras,
             init_latents: None,
             init_image: None,
+            decoder: Default::default(),
+            preview: None,
         };
         let mut timed_out = false;
         let out = edge_runtime::generate_with(session, &params, &mut |p| {

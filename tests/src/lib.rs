@@ -164,5 +164,7 @@ pub fn demo_params(steps: usize) -> edge_runtime::GenerateParams {
         karras: None,
         init_latents: None,
         init_image: None,
+        decoder: Default::default(),
+        preview: None,
     }
 }

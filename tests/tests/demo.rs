@@ -78,6 +78,8 @@ fn params(prompt: &str, seed: u64, init: Option<Vec<f32>>) -> GenerateParams {
         karras: None,
         init_latents: init,
         init_image: None,
+        decoder: Default::default(),
+        preview: None,
     }
 }
 

@@ -124,6 +124,8 @@ fn demo_latents(p: &Plan, prompt: &str, w: u32, h: u32) -> Vec<f32> {
         karras: None,
         init_latents: None,
         init_image: None,
+        decoder: Default::default(),
+        preview: None,
     };
     edge_runtime::generate(&mut s, &params, &mut |_| {})
         .unwrap()

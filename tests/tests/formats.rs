@@ -121,6 +121,8 @@ fn dpm4_latents(plan: &Plan, name: &str, reference: &str) -> (Vec<f32>, Vec<f32>
         karras: None,
         init_latents: Some(r["initial_noise"].data.clone()),
         init_image: None,
+        decoder: Default::default(),
+        preview: None,
     };
     let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();
     (out.latents, r["final_latents"].data.clone())

@@ -105,6 +105,8 @@ fn params(run: &Run, noise: Option<Vec<f32>>) -> GenerateParams {
             rgb: input_rgb(),
             strength: run.strength,
         }),
+        decoder: Default::default(),
+        preview: None,
     }
 }
 

@@ -165,6 +165,8 @@ fn pipeline(plan: &Plan, r: &HashMap<String, RefTensor>) -> Vec<f32> {
         karras: None,
         init_latents: Some(r["initial_noise"].data.clone()),
         init_image: None,
+        decoder: Default::default(),
+        preview: None,
     };
     let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();
     assert_png_close("lora pipeline image", &out.rgb, &r["image_uint8"].data);

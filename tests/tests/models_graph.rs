@@ -16,8 +16,9 @@ use std::path::{Path, PathBuf};
 use edge_graph::schema::op::Op;
 use edge_graph::{Graph, Source};
 use edge_models::{
-    build_pixart_denoiser, build_t5_encoder, build_vae_decoder, build_vae_encoder, pos_embed_2d,
-    MicroConditions, ModelError, PixArtConfig, T5Config, VaeConfig,
+    build_pixart_denoiser, build_t5_encoder, build_tiny_decoder, build_tiny_encoder,
+    build_vae_decoder, build_vae_encoder, pos_embed_2d, MicroConditions, ModelError, PixArtConfig,
+    T5Config, TinyVaeConfig, VaeConfig,
 };
 use safetensors::{Dtype, SafeTensors};
 
@@ -555,6 +556,16 @@ fn eval_node(op: &Op, ins: &[&Tensor], out_shape: &[usize]) -> Tensor {
                 *o = gelu_tanh(*x);
             }
         }
+        Op::Relu => {
+            for (o, x) in out.iter_mut().zip(&ins[0].data) {
+                *o = x.max(0.0);
+            }
+        }
+        Op::Tanh => {
+            for (o, x) in out.iter_mut().zip(&ins[0].data) {
+                *o = (f64::from(*x)).tanh() as f32;
+            }
+        }
         Op::Attention {
             heads,
             head_dim,
@@ -948,4 +959,51 @@ fn vae_graphs_reproduce_diffusers() {
             1e-5,
         );
     }
+}
+
+/// The tiny autoencoder (`taesd/taesd-tiny`, README §15): decode of both cases and encode of
+/// the img2img input, against `AutoencoderTiny`.
+#[test]
+fn tiny_vae_graphs_reproduce_diffusers() {
+    let dir = repo_path("tests/fixtures/taesd");
+    let cfg = TinyVaeConfig::from_json(&read_json(&dir.join("taesd-tiny/config.json"))).unwrap();
+    assert_eq!(cfg.scaling_factor, 1.0);
+    let ckpt = load_component(&dir.join("taesd-tiny"));
+    let mut used = BTreeSet::new();
+    for case in ["dec_64x64", "dec_w64_h96"] {
+        let r = load_file(&dir.join(format!("{case}.safetensors")));
+        let latents = batch_row(&r["latents"], 0);
+        let g = build_tiny_decoder(&cfg, latents.shape[1], latents.shape[2]).unwrap();
+        used.extend(weights_of(&g));
+        let out = run_graph(&g, &ckpt, vec![latents]);
+        assert_close(
+            &format!("tiny vae {case}"),
+            &out[0],
+            &batch_row(&r["image"], 0),
+            1e-4,
+        );
+    }
+    let r = load_file(&dir.join("enc_64x64.safetensors"));
+    let image = batch_row(&r["image"], 0);
+    let g = build_tiny_encoder(&cfg, image.shape[1], image.shape[2]).unwrap();
+    used.extend(weights_of(&g));
+    let out = run_graph(&g, &ckpt, vec![image]);
+    assert_close(
+        "tiny vae enc_64x64",
+        &out[0],
+        &batch_row(&r["latents"], 0),
+        1e-4,
+    );
+    assert_all_used("tiny vae", &ckpt, &used);
+}
+
+fn weights_of(g: &Graph) -> Vec<String> {
+    g.values
+        .iter()
+        .filter_map(|v| match &v.source {
+            Source::Weight(spec) => Some(spec.parts.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect()
 }

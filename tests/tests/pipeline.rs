@@ -175,6 +175,8 @@ fn pipeline_matches(name: &str, run: &str, method: SamplingMethod, steps: usize,
         karras: None,
         init_latents: Some(noise.data.clone()),
         init_image: None,
+        decoder: Default::default(),
+        preview: None,
     };
     let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();
     let refl = &r["final_latents"];

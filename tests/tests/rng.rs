@@ -158,6 +158,8 @@ fn seeded_matches(run: &str, method: SamplingMethod, steps: usize, seed: u64) {
         karras: None,
         init_latents: None,
         init_image: None,
+        decoder: Default::default(),
+        preview: None,
     };
     let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();
     let refl = &r["final_latents"].data;

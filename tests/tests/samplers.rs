@@ -87,6 +87,8 @@ fn run_with(
         karras: Some(karras),
         init_latents: (!stochastic).then(|| noise.data.clone()),
         init_image: None,
+        decoder: Default::default(),
+        preview: None,
     };
     let out = edge_runtime::generate(&mut session, &params, &mut |_| {}).unwrap();
     let refl = &r["final_latents"].data;
@@ -255,6 +257,8 @@ fn an_lcm_folder_defaults_to_lcm_and_matches_its_reference() {
         karras: None,
         init_latents: None,
         init_image: None,
+        decoder: Default::default(),
+        preview: None,
     };
     let out = edge_runtime::generate(&mut session, &params, &mut |_| {}).unwrap();
     assert_close(

@@ -45,6 +45,8 @@ fn run(
         karras: None,
         init_latents: Some(noise.to_vec()),
         init_image: None,
+        decoder: Default::default(),
+        preview: None,
     };
     let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();
     (out.latents, out.rgb)

@@ -2191,3 +2191,87 @@ fn img2img_follows_the_reference_and_refuses_bad_init_images() {
         "{inspect}"
     );
 }
+
+/// `edgeplan compile --taesd DIR` adds the tiny decoder (`inspect` lists it); `edgerun
+/// --decoder tae` decodes with it and `--preview tae --preview-interval N` writes previews to
+/// `--preview-path` (the last one: the final image, for DPM-Solver++); a plan without it, a
+/// preview path that is the output, an unknown decoder and a VAE given as `--taesd` are
+/// refused by name.
+#[test]
+fn taesd_decodes_and_previews() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+    let model = fixtures.join("pixart-sigma-tiny");
+    let t = tempfile::tempdir().unwrap();
+    let plan = t.path().join("tae.plan");
+    let taesd = fixtures.join("taesd/taesd-tiny");
+    let mut args = compile_args(s(&model), s(&plan), "64");
+    args.extend(["--taesd", s(&taesd), "--quiet"]);
+    let o = run(EDGEPLAN, &args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&run(EDGEPLAN, &["inspect", s(&plan)]).stdout).to_string();
+    assert!(
+        text.contains("tiny decoder (TAESD: --decoder tae, --preview tae): 64x64"),
+        "{text}"
+    );
+    let png = t.path().join("tae.png");
+    let preview = t.path().join("live.png");
+    let o = generate_cat(
+        &plan,
+        &png,
+        &[
+            "--steps",
+            "4",
+            "--decoder",
+            "tae",
+            "--preview",
+            "tae",
+            "--preview-path",
+            s(&preview),
+            "--preview-interval",
+            "2",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(png_pixels(&preview), png_pixels(&png));
+    let vae_png = t.path().join("vae.png");
+    let o = generate_cat(&plan, &vae_png, &["--steps", "4"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_ne!(png_pixels(&vae_png), png_pixels(&png));
+
+    let out_dir = t.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let out = out_dir.join("x.png");
+    let o = generate_cat(&plan, &out, &["--decoder", "tiny"]);
+    assert_refused(
+        "unknown decoder",
+        &o,
+        &["--decoder tiny", "vae or tae"],
+        &out_dir,
+    );
+    let o = generate_cat(
+        &plan,
+        &out,
+        &["--preview", "tae", "--preview-path", s(&out)],
+    );
+    assert_refused("preview over the output", &o, &["--preview-path"], &out_dir);
+    let bare = t.path().join("bare.plan");
+    let o = run(EDGEPLAN, &compile_args(s(&model), s(&bare), "64"));
+    assert!(o.status.success());
+    let o = generate_cat(&bare, &out, &["--decoder", "tae"]);
+    assert_refused(
+        "no tiny decoder",
+        &o,
+        &["no tiny decoder", "--taesd"],
+        &out_dir,
+    );
+    let y = out_dir.join("y.plan");
+    let mut args = compile_args(s(&model), s(&y), "64");
+    let vae = model.join("vae");
+    args.extend(["--taesd", s(&vae)]);
+    assert_refused(
+        "an AutoencoderKL as --taesd",
+        &run(EDGEPLAN, &args),
+        &["--taesd", "AutoencoderTiny"],
+        &out_dir,
+    );
+}

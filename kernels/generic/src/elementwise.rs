@@ -57,6 +57,18 @@ pub fn silu_f32(v: f32) -> f32 {
     v / (1.0 + exp_f32(-v))
 }
 
+/// `generic_relu_f32`: `out = x` where `x` is not below 0 (NaN and −0 pass), else 0 (torch
+/// `nn.ReLU`). `x` and `out` have the same length (any shape).
+pub fn relu(x: &[f32], out: &mut [f32]) {
+    map_unary(x, out, "relu", |v| if v < 0.0 { 0.0 } else { v });
+}
+
+/// `generic_tanh_f32`: `out = tanh(x)` with the kernels' `tanh` ([`tanh_f32`]: an absolute
+/// error of a few ulp of 1, exactly ±1 for large |x|). Same length in and out.
+pub fn tanh(x: &[f32], out: &mut [f32]) {
+    map_unary(x, out, "tanh", tanh_f32);
+}
+
 /// `√(2/π)` as [`gelu_tanh`] uses it.
 pub const GELU_SQRT_2_OVER_PI: f32 = 0.797_884_6;
 /// The cubic coefficient of [`gelu_tanh`].

@@ -42,8 +42,8 @@ pub use conv::{conv2d, conv2d_scratch_bytes, conv2d_with, Conv2dParams};
 /// inputs, so SIMD twins may split the same way or any other).
 pub use elementwise::CHUNK as ELEMENTWISE_CHUNK;
 pub use elementwise::{
-    add, gated_residual, gelu_tanh, gelu_tanh_f32, modulate, mul, scale, silu, silu_f32,
-    GELU_KAPPA, GELU_SQRT_2_OVER_PI,
+    add, gated_residual, gelu_tanh, gelu_tanh_f32, modulate, mul, relu, scale, silu, silu_f32,
+    tanh, GELU_KAPPA, GELU_SQRT_2_OVER_PI,
 };
 pub use embed::{embedding, t5_position_bias, t5_relative_position_bucket, timestep_embedding};
 pub use gemm::{F32Tile, TileFn, GENERIC_TILE, MAX_TILE};

@@ -73,6 +73,10 @@ pub struct KernelTable {
     pub gelu_tanh: Kernel<UnaryFn>,
     /// SiLU.
     pub silu: Kernel<UnaryFn>,
+    /// ReLU.
+    pub relu: Kernel<UnaryFn>,
+    /// tanh.
+    pub tanh: Kernel<UnaryFn>,
     /// Broadcast add.
     pub add: Kernel<BinaryFn>,
     /// Broadcast multiply.
@@ -87,7 +91,7 @@ pub struct KernelTable {
 
 impl KernelTable {
     /// `(slot, kernel name)` for every slot, in declaration order, for logging the choice.
-    pub fn names(&self) -> [(&'static str, &'static str); 16] {
+    pub fn names(&self) -> [(&'static str, &'static str); 18] {
         [
             ("linear", self.linear.name),
             ("linear_scratch_bytes", self.linear_scratch_bytes.name),
@@ -100,6 +104,8 @@ impl KernelTable {
             ("rms_norm", self.rms_norm.name),
             ("gelu_tanh", self.gelu_tanh.name),
             ("silu", self.silu.name),
+            ("relu", self.relu.name),
+            ("tanh", self.tanh.name),
             ("add", self.add.name),
             ("mul", self.mul.name),
             ("modulate", self.modulate.name),
@@ -178,6 +184,14 @@ pub fn generic() -> KernelTable {
         silu: Kernel {
             name: "generic_silu_f32",
             run: crate::silu,
+        },
+        relu: Kernel {
+            name: "generic_relu_f32",
+            run: crate::relu,
+        },
+        tanh: Kernel {
+            name: "generic_tanh_f32",
+            run: crate::tanh,
         },
         add: Kernel {
             name: "generic_add_f32",

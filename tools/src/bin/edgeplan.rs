@@ -193,6 +193,11 @@ struct CompileArgs {
     /// Leave the VAE encoder out of the plan (no image to image; a smaller plan).
     #[arg(long = "no-vae-encoder")]
     no_vae_encoder: bool,
+    /// A tiny autoencoder (TAESD for PixArt-α, TAESDXL for PixArt-Σ): a diffusers
+    /// AutoencoderTiny folder or one .safetensors file; adds a tiny-decoder stage per size for
+    /// `edgerun --decoder tae` and `--preview tae`.
+    #[arg(long = "taesd", value_name = "DIR_OR_FILE")]
+    taesd: Option<PathBuf>,
     /// Memory budget for weights resident + arena on the device (e.g. `1.5G`, `800M`).
     #[arg(long = "max-ram")]
     max_ram: Option<String>,
@@ -337,6 +342,7 @@ fn compile(a: CompileArgs) -> Result<()> {
             .map(|l| edge_planner::lora::LoraRequest::parse(l))
             .collect::<Result<_, _>>()?,
         vae_encoder: !a.no_vae_encoder,
+        taesd: a.taesd.clone(),
         kv_cache: match a.kv_cache_type.to_ascii_lowercase().as_str() {
             "f32" => DType::F32,
             "f16" => DType::F16,
@@ -797,6 +803,8 @@ fn compare_with_reference(
         karras: None,
         init_latents: Some(noise),
         init_image: None,
+        decoder: Default::default(),
+        preview: None,
     };
     let out = edge_runtime::generate(&mut session, &params, &mut |_| {})?;
     let max_ref = want.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));

@@ -30,7 +30,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Generate an image from a prompt.
-    Generate(GenArgs),
+    Generate(Box<GenArgs>),
     /// Time the stages of a plan and profile its ops against this machine's measured peaks.
     Bench(BenchArgs),
     /// Serve one plan over HTTP: OpenAI images API (`POST /v1/images/generations`),
@@ -324,6 +324,23 @@ struct GenArgs {
     /// more of the image.
     #[arg(long = "strength")]
     strength: Option<f64>,
+    /// Decoder of the image: `vae` (default; the pipeline's AutoencoderKL) or `tae` (the plan's
+    /// tiny decoder, TAESD: fast, approximate; `edgeplan compile --taesd`).
+    #[arg(long = "decoder", default_value = "vae")]
+    decoder: String,
+    /// Previews while sampling (stable-diffusion.cpp's `--preview`): `none` (default), `tae`
+    /// (the plan's tiny decoder) or `vae`; written atomically to --preview-path.
+    #[arg(long = "preview", default_value = "none")]
+    preview: String,
+    /// Where previews are written (a .png name; replaced at every preview).
+    #[arg(long = "preview-path", default_value = "preview.png")]
+    preview_path: PathBuf,
+    /// A preview after every N-th step (and after the last).
+    #[arg(long = "preview-interval", default_value_t = 1)]
+    preview_interval: usize,
+    /// Preview the noisy latents of the step instead of the denoiser's clean estimate.
+    #[arg(long = "preview-noisy")]
+    preview_noisy: bool,
     /// Also write the final latents (before VAE decoding) as safetensors `latents` [1, 4, H/8, W/8]
     /// (the name must end in .safetensors, or have no extension).
     #[arg(long = "latents-out")]
@@ -654,6 +671,34 @@ fn generate(a: GenArgs) -> Result<()> {
     if let Some(p) = &a.init_img {
         inputs.push(("-i/--init-img", p));
     }
+    let parse_decoder =
+        |s: &str, flag: &str, none: bool| -> Result<Option<edge_runtime::Decoder>> {
+            match s.trim().to_ascii_lowercase().as_str() {
+                "vae" => Ok(Some(edge_runtime::Decoder::Vae)),
+                "tae" | "taesd" => Ok(Some(edge_runtime::Decoder::Tiny)),
+                "none" if none => Ok(None),
+                other => bail!(
+                    "{flag} {other}: expected {}vae or tae",
+                    if none { "none, " } else { "" }
+                ),
+            }
+        };
+    let decoder = parse_decoder(&a.decoder, "--decoder", false)?.unwrap_or_default();
+    let preview = match parse_decoder(&a.preview, "--preview", true)? {
+        None => None,
+        Some(d) => {
+            if a.preview_interval == 0 {
+                bail!("--preview-interval 0: expected at least 1");
+            }
+            check_output_file("--preview-path", &a.preview_path)?;
+            check_extension("--preview-path", &a.preview_path, "PNG", "png")?;
+            Some(edge_runtime::PreviewSpec {
+                decoder: d,
+                interval: a.preview_interval,
+                noisy: a.preview_noisy,
+            })
+        }
+    };
     if a.strength.is_some() && a.init_img.is_none() {
         bail!("--strength applies to image to image only: give -i/--init-img IMAGE.png");
     }
@@ -700,6 +745,9 @@ fn generate(a: GenArgs) -> Result<()> {
         .collect();
     let mut outputs: Vec<(&str, &Path)> = pngs.iter().map(|p| ("-o", p.as_path())).collect();
     outputs.extend(latent_files.iter().map(|p| ("--latents-out", p.as_path())));
+    if preview.is_some() {
+        outputs.push(("--preview-path", a.preview_path.as_path()));
+    }
     refuse_clobber(&inputs, &outputs)?;
     check_extension("-o", &a.output, "PNG", "png")?;
     if let Some(p) = &a.latents_out {
@@ -865,6 +913,8 @@ fn generate(a: GenArgs) -> Result<()> {
                     rgb: rgb.clone(),
                     strength,
                 }),
+            decoder,
+            preview,
         };
         // A bar on a terminal; plain lines otherwise (logs, systemd), so progress is never silent.
         let lines = !a.quiet && !std::io::stderr().is_terminal();
@@ -889,47 +939,63 @@ fn generate(a: GenArgs) -> Result<()> {
             reset_peak_rss();
         }
         let mut last = Instant::now();
-        let out = edge_runtime::generate(&mut session, &params, &mut |p| {
-            let now = Instant::now();
-            let dt = (now - last).as_secs_f64();
-            last = now;
-            match p {
-                Progress::Encoded => {
-                    phase_end("encode");
-                    timings.insert("encode", dt);
-                    bar.set_message("sampling");
-                    if lines {
-                        say!("encoded the prompt in {dt:.2}s");
+        let preview_path = a.preview_path.clone();
+        let mut on_preview = |p: edge_runtime::Preview<'_>| {
+            edge_runtime::image::write_png(
+                &preview_path,
+                p.rgb,
+                width,
+                height,
+                &[("preview", format!("step {}/{}", p.step, p.total))],
+            )
+        };
+        let out = edge_runtime::generate_previewing(
+            &mut session,
+            &params,
+            &mut |p| {
+                let now = Instant::now();
+                let dt = (now - last).as_secs_f64();
+                last = now;
+                match p {
+                    Progress::Encoded => {
+                        phase_end("encode");
+                        timings.insert("encode", dt);
+                        bar.set_message("sampling");
+                        if lines {
+                            say!("encoded the prompt in {dt:.2}s");
+                        }
+                    }
+                    Progress::ImageEncoded => {
+                        phase_end("encode image");
+                        timings.insert("encode image", dt);
+                        if lines {
+                            say!("encoded the init image in {dt:.2}s");
+                        }
+                    }
+                    Progress::Step { done, total } => {
+                        bar.set_length(total as u64);
+                        if done == total {
+                            phase_end("sample");
+                        }
+                        *timings.entry("sample").or_default() += dt;
+                        bar.set_position(done as u64);
+                        if lines {
+                            say!("step {done}/{total} in {dt:.2}s");
+                        }
+                    }
+                    Progress::Decoded => {
+                        phase_end("decode");
+                        timings.insert("decode", dt);
+                        bar.set_message("decoded");
+                        if lines {
+                            say!("decoded the latents in {dt:.2}s");
+                        }
                     }
                 }
-                Progress::ImageEncoded => {
-                    phase_end("encode image");
-                    timings.insert("encode image", dt);
-                    if lines {
-                        say!("encoded the init image in {dt:.2}s");
-                    }
-                }
-                Progress::Step { done, total } => {
-                    bar.set_length(total as u64);
-                    if done == total {
-                        phase_end("sample");
-                    }
-                    *timings.entry("sample").or_default() += dt;
-                    bar.set_position(done as u64);
-                    if lines {
-                        say!("step {done}/{total} in {dt:.2}s");
-                    }
-                }
-                Progress::Decoded => {
-                    phase_end("decode");
-                    timings.insert("decode", dt);
-                    bar.set_message("decoded");
-                    if lines {
-                        say!("decoded the latents in {dt:.2}s");
-                    }
-                }
-            }
-        })?;
+                edge_runtime::Flow::Continue
+            },
+            &mut on_preview,
+        )?;
         bar.finish_and_clear();
         if out.truncated {
             say!(
@@ -1266,7 +1332,7 @@ fn main() {
     edge_runtime::alloc::return_large_frees();
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Generate(a) => generate(a),
+        Cmd::Generate(a) => generate(*a),
         Cmd::Bench(a) => bench(a),
         Cmd::Serve(a) => serve(a),
     };
