@@ -58,8 +58,8 @@ fn segmented_streaming_is_bit_identical_to_monolithic() {
     let meta = mono.meta();
     let weights: u64 = meta.tensors.iter().map(|t| t.len).sum();
     let charges = edge_schema::memory::tensor_charges(&meta.stages, &meta.tensors);
-    let host = edge_schema::memory::host_bytes(meta, &meta.sizes[0]);
     let den = &meta.stages[meta.sizes[0].denoiser_stage as usize];
+    let host = edge_schema::memory::host_bytes_at(meta, &meta.sizes[0], den);
     let den_weights: u64 = edge_schema::memory::tensors_of(den, 0, den.steps.len())
         .iter()
         .map(|&t| charges[t as usize])
