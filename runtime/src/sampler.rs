@@ -170,6 +170,18 @@ impl SamplingMethod {
         }
     }
 
+    /// Whether `--scheduler karras` (diffusers' `use_karras_sigmas`) is implemented for the
+    /// method: DPM-Solver++, Euler, Heun and DPM2 (diffusers 0.42's Euler ancestral has none).
+    pub const fn supports_karras(self) -> bool {
+        matches!(
+            self,
+            SamplingMethod::DpmPp2m
+                | SamplingMethod::Euler
+                | SamplingMethod::Heun
+                | SamplingMethod::Dpm2
+        )
+    }
+
     /// diffusers' `scheduler.order`: denoiser calls per step (2 for Heun and DPM2, whose
     /// schedules hold two calls per interval).
     pub const fn order(self) -> usize {
@@ -424,9 +436,9 @@ pub fn schedule(
         FinalSigmasType::Zero => 0.0,
         FinalSigmasType::SigmaMin => tables.sigmas[0],
     };
-    if cfg.use_karras_sigmas && method != SamplingMethod::DpmPp2m {
+    if cfg.use_karras_sigmas && !method.supports_karras() {
         return Err(SamplerError::InvalidConfig(format!(
-            "use_karras_sigmas: karras sigmas are implemented for dpm++2m only, not {method}"
+            "use_karras_sigmas: karras sigmas are implemented for dpm++2m, euler, heun and dpm2, not {method}"
         )));
     }
     let sched = match method {
@@ -436,12 +448,27 @@ pub fn schedule(
         SamplingMethod::DpmPp2m | SamplingMethod::UniPc => {
             dpm_schedule(cfg, &tables, steps, sigma_last)
         }
+        SamplingMethod::Euler if cfg.use_karras_sigmas => {
+            k_karras_schedule(cfg, &tables, steps, sigma_last, false)
+        }
         SamplingMethod::Euler | SamplingMethod::EulerAncestral => {
             euler_schedule(cfg, &tables, steps, sigma_last)
         }
-        SamplingMethod::Heun => heun_schedule(euler_schedule(cfg, &tables, steps, 0.0), cfg),
+        SamplingMethod::Heun => {
+            let base = if cfg.use_karras_sigmas {
+                k_karras_schedule(cfg, &tables, steps, 0.0, false)
+            } else {
+                euler_schedule(cfg, &tables, steps, 0.0)
+            };
+            heun_schedule(base, cfg)
+        }
         SamplingMethod::Dpm2 => {
-            dpm2_schedule(euler_schedule(cfg, &tables, steps, 0.0), cfg, &tables)
+            let base = if cfg.use_karras_sigmas {
+                k_karras_schedule(cfg, &tables, steps, 0.0, true)
+            } else {
+                euler_schedule(cfg, &tables, steps, 0.0)
+            };
+            dpm2_schedule(base, cfg, &tables)
         }
         SamplingMethod::Ddim => ddim_schedule(cfg, &tables, steps),
         SamplingMethod::Lcm => lcm_schedule(cfg, &tables, steps)?,
@@ -529,8 +556,84 @@ fn euler_schedule(
     steps: usize,
     sigma_last: f32,
 ) -> Schedule {
+    let timesteps = k_timesteps(cfg, steps);
+    let mut sigmas: Vec<f32> = timesteps
+        .iter()
+        .map(|&t| np_interp(f64::from(t), &tables.sigmas) as f32)
+        .collect();
+    sigmas.push(sigma_last);
+    Schedule {
+        init_noise_sigma: euler_init_noise_sigma(&sigmas, cfg),
+        timesteps,
+        sigmas,
+        sigmas_interpol: Vec::new(),
+        prev_timesteps: Vec::new(),
+    }
+}
+
+/// `EulerDiscreteScheduler.init_noise_sigma`: the largest sigma, or `sqrt(max² + 1)` with
+/// `leading` spacing.
+fn euler_init_noise_sigma(sigmas: &[f32], cfg: &SchedulerConfig) -> f32 {
+    let max_sigma = sigmas.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    match cfg.timestep_spacing {
+        TimestepSpacing::Linspace | TimestepSpacing::Trailing => max_sigma,
+        TimestepSpacing::Leading => (max_sigma * max_sigma + 1.0).sqrt(),
+    }
+}
+
+/// `use_karras_sigmas` of the k-diffusion schedulers (diffusers `EulerDiscreteScheduler`,
+/// `HeunDiscreteScheduler`, `KDPM2DiscreteScheduler`): the Euler sigmas interpolated at the
+/// spacing's timesteps (float64, as `np.interp`) give `σmax` (first) and `σmin` (last);
+/// `σ_i = (σmax^{1/ρ} + i/(S−1)·(σmin^{1/ρ} − σmax^{1/ρ}))^ρ`, ρ = 7; timesteps `t(σ_i)` by
+/// numpy's `_sigma_to_t`, as floats (Euler, Heun) or rounded (KDPM2, `round_timesteps`); then
+/// the final sigma. Heun and KDPM2 double the result as without karras.
+fn k_karras_schedule(
+    cfg: &SchedulerConfig,
+    tables: &TrainTables,
+    steps: usize,
+    sigma_last: f32,
+    round_timesteps: bool,
+) -> Schedule {
+    let base = k_timesteps(cfg, steps);
+    let in_sigmas: Vec<f64> = base
+        .iter()
+        .map(|&t| np_interp(f64::from(t), &tables.sigmas))
+        .collect();
+    let (sigma_max, sigma_min) = (in_sigmas[0], in_sigmas[in_sigmas.len() - 1]);
+    let rho = 7.0f64;
+    let (min_inv, max_inv) = (sigma_min.powf(1.0 / rho), sigma_max.powf(1.0 / rho));
+    let karras: Vec<f64> = np_linspace(0.0, 1.0, steps)
+        .into_iter()
+        .map(|r| (max_inv + r * (min_inv - max_inv)).powf(rho))
+        .collect();
+    let log_sigmas: Vec<f32> = tables.sigmas.iter().map(|s| s.ln()).collect();
+    let timesteps: Vec<f32> = karras
+        .iter()
+        .map(|&s| {
+            let t = sigma_to_t_f64(s, &log_sigmas);
+            (if round_timesteps {
+                t.round_ties_even()
+            } else {
+                t
+            }) as f32
+        })
+        .collect();
+    let mut sigmas: Vec<f32> = karras.iter().map(|&s| s as f32).collect();
+    sigmas.push(sigma_last);
+    Schedule {
+        init_noise_sigma: euler_init_noise_sigma(&sigmas, cfg),
+        timesteps,
+        sigmas,
+        sigmas_interpol: Vec::new(),
+        prev_timesteps: Vec::new(),
+    }
+}
+
+/// The timesteps of the k-diffusion schedulers for `steps` steps and the config's spacing
+/// (float32, as diffusers keeps them).
+fn k_timesteps(cfg: &SchedulerConfig, steps: usize) -> Vec<f32> {
     let n = cfg.num_train_timesteps;
-    let timesteps: Vec<f32> = match cfg.timestep_spacing {
+    match cfg.timestep_spacing {
         TimestepSpacing::Linspace => {
             let mut t: Vec<f32> = np_linspace(0.0, f64::from(n - 1), steps)
                 .into_iter()
@@ -553,23 +656,6 @@ fn euler_schedule(
                 .map(|v| v.round_ties_even() as f32 - 1.0)
                 .collect()
         }
-    };
-    let mut sigmas: Vec<f32> = timesteps
-        .iter()
-        .map(|&t| np_interp(f64::from(t), &tables.sigmas) as f32)
-        .collect();
-    sigmas.push(sigma_last);
-    let max_sigma = sigmas.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let init_noise_sigma = match cfg.timestep_spacing {
-        TimestepSpacing::Linspace | TimestepSpacing::Trailing => max_sigma,
-        TimestepSpacing::Leading => (max_sigma * max_sigma + 1.0).sqrt(),
-    };
-    Schedule {
-        timesteps,
-        sigmas,
-        init_noise_sigma,
-        sigmas_interpol: Vec::new(),
-        prev_timesteps: Vec::new(),
     }
 }
 

@@ -43,6 +43,18 @@ pub enum SchedulerClass {
 }
 
 impl SchedulerClass {
+    /// Whether this runtime implements `use_karras_sigmas` for the class (diffusers 0.42 has
+    /// it also for UniPC; Euler ancestral, DDIM and LCM have none).
+    pub const fn supports_karras(self) -> bool {
+        matches!(
+            self,
+            SchedulerClass::DpmSolverMultistep
+                | SchedulerClass::EulerDiscrete
+                | SchedulerClass::HeunDiscrete
+                | SchedulerClass::KDpm2Discrete
+        )
+    }
+
     /// The diffusers class name.
     pub const fn diffusers_name(self) -> &'static str {
         match self {
@@ -169,7 +181,8 @@ pub struct SchedulerConfig {
     pub timestep_spacing: TimestepSpacing,
     /// `steps_offset`: added to the timesteps with `Leading` spacing.
     pub steps_offset: u32,
-    /// `use_karras_sigmas`: the Karras et al. (2022) sigmas, `ρ = 7` (DPM-Solver++ only).
+    /// `use_karras_sigmas`: the Karras et al. (2022) sigmas, `ρ = 7` (DPM-Solver++, Euler,
+    /// Heun, KDPM2: [`SchedulerClass::supports_karras`]).
     pub use_karras_sigmas: bool,
     /// `thresholding`: must be false (dynamic thresholding is not implemented).
     pub thresholding: bool,
@@ -257,9 +270,9 @@ impl SchedulerConfig {
                 self.steps_offset
             ));
         }
-        if self.use_karras_sigmas && self.class != SchedulerClass::DpmSolverMultistep {
+        if self.use_karras_sigmas && !self.class.supports_karras() {
             return Err(format!(
-                "scheduler use_karras_sigmas = true is supported with DPMSolverMultistepScheduler only, not {}",
+                "scheduler use_karras_sigmas = true is supported with DPMSolverMultistepScheduler, EulerDiscreteScheduler, HeunDiscreteScheduler and KDPM2DiscreteScheduler, not {}",
                 self.class.diffusers_name()
             ));
         }
@@ -331,7 +344,7 @@ mod tests {
             (
                 "use_karras_sigmas",
                 Box::new(|c| {
-                    c.class = SchedulerClass::EulerDiscrete;
+                    c.class = SchedulerClass::EulerAncestralDiscrete;
                     c.use_karras_sigmas = true;
                 }),
             ),

@@ -378,10 +378,10 @@ impl Common {
         count: usize,
         lim: &Limits,
     ) -> Result<JobSpec, RequestError> {
-        if self.karras.unwrap_or(lim.plan_karras) && method != SamplingMethod::DpmPp2m {
+        if self.karras.unwrap_or(lim.plan_karras) && !method.supports_karras() {
             return Err(err(
                 "scheduler",
-                format!("scheduler: karras sigmas are implemented for dpm++2m only, not {method}"),
+                format!("scheduler: karras sigmas are implemented for dpm++2m, euler, heun and dpm2, not {method}"),
             ));
         }
         Ok(JobSpec {
@@ -686,9 +686,9 @@ mod tests {
                 "Automatic",
             ),
             (
-                br#"{"scheduler":"Karras","sampler_name":"Euler","width":64,"height":64}"#,
+                br#"{"scheduler":"Karras","sampler_name":"Euler a","width":64,"height":64}"#,
                 "scheduler",
-                "dpm++2m only",
+                "dpm++2m, euler, heun and dpm2",
             ),
             (
                 br#"{"enable_hr":true,"width":64,"height":64}"#,

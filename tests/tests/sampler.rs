@@ -323,7 +323,7 @@ fn bad_configs_and_names_are_refused() {
     let mut bad = cfg.clone();
     bad.use_karras_sigmas = true;
     assert!(matches!(
-        schedule(&bad, SamplingMethod::Euler, 4),
+        schedule(&bad, SamplingMethod::EulerAncestral, 4),
         Err(SamplerError::InvalidConfig(_))
     ));
     assert!(matches!(

@@ -1822,8 +1822,8 @@ fn karras_sigmas_are_chosen_and_recorded() {
     let other = t.path().join("o.png");
     for (args, text) in [
         (
-            vec!["--scheduler", "karras", "--sampling-method", "euler"],
-            "karras sigmas are implemented for --sampling-method dpm++2m only",
+            vec!["--scheduler", "karras", "--sampling-method", "euler_a"],
+            "karras sigmas are implemented for --sampling-method dpm++2m, euler, heun and dpm2, not euler_a",
         ),
         (
             vec!["--scheduler", "exponential"],

@@ -483,11 +483,11 @@ impl Fields<'_> {
             self.must_be_off(field)?;
         }
         let use_karras_sigmas = self.bool_or("use_karras_sigmas", false)?;
-        if use_karras_sigmas && class != SchedulerClass::DpmSolverMultistep {
+        if use_karras_sigmas && !class.supports_karras() {
             return Err(self.unsupported(
                 "use_karras_sigmas",
                 "true".to_string(),
-                "false (karras sigmas are implemented for DPMSolverMultistepScheduler)",
+                "false (karras sigmas are implemented for DPMSolverMultistepScheduler, EulerDiscreteScheduler, HeunDiscreteScheduler and KDPM2DiscreteScheduler)",
             ));
         }
         let thresholding = self.bool_or("thresholding", false)?;

@@ -265,7 +265,8 @@ struct GenArgs {
     /// names (dpm++2m for PixArt's DPMSolverMultistepScheduler, lcm for a PixArt-LCM folder).
     #[arg(long = "sampling-method")]
     sampling_method: Option<String>,
-    /// Sigma schedule: `discrete` or `karras` (diffusers' `use_karras_sigmas`, for dpm++2m).
+    /// Sigma schedule: `discrete` or `karras` (diffusers' `use_karras_sigmas`, for dpm++2m,
+    /// euler, heun and dpm2).
     /// Default: what the plan's scheduler config says.
     #[arg(long = "scheduler")]
     scheduler: Option<String>,
@@ -796,9 +797,9 @@ fn generate(a: GenArgs) -> Result<()> {
     };
     let method = method.unwrap_or(SamplingMethod::for_class(meta.scheduler.class));
     let karras_used = karras.unwrap_or(meta.scheduler.use_karras_sigmas);
-    if karras_used && method != SamplingMethod::DpmPp2m {
+    if karras_used && !method.supports_karras() {
         bail!(
-            "--scheduler karras: karras sigmas are implemented for --sampling-method dpm++2m only, not {method}{}",
+            "--scheduler karras: karras sigmas are implemented for --sampling-method dpm++2m, euler, heun and dpm2, not {method}{}",
             if karras.is_none() { " (the plan's scheduler config asks for them; give --scheduler discrete)" } else { "" }
         );
     }
