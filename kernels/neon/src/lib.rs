@@ -10,7 +10,8 @@
 //! use `smmla` on 2 rows × 2 columns (the other quantized types keep their `sdot` kernels in the
 //! `i8mm` table); `Q8_0`/`Q4_0` weights repacked in `PackLayout::Interleaved4x8` are read by
 //! kernels that load each `smmla` weight operand (or `sdot` row pair) with one 16-byte load.
-//! The `silu` and `gelu_tanh` slots become four-lane NEON kernels with a polynomial `exp`;
+//! The `silu`, `gelu_tanh` and `tanh` slots become four-lane NEON kernels with a polynomial
+//! `exp` (`relu` a four-lane compare and select);
 //! `layer_norm` and `rms_norm` compute their f64 statistics in NEON f64 lanes. The
 //! `attention` slot keeps the generic online softmax with its `q·k`, `exp` and `acc += w·v` in
 //! four lanes; `add`, `mul`, `modulate` and `gated_residual` are four-lane versions of the
@@ -50,8 +51,9 @@
 //!   bit-identical (its generic form is one term per block); `Q3_K`, `Q4_K`, `Q5_K`, `Q6_K`
 //!   differ from the generic kernel by f32 rounding only, at most `(3·nb + 16)·u·T` for `nb`
 //!   blocks, `u = 2⁻²⁴` and `T` the sum of the absolute f32 terms (tested; measured ≤ `0.6·u·T`).
-//! - `silu`, `gelu_tanh`: `x / (1 + exp(−t))` with a range-reduced polynomial `exp`; a few f32
-//!   ulps from the generic kernels (libm).
+//! - `silu`, `gelu_tanh`: `x / (1 + exp(−t))` with a range-reduced polynomial `exp`; `tanh`:
+//!   the generic formula over that `exp`; a few f32 ulps from the generic kernels. `relu`:
+//!   bit-identical.
 //! - `layer_norm`, `rms_norm`, `group_norm`: f64 statistics summed in four lanes instead of
 //!   sequentially; at most an f32 rounding or two from the generic kernels.
 //! - `conv2d`: each output element is the `F32` dot product above (weights converted exactly to

@@ -1,4 +1,5 @@
-//! `silu` and `gelu_tanh` of every table variant against the generic kernels.
+//! `silu`, `gelu_tanh`, `relu` and `tanh` of every table variant against the generic kernels
+//! (`relu` bit for bit; `tanh` within the same bound, NaN for NaN).
 //!
 //! The NEON versions evaluate `x / (1 + exp(−t))` with a polynomial `exp`; the generic ones use
 //! libm's `exp`/`tanh`. Bound per element: `|neon − generic| ≤ 1e-6 · (1 + min(|x|, 100))`, about ten f32
@@ -24,12 +25,22 @@ fn check(slot: &str) {
     for len in [0, 1, 2, 3, 4, 5, 7, 9, xs.len()] {
         let x = &xs[xs.len() - len..];
         let mut want = vec![0.0f32; len];
-        let f = if slot == "silu" { g.silu } else { g.gelu_tanh };
+        let pick = |t: &edge_kernels::KernelTable| match slot {
+            "silu" => t.silu,
+            "gelu_tanh" => t.gelu_tanh,
+            "relu" => t.relu,
+            _ => t.tanh,
+        };
+        let f = pick(&g);
         (f.run)(x, &mut want);
         for (label, t) in variants() {
-            let k = if slot == "silu" { t.silu } else { t.gelu_tanh };
+            let k = pick(&t);
             let mut got = vec![f32::NAN; len];
             (k.run)(x, &mut got);
+            if slot == "relu" {
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{label} relu");
+            }
             for i in 0..len {
                 let tol = 1e-6 * (1.0 + x[i].abs().min(100.0));
                 assert!(
@@ -53,4 +64,22 @@ fn silu_matches_generic() {
 #[test]
 fn gelu_tanh_matches_generic() {
     check("gelu_tanh");
+}
+
+#[test]
+fn relu_matches_generic_bit_for_bit() {
+    check("relu");
+}
+
+#[test]
+fn tanh_matches_generic() {
+    check("tanh");
+    let x = [f32::NAN, -0.0, f32::INFINITY, f32::NEG_INFINITY];
+    for (label, t) in variants() {
+        let mut got = [0.0f32; 4];
+        (t.tanh.run)(&x, &mut got);
+        assert!(got[0].is_nan(), "{label}");
+        assert_eq!(got[1].to_bits(), (-0.0f32).to_bits(), "{label}");
+        assert_eq!((got[2], got[3]), (1.0, -1.0), "{label}");
+    }
 }

@@ -1,4 +1,9 @@
-//! `neon_silu_f32_x4` and `neon_gelu_tanh_f32_x4`: the activations, four lanes at a time.
+//! `neon_silu_f32_x4`, `neon_gelu_tanh_f32_x4`, `neon_relu_f32_x4` and `neon_tanh_f32_x4`: the
+//! activations, four lanes at a time.
+//!
+//! ReLU is a compare and select (`x < 0 ? 0 : x`, so −0 and NaN pass as in the generic
+//! kernel: bit-identical). tanh is the generic kernel's formula, `1 − 2/(exp(2|u|) + 1)` with
+//! the sign of `u` copied on, over the `exp` below.
 //!
 //! Both are written as `x · sigmoid(t) = x / (1 + exp(−t))`: SiLU with `t = x` (torch
 //! `nn.SiLU`), GELU-tanh with `t = 2·√(2/π)·(x + 0.044715·x³)`, since
@@ -11,9 +16,10 @@
 //! gives identical results.
 
 use std::arch::aarch64::{
-    float32x4_t, vaddq_f32, vaddq_s32, vbslq_f32, vcgtq_f32, vcvtq_s32_f32, vdivq_f32, vdupq_n_f32,
-    vdupq_n_s32, vfmaq_f32, vfmsq_f32, vld1q_f32, vmaxq_f32, vminq_f32, vmulq_f32, vnegq_f32,
-    vreinterpretq_f32_s32, vrndnq_f32, vshlq_n_s32, vst1q_f32,
+    float32x4_t, vabsq_f32, vaddq_f32, vaddq_s32, vbslq_f32, vcgtq_f32, vcltq_f32, vcvtq_s32_f32,
+    vdivq_f32, vdupq_n_f32, vdupq_n_s32, vdupq_n_u32, vfmaq_f32, vfmsq_f32, vld1q_f32, vmaxq_f32,
+    vminq_f32, vmulq_f32, vnegq_f32, vreinterpretq_f32_s32, vrndnq_f32, vshlq_n_s32, vst1q_f32,
+    vsubq_f32,
 };
 
 use rayon::prelude::*;
@@ -84,20 +90,49 @@ fn gelu4(x: float32x4_t) -> float32x4_t {
     x_sigmoid(x, t)
 }
 
-/// GELU-tanh (`GELU`) or SiLU of four lanes.
+/// ReLU of four lanes: `x < 0 ? 0 : x`.
 #[inline]
 #[target_feature(enable = "neon")]
-fn act4<const GELU: bool>(x: float32x4_t) -> float32x4_t {
-    if GELU {
-        gelu4(x)
-    } else {
-        silu4(x)
+fn relu4(x: float32x4_t) -> float32x4_t {
+    vbslq_f32(vcltq_f32(x, vdupq_n_f32(0.0)), vdupq_n_f32(0.0), x)
+}
+
+/// tanh of four lanes: `1 − 2/(exp(2|u|) + 1)`, the sign bit of `u` copied on.
+#[inline]
+#[target_feature(enable = "neon")]
+fn tanh4(u: float32x4_t) -> float32x4_t {
+    let e = exp4(vmulq_f32(vdupq_n_f32(2.0), vabsq_f32(u)));
+    let t = vsubq_f32(
+        vdupq_n_f32(1.0),
+        vdivq_f32(vdupq_n_f32(2.0), vaddq_f32(e, vdupq_n_f32(1.0))),
+    );
+    vbslq_f32(vdupq_n_u32(0x8000_0000), u, t)
+}
+
+/// The activation a kernel applies.
+#[derive(Clone, Copy)]
+enum Act {
+    Silu,
+    Gelu,
+    Relu,
+    Tanh,
+}
+
+/// `act` of four lanes.
+#[inline]
+#[target_feature(enable = "neon")]
+fn act4(act: Act, x: float32x4_t) -> float32x4_t {
+    match act {
+        Act::Silu => silu4(x),
+        Act::Gelu => gelu4(x),
+        Act::Relu => relu4(x),
+        Act::Tanh => tanh4(x),
     }
 }
 
 /// Applies [`act4`] to `x` four lanes at a time (the tail through a zero-padded buffer).
 #[target_feature(enable = "neon")]
-fn map4<const GELU: bool>(x: &[f32], out: &mut [f32]) {
+fn map4(act: Act, x: &[f32], out: &mut [f32]) {
     assert_eq!(x.len(), out.len());
     let full = x.len() - x.len() % 4;
     let mut i = 0;
@@ -106,7 +141,7 @@ fn map4<const GELU: bool>(x: &[f32], out: &mut [f32]) {
         unsafe {
             vst1q_f32(
                 out.as_mut_ptr().add(i),
-                act4::<GELU>(vld1q_f32(x.as_ptr().add(i))),
+                act4(act, vld1q_f32(x.as_ptr().add(i))),
             )
         };
         i += 4;
@@ -115,27 +150,37 @@ fn map4<const GELU: bool>(x: &[f32], out: &mut [f32]) {
         let mut buf = [0.0f32; 4];
         buf[..x.len() - full].copy_from_slice(&x[full..]);
         // SAFETY: `buf` is a 4-element stack array, read and written in place.
-        unsafe { vst1q_f32(buf.as_mut_ptr(), act4::<GELU>(vld1q_f32(buf.as_ptr()))) };
+        unsafe { vst1q_f32(buf.as_mut_ptr(), act4(act, vld1q_f32(buf.as_ptr()))) };
         out[full..].copy_from_slice(&buf[..x.len() - full]);
     }
 }
 
-/// Parallel driver shared by both activations; checks the lengths.
-fn unary<const GELU: bool>(x: &[f32], out: &mut [f32], what: &str) {
+/// Parallel driver shared by the activations; checks the lengths.
+fn unary(act: Act, x: &[f32], out: &mut [f32], what: &str) {
     edge_kernels::contract::unary(x, out, what);
     out.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
         // SAFETY: NEON is part of the aarch64 baseline, so the target feature is present.
-        .for_each(|(o, x)| unsafe { map4::<GELU>(x, o) });
+        .for_each(|(o, x)| unsafe { map4(act, x, o) });
 }
 
 /// `neon_silu_f32_x4`: torch `nn.SiLU`, the contract of [`edge_kernels::silu`].
 pub(super) fn silu(x: &[f32], out: &mut [f32]) {
-    unary::<false>(x, out, "silu");
+    unary(Act::Silu, x, out, "silu");
 }
 
 /// `neon_gelu_tanh_f32_x4`: torch `GELU(approximate="tanh")`, the contract of
 /// [`edge_kernels::gelu_tanh`].
 pub(super) fn gelu_tanh(x: &[f32], out: &mut [f32]) {
-    unary::<true>(x, out, "gelu_tanh");
+    unary(Act::Gelu, x, out, "gelu_tanh");
+}
+
+/// `neon_relu_f32_x4`: torch `nn.ReLU`, the contract of [`edge_kernels::relu`] (bit-identical).
+pub(super) fn relu(x: &[f32], out: &mut [f32]) {
+    unary(Act::Relu, x, out, "relu");
+}
+
+/// `neon_tanh_f32_x4`: `tanh`, the contract of [`edge_kernels::tanh`].
+pub(super) fn tanh(x: &[f32], out: &mut [f32]) {
+    unary(Act::Tanh, x, out, "tanh");
 }

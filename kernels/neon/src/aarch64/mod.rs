@@ -40,6 +40,14 @@ fn base_table() -> KernelTable {
         name: "neon_gelu_tanh_f32_x4",
         run: elementwise::gelu_tanh,
     };
+    t.relu = Kernel {
+        name: "neon_relu_f32_x4",
+        run: elementwise::relu,
+    };
+    t.tanh = Kernel {
+        name: "neon_tanh_f32_x4",
+        run: elementwise::tanh,
+    };
     t.layer_norm = Kernel {
         name: "neon_layer_norm_f64x2",
         run: norm::layer_norm,
