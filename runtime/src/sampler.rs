@@ -599,13 +599,7 @@ fn k_karras_schedule(
         .iter()
         .map(|&t| np_interp(f64::from(t), &tables.sigmas))
         .collect();
-    let (sigma_max, sigma_min) = (in_sigmas[0], in_sigmas[in_sigmas.len() - 1]);
-    let rho = 7.0f64;
-    let (min_inv, max_inv) = (sigma_min.powf(1.0 / rho), sigma_max.powf(1.0 / rho));
-    let karras: Vec<f64> = np_linspace(0.0, 1.0, steps)
-        .into_iter()
-        .map(|r| (max_inv + r * (min_inv - max_inv)).powf(rho))
-        .collect();
+    let karras = karras_sigmas(in_sigmas[in_sigmas.len() - 1], in_sigmas[0], steps);
     let log_sigmas: Vec<f32> = tables.sigmas.iter().map(|s| s.ln()).collect();
     let timesteps: Vec<f32> = karras
         .iter()
@@ -627,6 +621,17 @@ fn k_karras_schedule(
         sigmas_interpol: Vec::new(),
         prev_timesteps: Vec::new(),
     }
+}
+
+/// Karras et al. (2022) sigmas (diffusers `_convert_to_karras`, float64 as numpy):
+/// `σ_i = (σmax^{1/ρ} + i/(S−1)·(σmin^{1/ρ} − σmax^{1/ρ}))^ρ`, ρ = 7, `[steps]`.
+fn karras_sigmas(sigma_min: f64, sigma_max: f64, steps: usize) -> Vec<f64> {
+    let rho = 7.0f64;
+    let (min_inv, max_inv) = (sigma_min.powf(1.0 / rho), sigma_max.powf(1.0 / rho));
+    np_linspace(0.0, 1.0, steps)
+        .into_iter()
+        .map(|r| (max_inv + r * (min_inv - max_inv)).powf(rho))
+        .collect()
 }
 
 /// The timesteps of the k-diffusion schedulers for `steps` steps and the config's spacing
@@ -665,13 +670,7 @@ fn k_timesteps(cfg: &SchedulerConfig, steps: usize) -> Vec<f32> {
 /// final sigma.
 fn dpm_karras_schedule(tables: &TrainTables, steps: usize, sigma_last: f32) -> Schedule {
     let sig = &tables.sigmas;
-    let (sigma_min, sigma_max) = (f64::from(sig[0]), f64::from(sig[sig.len() - 1]));
-    let rho = 7.0f64;
-    let (min_inv, max_inv) = (sigma_min.powf(1.0 / rho), sigma_max.powf(1.0 / rho));
-    let karras: Vec<f64> = np_linspace(0.0, 1.0, steps)
-        .into_iter()
-        .map(|r| (max_inv + r * (min_inv - max_inv)).powf(rho))
-        .collect();
+    let karras = karras_sigmas(f64::from(sig[0]), f64::from(sig[sig.len() - 1]), steps);
     // numpy's log of the float32 train sigmas stays float32.
     let log_sigmas: Vec<f32> = sig.iter().map(|s| s.ln()).collect();
     let timesteps: Vec<f32> = karras

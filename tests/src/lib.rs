@@ -149,6 +149,51 @@ pub fn rel_max_err(ours: &[f32], reference: &[f32]) -> f64 {
     max_abs_diff(ours, reference) / max_abs(reference).max(1.0)
 }
 
+/// The fixtures' run: "a lovely cat" / "", guidance 4.5, 64×64, `steps` steps of `method`
+/// from the unit noise `init` (seed 0, torch's generator for anything it draws).
+pub fn cat_params(
+    steps: usize,
+    method: edge_runtime::sampler::SamplingMethod,
+    init: Option<Vec<f32>>,
+) -> edge_runtime::GenerateParams {
+    edge_runtime::GenerateParams {
+        prompt: "a lovely cat".into(),
+        negative_prompt: String::new(),
+        steps,
+        cfg_scale: 4.5,
+        method,
+        seed: 0,
+        width: 64,
+        height: 64,
+        rng: Default::default(),
+        karras: None,
+        init_latents: init,
+        init_image: None,
+        decoder: Default::default(),
+        preview: None,
+    }
+}
+
+/// Compiles the fixture pipeline `name` with `opts` and opens the assembled plan (verified);
+/// also returns the plan's length in bytes.
+pub fn fixture_plan(
+    name: &str,
+    opts: &edge_planner::CompileOptions,
+) -> (edge_runtime::Plan, usize) {
+    let mut c = edge_planner::compile::compile_inputs(
+        Some(&fixture(name)),
+        &edge_planner::compile::ComponentFiles::default(),
+        opts,
+    )
+    .unwrap_or_else(|e| panic!("compile {name}: {e}"));
+    let bytes = edge_planner::write::assemble(&mut c.meta, &c.table).expect("assemble");
+    let len = bytes.len();
+    (
+        edge_runtime::Plan::from_bytes(&bytes).expect("plan verifies"),
+        len,
+    )
+}
+
 /// `steps` DPM steps of the demo model at 64×64 from seed 7, with guidance.
 pub fn demo_params(steps: usize) -> edge_runtime::GenerateParams {
     edge_runtime::GenerateParams {

@@ -6,7 +6,6 @@
 use std::collections::HashMap;
 
 use edge_e2e::*;
-use edge_planner::compile::{compile_inputs, ComponentFiles};
 use edge_planner::CompileOptions;
 use edge_runtime::sampler::SamplingMethod;
 use edge_runtime::{GenerateParams, InitImage, Plan, Session};
@@ -17,15 +16,7 @@ fn plan(encoder: bool) -> (Plan, usize) {
         vae_encoder: encoder,
         ..Default::default()
     };
-    let mut c = compile_inputs(
-        Some(&fixture("pixart-sigma-tiny")),
-        &ComponentFiles::default(),
-        &opts,
-    )
-    .unwrap_or_else(|e| panic!("compile: {e}"));
-    let bytes = edge_planner::write::assemble(&mut c.meta, &c.table).expect("assemble");
-    let len = bytes.len();
-    (Plan::from_bytes(&bytes).expect("plan verifies"), len)
+    fixture_plan("pixart-sigma-tiny", &opts)
 }
 
 fn input_rgb() -> Vec<u8> {

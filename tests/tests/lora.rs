@@ -11,7 +11,7 @@ use edge_planner::compile::{compile_inputs, Compiled, ComponentFiles};
 use edge_planner::lora::LoraRequest;
 use edge_planner::CompileOptions;
 use edge_runtime::sampler::SamplingMethod;
-use edge_runtime::{GenerateParams, Plan, Session};
+use edge_runtime::{Plan, Session};
 use edge_schema::DType;
 
 const PEFT: &str = "lora/pixart-sigma-tiny-lora-r4.peft.safetensors";
@@ -152,22 +152,11 @@ fn kohya_and_peft_files_give_the_same_plan_weights() {
 
 fn pipeline(plan: &Plan, r: &HashMap<String, RefTensor>) -> Vec<f32> {
     let mut s = Session::new(plan, edge_kernels::generic(), None).unwrap();
-    let params = GenerateParams {
-        prompt: "a lovely cat".into(),
-        negative_prompt: String::new(),
-        steps: 4,
-        cfg_scale: 4.5,
-        method: SamplingMethod::DpmPp2m,
-        seed: 0,
-        width: 64,
-        height: 64,
-        rng: Default::default(),
-        karras: None,
-        init_latents: Some(r["initial_noise"].data.clone()),
-        init_image: None,
-        decoder: Default::default(),
-        preview: None,
-    };
+    let params = cat_params(
+        4,
+        SamplingMethod::DpmPp2m,
+        Some(r["initial_noise"].data.clone()),
+    );
     let out = edge_runtime::generate(&mut s, &params, &mut |_| {}).unwrap();
     assert_png_close("lora pipeline image", &out.rgb, &r["image_uint8"].data);
     out.latents

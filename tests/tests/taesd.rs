@@ -14,15 +14,7 @@ fn plan(taesd: bool) -> (Plan, usize) {
         taesd: taesd.then(|| fixture("taesd/taesd-tiny")),
         ..Default::default()
     };
-    let mut c = compile_inputs(
-        Some(&fixture("pixart-sigma-tiny")),
-        &ComponentFiles::default(),
-        &opts,
-    )
-    .unwrap_or_else(|e| panic!("compile: {e}"));
-    let bytes = edge_planner::write::assemble(&mut c.meta, &c.table).expect("assemble");
-    let len = bytes.len();
-    (Plan::from_bytes(&bytes).expect("plan verifies"), len)
+    fixture_plan("pixart-sigma-tiny", &opts)
 }
 
 #[test]
@@ -48,20 +40,13 @@ fn params(decoder: Decoder, preview: Option<PreviewSpec>) -> GenerateParams {
         "pixart-sigma-tiny/reference/pipeline_dpm_4_cat_64x64.safetensors",
     ));
     GenerateParams {
-        prompt: "a lovely cat".into(),
-        negative_prompt: String::new(),
-        steps: 4,
-        cfg_scale: 4.5,
-        method: SamplingMethod::DpmPp2m,
-        seed: 0,
-        width: 64,
-        height: 64,
-        rng: Default::default(),
-        karras: None,
-        init_latents: Some(noise["initial_noise"].data.clone()),
-        init_image: None,
         decoder,
         preview,
+        ..cat_params(
+            4,
+            SamplingMethod::DpmPp2m,
+            Some(noise["initial_noise"].data.clone()),
+        )
     }
 }
 
