@@ -379,3 +379,68 @@ fn dpm_solver_heun_matches_diffusers() {
         assert!(mid > 1e-3, "midpoint is indistinguishable here ({mid:e})");
     }
 }
+
+/// `--scheduler karras` for euler, heun and dpm2: the schedules diffusers 0.42.1 builds
+/// (`tests/fixtures/karras_schedules.json`, made by
+/// `tests/fixtures/scripts/make_karras_schedules.py`): timesteps, sigmas, KDPM2's midpoints
+/// and `init_noise_sigma` for 1, 4, 8 and 20 steps.
+#[test]
+fn karras_schedules_of_the_k_samplers_match_diffusers() {
+    let text = std::fs::read_to_string(edge_e2e::fixture("karras_schedules.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let list = |x: &serde_json::Value| -> Vec<f32> {
+        x.as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_f64().map_or(f32::NAN, |f| f as f32))
+            .collect()
+    };
+    let close = |what: &str, ours: &[f32], theirs: &[f32]| {
+        assert_eq!(ours.len(), theirs.len(), "{what}: {ours:?} vs {theirs:?}");
+        for (a, b) in ours.iter().zip(theirs) {
+            if b.is_nan() {
+                continue;
+            }
+            assert!(
+                (a - b).abs() <= 1e-6 * b.abs().max(1e-3),
+                "{what}: {ours:?} vs {theirs:?}"
+            );
+        }
+    };
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 12);
+    for r in runs {
+        let method: SamplingMethod = r["method"].as_str().unwrap().parse().unwrap();
+        let n = r["steps"].as_u64().unwrap() as usize;
+        let mut cfg = SchedulerConfig::pixart();
+        cfg.use_karras_sigmas = true;
+        let s = schedule(&cfg, method, n).unwrap();
+        let what = format!("{method} karras {n}");
+        close(
+            &format!("{what} timesteps"),
+            &s.timesteps,
+            &list(&r["timesteps"]),
+        );
+        // diffusers' KDPM2 keeps two trailing zeros; the runtime's sigmas stop at one.
+        let theirs = list(&r["sigmas"]);
+        close(
+            &format!("{what} sigmas"),
+            &s.sigmas,
+            &theirs[..s.sigmas.len().min(theirs.len())],
+        );
+        if let Some(ip) = r.get("sigmas_interpol") {
+            let theirs = list(ip);
+            let m = s.sigmas_interpol.len().min(theirs.len());
+            close(
+                &format!("{what} midpoints"),
+                &s.sigmas_interpol[..m],
+                &theirs[..m],
+            );
+        }
+        let ins = r["init_noise_sigma"].as_f64().unwrap() as f32;
+        assert!(
+            (s.init_noise_sigma - ins).abs() <= 1e-6 * ins,
+            "{what} init_noise_sigma"
+        );
+    }
+}
