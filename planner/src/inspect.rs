@@ -22,6 +22,21 @@ pub fn read_meta(file: &[u8]) -> edge_schema::Result<PlanMeta> {
     Ok(meta)
 }
 
+/// The sizes (`WxH, WxH`) for which `has` holds, or `none`.
+fn sizes_with(meta: &PlanMeta, has: impl Fn(&edge_schema::plan::ImageSize) -> bool) -> String {
+    let v: Vec<String> = meta
+        .sizes
+        .iter()
+        .filter(|z| has(z))
+        .map(|z| format!("{}x{}", z.width, z.height))
+        .collect();
+    if v.is_empty() {
+        "none".to_string()
+    } else {
+        v.join(", ")
+    }
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -59,35 +74,16 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
         .map(|z| format!("{}x{}", z.width, z.height))
         .collect();
     let _ = writeln!(s, "image sizes (WxH): {}", sizes.join(", "));
-    let enc: Vec<String> = meta
-        .sizes
-        .iter()
-        .filter(|z| z.encoder_stage.is_some())
-        .map(|z| format!("{}x{}", z.width, z.height))
-        .collect();
-    let tiny: Vec<String> = meta
-        .sizes
-        .iter()
-        .filter(|z| z.tiny_decoder_stage.is_some())
-        .map(|z| format!("{}x{}", z.width, z.height))
-        .collect();
+
     let _ = writeln!(
         s,
         "tiny decoder (TAESD: --decoder tae, --preview tae): {}",
-        if tiny.is_empty() {
-            "none".to_string()
-        } else {
-            tiny.join(", ")
-        }
+        sizes_with(meta, |z| z.tiny_decoder_stage.is_some())
     );
     let _ = writeln!(
         s,
         "VAE encoder (image to image): {}",
-        if enc.is_empty() {
-            "none".to_string()
-        } else {
-            enc.join(", ")
-        }
+        sizes_with(meta, |z| z.encoder_stage.is_some())
     );
     for z in &meta.sizes {
         let Some(t) = &z.decoder_tiling else { continue };

@@ -278,6 +278,32 @@ pub fn decode_latents_reported(
     Ok((image, report))
 }
 
+/// The VAE encoder stage of `size`, checking that `rgb` holds `[h, w, 3]` bytes.
+///
+/// # Errors
+/// [`Error::Argument`] (`init-img`) when the plan has no encoder for `size` or the length is
+/// wrong.
+fn encoder_of(size: &edge_schema::plan::ImageSize, rgb: &[u8]) -> Result<u32> {
+    let (w, h) = (size.width as usize, size.height as usize);
+    let stage = size.encoder_stage.ok_or_else(|| Error::Argument {
+        flag: "init-img",
+        reason: format!(
+            "the plan has no VAE encoder for {w}x{h} (compiled with --no-vae-encoder, or the encoder did not fit its --max-ram); compile it with one for image to image"
+        ),
+    })?;
+    if rgb.len() != 3 * w * h {
+        return Err(Error::Argument {
+            flag: "init-img",
+            reason: format!(
+                "{} bytes of RGB for a {w}x{h} image, expected {}",
+                rgb.len(),
+                3 * w * h
+            ),
+        });
+    }
+    Ok(stage)
+}
+
 /// Encodes an init image (RGB bytes `[h, w, 3]` of `size`) with the size's VAE encoder into
 /// the clean latents `[c, h/8, w/8]` image to image starts from: the mean half of the moments
 /// (the distribution's mode, as the img2img reference takes it) times the VAE scale.
@@ -291,16 +317,7 @@ pub fn encode_image(
     rgb: &[u8],
 ) -> Result<Vec<f32>> {
     let (w, h) = (size.width as usize, size.height as usize);
-    let stage = size.encoder_stage.ok_or_else(|| Error::Argument {
-        flag: "init-img",
-        reason: format!("the plan has no VAE encoder for {w}x{h}"),
-    })?;
-    if rgb.len() != 3 * w * h {
-        return Err(Error::Argument {
-            flag: "init-img",
-            reason: format!("{} bytes of RGB for a {w}x{h} image", rgb.len()),
-        });
-    }
+    let stage = encoder_of(size, rgb)?;
     let meta = session.plan().meta();
     let (c, ds) = (
         meta.vae.latent_channels as usize,
@@ -466,27 +483,8 @@ pub fn generate_previewing(
     }
     let mut sampler = Sampler::new(&scheduler, params.method, params.steps, latent_len)?;
     if let Some(init) = &params.init_image {
-        if size.encoder_stage.is_none() {
-            return Err(Error::Argument {
-                flag: "init-img",
-                reason: format!(
-                    "the plan has no VAE encoder for {}x{} (compiled with --no-vae-encoder, or the encoder did not fit its --max-ram); compile it with one for image to image",
-                    params.width, params.height
-                ),
-            });
-        }
-        let want = 3 * params.width as usize * params.height as usize;
-        if init.rgb.len() != want {
-            return Err(Error::Argument {
-                flag: "init-img",
-                reason: format!(
-                    "{} bytes of RGB for a {}x{} image, expected {want}",
-                    init.rgb.len(),
-                    params.width,
-                    params.height
-                ),
-            });
-        }
+        // Refused before any work; `encode_image` would refuse the same later.
+        encoder_of(&size, &init.rgb)?;
         let begin = crate::sampler::img2img_begin(params.steps, init.strength, params.method)?;
         sampler.begin_at(begin)?;
     }

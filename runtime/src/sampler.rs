@@ -557,10 +557,21 @@ fn euler_schedule(
     sigma_last: f32,
 ) -> Schedule {
     let timesteps = k_timesteps(cfg, steps);
-    let mut sigmas: Vec<f32> = timesteps
+    let sigmas: Vec<f32> = timesteps
         .iter()
         .map(|&t| np_interp(f64::from(t), &tables.sigmas) as f32)
         .collect();
+    k_schedule(timesteps, sigmas, sigma_last, cfg)
+}
+
+/// A k-diffusion schedule from its timesteps and sigmas `[S]`: the final sigma appended and
+/// Euler's `init_noise_sigma`.
+fn k_schedule(
+    timesteps: Vec<f32>,
+    mut sigmas: Vec<f32>,
+    sigma_last: f32,
+    cfg: &SchedulerConfig,
+) -> Schedule {
     sigmas.push(sigma_last);
     Schedule {
         init_noise_sigma: euler_init_noise_sigma(&sigmas, cfg),
@@ -612,15 +623,8 @@ fn k_karras_schedule(
             }) as f32
         })
         .collect();
-    let mut sigmas: Vec<f32> = karras.iter().map(|&s| s as f32).collect();
-    sigmas.push(sigma_last);
-    Schedule {
-        init_noise_sigma: euler_init_noise_sigma(&sigmas, cfg),
-        timesteps,
-        sigmas,
-        sigmas_interpol: Vec::new(),
-        prev_timesteps: Vec::new(),
-    }
+    let sigmas: Vec<f32> = karras.iter().map(|&s| s as f32).collect();
+    k_schedule(timesteps, sigmas, sigma_last, cfg)
 }
 
 /// Karras et al. (2022) sigmas (diffusers `_convert_to_karras`, float64 as numpy):

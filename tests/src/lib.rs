@@ -158,19 +158,10 @@ pub fn cat_params(
 ) -> edge_runtime::GenerateParams {
     edge_runtime::GenerateParams {
         prompt: "a lovely cat".into(),
-        negative_prompt: String::new(),
-        steps,
-        cfg_scale: 4.5,
-        method,
         seed: 0,
-        width: 64,
-        height: 64,
-        rng: Default::default(),
-        karras: None,
+        method,
         init_latents: init,
-        init_image: None,
-        decoder: Default::default(),
-        preview: None,
+        ..demo_params(steps)
     }
 }
 

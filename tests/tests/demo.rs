@@ -2,7 +2,6 @@
 //! references, and content of images generated from our own seeded noise (demo README §7).
 
 use edge_e2e::*;
-use edge_runtime::sampler::SamplingMethod;
 use edge_runtime::{GenerateParams, Plan, Session};
 
 const PALETTE: [(&str, [f64; 3]); 7] = [
@@ -67,19 +66,9 @@ fn demo_plan() -> Plan {
 fn params(prompt: &str, seed: u64, init: Option<Vec<f32>>) -> GenerateParams {
     GenerateParams {
         prompt: prompt.into(),
-        negative_prompt: String::new(),
-        steps: 20,
-        cfg_scale: 4.5,
-        method: SamplingMethod::DpmPp2m,
         seed,
-        width: 64,
-        height: 64,
-        rng: Default::default(),
-        karras: None,
         init_latents: init,
-        init_image: None,
-        decoder: Default::default(),
-        preview: None,
+        ..edge_e2e::demo_params(20)
     }
 }
 
