@@ -36,7 +36,13 @@ fn run_with(
     stochastic: bool,
     karras: bool,
 ) {
-    let r = read_safetensors(&fixture(&format!("samplers/pipeline_{key}.safetensors")));
+    // A key with a folder names its set; the others are in `samplers/`.
+    let file = if key.contains('/') {
+        key.replacen('/', "/pipeline_", 1)
+    } else {
+        format!("samplers/pipeline_{key}")
+    };
+    let r = read_safetensors(&fixture(&format!("{file}.safetensors")));
     // The schedule, against what diffusers' scheduler held.
     let mut config = SchedulerConfig::pixart();
     config.use_karras_sigmas = karras;
@@ -161,6 +167,28 @@ fn dpm_karras() {
             false,
             true,
         );
+    }
+}
+
+/// Karras sigmas for euler, heun and dpm2 against diffusers' runs with `use_karras_sigmas`
+/// (`samplers-karras/`, made here: README §16).
+#[test]
+fn k_samplers_with_karras_sigmas() {
+    for (key, method) in [
+        ("euler_karras", SamplingMethod::Euler),
+        ("heun_karras", SamplingMethod::Heun),
+        ("kdpm2_karras", SamplingMethod::Dpm2),
+    ] {
+        for n in [4, 8] {
+            run_with(
+                &format!("samplers-karras/{key}_{n}_cat_64x64"),
+                method,
+                n,
+                4.5,
+                false,
+                true,
+            );
+        }
     }
 }
 
