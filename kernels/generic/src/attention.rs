@@ -3,7 +3,6 @@
 use rayon::prelude::*;
 
 use crate::expf::exp_f32;
-use crate::gemm::{GENERIC_TILE, MAX_TILE};
 
 /// Largest supported `head_dim` (the stack accumulator size). The VAE mid-block attention is
 /// single-head with `head_dim = channels` (512 in the SD VAE used by PixArt).
@@ -56,12 +55,14 @@ pub struct AttentionParams {
 ///
 /// Keys are visited in tiles of 64 with an online softmax (running maximum and sum, rescaled
 /// when the maximum grows; Milakov & Gimelshein 2018, FlashAttention): the `[lq, lk]` score
-/// matrix is never stored and nothing is allocated. `q·k` is the crate's fixed-order dot
-/// product ([`F32Tile`](crate::F32Tile)) and `exp` is [`crate::expf::exp_f32`], so SIMD twins can match it bit
-/// for bit. The order of every sum is fixed by the
-/// tile size, so the result is identical for any thread count. Parallel over blocks of up to 32
-/// query rows (all heads of a row are in the same task because `out` rows interleave heads),
-/// each handled as blocks of 4 rows head by head.
+/// matrix is never stored and nothing is allocated. `q·k` is one fused multiply-add per head
+/// channel in increasing order from `0.0` (the GEMM driver's order), `acc += w·v` one fused
+/// multiply-add per key in increasing order, and `exp` is [`crate::expf::exp_f32`], so SIMD
+/// twins (keys or channels in lanes) match it bit for bit. The order of every sum is fixed by
+/// the key tile size, so the result is identical for any thread count. Parallel over blocks of
+/// up to 32 query rows (all heads of a row are in the same task because `out` rows interleave
+/// heads); per head, each key tile is packed once per task (keys side by side, [`pack_keys`])
+/// and met by the task's blocks of 4 rows.
 pub fn attention(
     p: &AttentionParams,
     q_src: &[f32],
@@ -74,20 +75,44 @@ pub fn attention(
 }
 
 /// The per-ISA part of the attention driver: up to [`QUERY_TILE`] query rows of one head
-/// against one key tile (the online softmax step of each row). Tiling, the parallel split and
-/// the final division stay in [`attention_with`]. A SIMD `block_tile` must give, for every row,
-/// exactly the bits of [`generic_row_tile`] (tested).
+/// against one key tile (the online softmax step of each row). Tiling, key packing, the
+/// parallel split and the final division stay in [`attention_with`]. A SIMD `block_tile` must
+/// give, for every row, exactly the bits of [`generic_row_tile`] (tested).
 #[derive(Clone, Copy, Debug)]
 pub struct AttentionOps {
     /// Name for logs.
     pub name: &'static str,
     /// The step for rows `0..b.nq` of the block; row `r`'s state is `acc[r][..head_dim]`,
-    /// `run_max[r]`, `run_sum[r]`.
+    /// `run_max[r]`, `run_sum[r]`; the tile's keys come packed ([`pack_keys`]).
     pub block_tile: BlockTileFn,
 }
 
-/// [`AttentionOps::block_tile`]'s signature.
-pub type BlockTileFn = fn(b: &QueryBlock<'_>, st: &mut BlockState);
+/// [`AttentionOps::block_tile`]'s signature: `(block, packed keys, state)`.
+pub type BlockTileFn = fn(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState);
+
+/// Packs keys `j0 .. j0 + nk` of head `h` side by side: `dst[d·KEY_TILE + c]` is channel `d` of
+/// key `j0 + c` for `d < head_dim`, `c < nk`; lanes `nk..KEY_TILE` are zero. `dst` holds at
+/// least `head_dim · KEY_TILE` f32.
+pub fn pack_keys(
+    p: &AttentionParams,
+    kv_src: &[f32],
+    h: usize,
+    j0: usize,
+    nk: usize,
+    dst: &mut [f32],
+) {
+    let hd = p.head_dim;
+    let dst = &mut dst[..hd * KEY_TILE];
+    if nk < KEY_TILE {
+        dst.fill(0.0);
+    }
+    for c in 0..nk {
+        let key = &kv_src[(j0 + c) * p.kv_stride + p.k_offset + h * hd..][..hd];
+        for (d, &v) in key.iter().enumerate() {
+            dst[d * KEY_TILE + c] = v;
+        }
+    }
+}
 
 /// Query rows `i0 .. i0 + nq` of head `h` and the key tile `j0 .. j0 + nk` they meet.
 #[derive(Clone, Copy, Debug)]
@@ -147,7 +172,18 @@ pub struct BlockState {
 }
 
 impl BlockState {
-    fn new() -> Self {
+    /// Back to the state before the first key tile (the first `head_dim` accumulators of every
+    /// row are zeroed).
+    pub fn reset(&mut self, head_dim: usize) {
+        for a in &mut self.acc {
+            a[..head_dim].fill(0.0);
+        }
+        self.run_max = [f32::NEG_INFINITY; QUERY_TILE];
+        self.run_sum = [0.0; QUERY_TILE];
+    }
+
+    /// A state before the first key tile.
+    pub fn new() -> Self {
         BlockState {
             acc: [[0.0; MAX_HEAD_DIM]; QUERY_TILE],
             run_max: [f32::NEG_INFINITY; QUERY_TILE],
@@ -238,29 +274,37 @@ pub const GENERIC_ATTENTION: AttentionOps = AttentionOps {
     block_tile: generic_block_tile,
 };
 
-fn generic_block_tile(b: &QueryBlock<'_>, st: &mut BlockState) {
-    for r in 0..b.nq {
-        let t = b.row(r);
-        let (mut row, scores) = st.row(r, b.p.head_dim);
-        generic_row_tile(&t, &mut row, scores);
+impl Default for BlockState {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
-/// The online softmax step that defines the bits: scores `s_j` ([`KeyTile::score`] of the
-/// [`F32Tile`](crate::F32Tile)-order dot product), `m' = max(m, max_j s_j)`, `c = exp_f32(m − m')`, `acc ·= c`
-/// (skipped when `c = 1`), `sum = sum·c`, then for each key in order `w = exp_f32(s_j − m')`,
-/// `sum += w`, `acc += w·v_j` (unfused).
-pub fn generic_row_tile(t: &KeyTile<'_>, st: &mut RowState<'_>, scores: &mut [f32]) {
+fn generic_block_tile(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
+    for r in 0..b.nq {
+        let t = b.row(r);
+        let (mut row, scores) = st.row(r, b.p.head_dim);
+        generic_row_tile(&t, keys, &mut row, scores);
+    }
+}
+
+/// The online softmax step that defines the bits: scores `s_j` ([`KeyTile::score`] of
+/// `dot_j = fma(q[hd−1], k_j[hd−1], … fma(q[0], k_j[0], 0.0))`, `keys` packed by
+/// [`pack_keys`]), `m' = max(m, max_j s_j)`, `c = exp_f32(m − m')`, `acc ·= c` (skipped when
+/// `c = 1`), `sum = sum·c`, then for each key in order `w = exp_f32(s_j − m')`, `sum += w`,
+/// `acc[d] = fma(w, v_j[d], acc[d])`.
+pub fn generic_row_tile(t: &KeyTile<'_>, keys: &[f32], st: &mut RowState<'_>, scores: &mut [f32]) {
     let hd = t.p.head_dim;
-    let tc = GENERIC_TILE.cols;
-    let mut dots = [0.0f32; MAX_TILE];
     let s = &mut scores[..t.nk];
-    for c0 in (0..t.nk).step_by(tc) {
-        let ks: [&[f32]; MAX_TILE] = std::array::from_fn(|c| t.key(t.j0 + (c0 + c).min(t.nk - 1)));
-        (GENERIC_TILE.run)(&[t.q], &ks[..tc], hd, &mut dots[..tc]);
-        for (c, sj) in s[c0..t.nk.min(c0 + tc)].iter_mut().enumerate() {
-            *sj = t.score(t.j0 + c0 + c, dots[c]);
+    let mut dots = [0.0f32; KEY_TILE];
+    for (d, &qd) in t.q[..hd].iter().enumerate() {
+        let kd = &keys[d * KEY_TILE..][..t.nk];
+        for (a, &kv) in dots.iter_mut().zip(kd) {
+            *a = qd.mul_add(kv, *a);
         }
+    }
+    for (c, sj) in s.iter_mut().enumerate() {
+        *sj = t.score(t.j0 + c, dots[c]);
     }
     let new_max = tile_max(*st.run_max, s);
     let correction = exp_f32(*st.run_max - new_max);
@@ -274,7 +318,7 @@ pub fn generic_row_tile(t: &KeyTile<'_>, st: &mut RowState<'_>, scores: &mut [f3
         let w = exp_f32(sj - new_max);
         sum += w;
         for (x, &vv) in st.acc.iter_mut().zip(t.value(t.j0 + jj)) {
-            *x += w * vv;
+            *x = w.mul_add(vv, *x);
         }
     }
     *st.run_sum = sum;
@@ -303,59 +347,57 @@ pub fn attention_with(
     if p.lq == 0 || width == 0 {
         return;
     }
-    // A task takes up to 32 query rows and walks the heads outermost, so one head's keys and
-    // values stay in cache while the task's blocks of QUERY_TILE rows meet them.
+    // A task takes up to 32 query rows and walks the heads outermost; per head, each key tile
+    // is packed once and met by the task's blocks of QUERY_TILE rows while it is in cache.
     let task_rows = (p.lq / 8)
         .next_multiple_of(QUERY_TILE)
-        .clamp(QUERY_TILE, 32);
+        .clamp(QUERY_TILE, TASK_ROWS);
     out.par_chunks_mut(task_rows * width)
         .enumerate()
         .for_each(|(t, rows)| {
+            let nrows = rows.len() / width;
+            let nblocks = nrows.div_ceil(QUERY_TILE);
+            let mut states: [BlockState; TASK_ROWS / QUERY_TILE] =
+                std::array::from_fn(|_| BlockState::new());
+            let mut keys = [0f32; MAX_HEAD_DIM * KEY_TILE];
             for h in 0..p.heads {
-                for (b, block) in rows.chunks_mut(QUERY_TILE * width).enumerate() {
-                    let i0 = t * task_rows + b * QUERY_TILE;
-                    attend_rows(ops, p, q_src, kv_src, key_mask, bias, h, i0, block);
+                for st in &mut states[..nblocks] {
+                    st.reset(p.head_dim);
+                }
+                for j0 in (0..p.lk).step_by(KEY_TILE) {
+                    let nk = KEY_TILE.min(p.lk - j0);
+                    pack_keys(p, kv_src, h, j0, nk, &mut keys);
+                    for (bi, st) in states[..nblocks].iter_mut().enumerate() {
+                        let i0 = t * task_rows + bi * QUERY_TILE;
+                        let b = QueryBlock {
+                            p,
+                            q_src,
+                            kv_src,
+                            key_mask,
+                            bias,
+                            h,
+                            i0,
+                            nq: QUERY_TILE.min(nrows - bi * QUERY_TILE),
+                            j0,
+                            nk,
+                        };
+                        (ops.block_tile)(&b, &keys[..p.head_dim * KEY_TILE], st);
+                    }
+                }
+                for (bi, st) in states[..nblocks].iter().enumerate() {
+                    let nq = QUERY_TILE.min(nrows - bi * QUERY_TILE);
+                    for r in 0..nq {
+                        let inv = st.run_sum[r];
+                        let dst = &mut rows[(bi * QUERY_TILE + r) * width + h * p.head_dim..]
+                            [..p.head_dim];
+                        for (o, &a) in dst.iter_mut().zip(&st.acc[r][..p.head_dim]) {
+                            *o = a / inv;
+                        }
+                    }
                 }
             }
         });
 }
 
-/// Computes head `h` of the query rows `i0 .. i0 + rows.len() / width` into `rows`.
-fn attend_rows(
-    ops: &AttentionOps,
-    p: &AttentionParams,
-    q_src: &[f32],
-    kv_src: &[f32],
-    key_mask: Option<&[f32]>,
-    bias: Option<&[f32]>,
-    h: usize,
-    i0: usize,
-    rows: &mut [f32],
-) {
-    let hd = p.head_dim;
-    let width = p.heads * hd;
-    let nq = rows.len() / width;
-    let mut st = BlockState::new();
-    for j0 in (0..p.lk).step_by(KEY_TILE) {
-        let b = QueryBlock {
-            p,
-            q_src,
-            kv_src,
-            key_mask,
-            bias,
-            h,
-            i0,
-            nq,
-            j0,
-            nk: KEY_TILE.min(p.lk - j0),
-        };
-        (ops.block_tile)(&b, &mut st);
-    }
-    for r in 0..nq {
-        let inv = st.run_sum[r];
-        let dst = &mut rows[r * width + h * hd..][..hd];
-        for (o, &a) in dst.iter_mut().zip(&st.acc[r][..hd]) {
-            *o = a / inv;
-        }
-    }
-}
+/// Most query rows per task of [`attention_with`].
+const TASK_ROWS: usize = 32;

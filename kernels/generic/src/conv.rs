@@ -4,7 +4,7 @@ use edge_schema::DType;
 use rayon::prelude::*;
 
 use crate::contract;
-use crate::gemm::{gemm_nt, Bias, F32Tile, GENERIC_TILE};
+use crate::gemm::{gemm, Bias, F32Tile, Operand, GENERIC_TILE, MAX_TILE_COLS};
 use crate::weights::{convert_row, f32_view, f32_view_mut, WeightRef};
 
 /// Geometry of one 2-D convolution (torch `nn.Conv2d`, groups = 1, dilation = 1) with
@@ -66,6 +66,12 @@ impl Conv2dParams {
         self.cin * self.kh * self.kw
     }
 
+    /// Bytes of the im2col tile: `pixel_tile` rounded up to [`MAX_TILE_COLS`] pixels (the
+    /// packed panels of any tile), times `cin·kh·kw` f32.
+    fn col_tile_bytes(&self) -> usize {
+        self.pixel_tile().next_multiple_of(MAX_TILE_COLS) * self.patch_len() * 4
+    }
+
     /// Output pixels per im2col tile: about 256 Ki floats (1 MiB) of scratch, a multiple of 4,
     /// at most 256 and at most the number of output pixels. Depends on the shapes only. (64 Ki
     /// floats until 2026-12: the larger tile halves the driver's per-tile synchronisation and
@@ -77,8 +83,9 @@ impl Conv2dParams {
     }
 }
 
-/// Scratch bytes [`conv2d`] needs: one im2col tile (`pixel_tile · cin·kh·kw` f32) plus, for
-/// `F16` weights, the weights converted to f32 (`cout · cin·kh·kw` f32).
+/// Scratch bytes [`conv2d`] needs: one im2col tile (`pixel_tile` rounded up to 64 pixels, times
+/// `cin·kh·kw` f32) plus, for `F16`/`BF16` weights, the weights converted to f32 (`cout ·
+/// cin·kh·kw` f32).
 pub fn conv2d_scratch_bytes(p: &Conv2dParams, w_dtype: DType) -> usize {
     let kk = p.patch_len();
     let weights = match w_dtype {
@@ -86,7 +93,7 @@ pub fn conv2d_scratch_bytes(p: &Conv2dParams, w_dtype: DType) -> usize {
         DType::F16 | DType::BF16 => p.cout * kk * 4,
         other => panic!("conv2d_scratch_bytes: weights of type {other:?} are not supported"),
     };
-    weights + p.pixel_tile() * kk * 4
+    weights + p.col_tile_bytes()
 }
 
 /// `generic_conv2d_f32`: `out[co, oy, ox] = bias[co] + Σ_{ci,ky,kx} w[co, ci, ky, kx] ·
@@ -98,8 +105,10 @@ pub fn conv2d_scratch_bytes(p: &Conv2dParams, w_dtype: DType) -> usize {
 /// [`conv2d_scratch_bytes`] bytes, 4-byte aligned; nothing is allocated.
 ///
 /// Method: output pixels are processed in tiles; each tile's patches are unfolded (im2col) into
-/// `scratch` as rows of `cin·kh·kw` in `(ci, ky, kx)` order, then every output element is the
-/// crate's fixed-order f32 dot product of a weight row and a patch row, plus the bias. This
+/// `scratch` in the GEMM driver's packed panel layout (pixels of a panel side by side, patch
+/// elements in `(ci, ky, kx)` order), then every output element is the driver's f32 dot product
+/// (one fused multiply-add per patch element in that order, from `0.0`) of a weight row and a
+/// patch, plus the bias. This
 /// beat a direct (shift-and-accumulate) loop in `examples/kbench.rs`. Bit-identical for any
 /// thread count.
 pub fn conv2d(
@@ -139,7 +148,7 @@ pub fn conv2d_with(
         return;
     }
 
-    let (wbuf, colbuf) = scratch.split_at_mut(need - p.pixel_tile() * kk * 4);
+    let (wbuf, colbuf) = scratch.split_at_mut(need - p.col_tile_bytes());
     let wf: &[f32] = match w.dtype {
         DType::F32 => f32_view(w.bytes, "conv2d weight (F32)"),
         _ => {
@@ -151,44 +160,61 @@ pub fn conv2d_with(
         }
     };
     let pt = p.pixel_tile();
-    let col = f32_view_mut(&mut colbuf[..pt * kk * 4], "conv2d scratch");
+    let tc = tile.cols;
+    let col = f32_view_mut(&mut colbuf[..p.col_tile_bytes()], "conv2d scratch");
     let b = bias.map_or(Bias::None, Bias::PerRow);
     for p0 in (0..npix).step_by(pt) {
         let np = pt.min(npix - p0);
-        let cols = &mut col[..np * kk];
-        cols.par_chunks_mut(kk).enumerate().for_each(|(r, patch)| {
-            let pix = p0 + r;
-            im2col_patch(p, x, pix / ow, pix % ow, patch);
-        });
-        gemm_nt(tile, wf, p.cout, kk, cols, np, p0, npix, b, out);
+        let panels = &mut col[..np.div_ceil(tc) * kk * tc];
+        panels
+            .par_chunks_mut(kk * tc)
+            .enumerate()
+            .for_each(|(pi, panel)| {
+                im2col_panel(p, x, p0 + pi * tc, (np - pi * tc).min(tc), panel, tc)
+            });
+        gemm(
+            tile,
+            wf,
+            p.cout,
+            kk,
+            Operand::Panels(panels),
+            np,
+            p0,
+            npix,
+            b,
+            out,
+        );
     }
 }
 
-/// Writes the `(ci, ky, kx)` patch of output pixel `(oy, ox)` into `patch` (zeros outside).
-fn im2col_patch(p: &Conv2dParams, x: &[f32], oy: usize, ox: usize, patch: &mut [f32]) {
-    debug_assert_eq!(patch.len(), p.patch_len());
-    let mut idx = 0;
+/// Writes the patches of output pixels `pix0 .. pix0 + nl` into a packed panel of `tc` lanes:
+/// `panel[e·tc + l]` is patch element `e` (in `(ci, ky, kx)` order) of pixel `pix0 + l`, zero
+/// outside the input and in the lanes `nl..tc`.
+fn im2col_panel(p: &Conv2dParams, x: &[f32], pix0: usize, nl: usize, panel: &mut [f32], tc: usize) {
+    debug_assert_eq!(panel.len(), p.patch_len() * tc);
+    let (_, ow) = p.out_hw();
+    let mut e = 0;
     for ci in 0..p.cin {
         let plane = &x[ci * p.h * p.w..(ci + 1) * p.h * p.w];
         for ky in 0..p.kh {
-            let iy = (oy * p.stride_h + ky)
-                .checked_sub(p.pad_top)
-                .filter(|&iy| iy < p.h);
-            let dst = &mut patch[idx..idx + p.kw];
-            match iy {
-                None => dst.fill(0.0),
-                Some(iy) => {
-                    let row = &plane[iy * p.w..(iy + 1) * p.w];
-                    for (kx, d) in dst.iter_mut().enumerate() {
-                        *d = (ox * p.stride_w + kx)
-                            .checked_sub(p.pad_left)
-                            .and_then(|ix| row.get(ix))
-                            .copied()
-                            .unwrap_or(0.0);
-                    }
+            for kx in 0..p.kw {
+                let dst = &mut panel[e * tc..(e + 1) * tc];
+                for (l, d) in dst.iter_mut().enumerate() {
+                    *d = if l < nl {
+                        let pix = pix0 + l;
+                        let (oy, ox) = (pix / ow, pix % ow);
+                        let iy = (oy * p.stride_h + ky).checked_sub(p.pad_top);
+                        let ix = (ox * p.stride_w + kx).checked_sub(p.pad_left);
+                        match (iy, ix) {
+                            (Some(iy), Some(ix)) if iy < p.h && ix < p.w => plane[iy * p.w + ix],
+                            _ => 0.0,
+                        }
+                    } else {
+                        0.0
+                    };
                 }
+                e += 1;
             }
-            idx += p.kw;
         }
     }
 }

@@ -1,146 +1,93 @@
-//! Shared f32 dot-product tiles behind [`crate::linear`] and [`crate::conv2d`].
+//! The blocked f32 GEMM driver behind [`crate::linear`] (`F32`, `F16`, `BF16` weights) and
+//! [`crate::conv2d`], shared by every ISA: only the register tile ([`F32Tile`]) is per-ISA.
 //!
-//! Every output element is one dot product computed in a fixed order that does not depend on
-//! the tile it is computed in nor on the thread that computes it: eight lane accumulators
-//! `acc[l] += a[8c + l] * b[8c + l]` over the whole 8-element chunks in increasing `c`, a fixed
-//! pairwise sum of the lanes `((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))`, then the tail
-//! elements added one by one in increasing index, then the bias. Rust never contracts `a * b + c`
-//! into a fused multiply-add, so the result is bit-identical for any tiling or thread count.
+//! **The order of every sum.** Each output element is one dot product with a single
+//! accumulator that starts at `0.0` and takes one fused multiply-add per input feature in
+//! increasing index, `acc = fma(x[t], w[t], acc)` for `t = 0, 1, …, k − 1` (one rounding per
+//! step, IEEE 754 `fusedMultiplyAdd`, Rust's `f32::mul_add`), then the bias is added with one
+//! ordinary addition. Nothing else touches the value, so the result does not depend on the
+//! register tile, the cache blocking (partial sums pass through memory as f32, exactly), the
+//! thread count or the ISA: a SIMD tile computes each output column in its own lane and gives
+//! exactly these bits (NEON `fmla`, x86 `vfmadd`). This is the order of a textbook GEMM
+//! microkernel (ggml's and BLIS's f32 kernels accumulate the same way along `k` per lane), so
+//! it costs a SIMD twin nothing.
+//!
+//! **Blocking.** The driver splits the output into row blocks (one task each) or, for fewer
+//! than 8 rows, column blocks; inside a task it walks panels of `tile.cols` output columns and
+//! blocks of [`KC`] input features. The weight rows of a panel are packed transposed
+//! (`panel[t·cols + c] = w[j0 + c, k0 + t]`) into a buffer on the task's stack, so the tile
+//! reads `cols` consecutive floats per feature; callers that can lay out their operand that
+//! way themselves (the im2col of [`crate::conv2d`]) pass whole packed panels instead.
 
 use rayon::prelude::*;
 
-/// Lane accumulators per dot product.
-pub(crate) const LANES: usize = 8;
-/// Rows of `x` (output rows) in one register tile.
-pub(crate) const TILE_R: usize = 4;
-/// Rows of `w` (output columns) in one register tile.
-pub(crate) const TILE_C: usize = 2;
-/// Largest tile side, for the fixed-size tile buffer.
-const TILE: usize = 4;
+/// Input features per cache block: a packed panel block is `KC · cols` f32 (at most 32 KiB).
+pub const KC: usize = 128;
+/// Largest number of rows of `x` a [`F32Tile`] may declare.
+pub const MAX_TILE_ROWS: usize = 8;
+/// Largest number of output columns a [`F32Tile`] may declare; `cols` must divide it.
+pub const MAX_TILE_COLS: usize = 64;
+/// Kept for callers of the previous interface: the largest tile side.
+pub const MAX_TILE: usize = MAX_TILE_COLS;
 
-#[inline(always)]
-fn reduce_lanes(a: &[f32; LANES]) -> f32 {
-    ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
-}
+/// [`F32Tile::run`]'s signature: `(xs, panel, kc, acc)`.
+pub type TileFn = fn(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32]);
 
-#[inline(always)]
-fn lane_block(s: &[f32], base: usize) -> &[f32; LANES] {
-    match <&[f32; LANES]>::try_from(&s[base..base + LANES]) {
-        Ok(a) => a,
-        Err(_) => unreachable!("a range of LANES elements converts to an array"),
-    }
-}
-
-/// `out[r][c] = dot(xs[r][..k], ws[c][..k])` in the order described in the module doc.
-#[inline(always)]
-fn dot_tile<const R: usize, const C: usize>(
-    xs: &[&[f32]; R],
-    ws: &[&[f32]; C],
-    k: usize,
-) -> [[f32; C]; R] {
-    let full = k - k % LANES;
-    let mut acc = [[[0.0f32; LANES]; C]; R];
-    let mut base = 0;
-    while base < full {
-        let xv: [&[f32; LANES]; R] = std::array::from_fn(|r| lane_block(xs[r], base));
-        let wv: [&[f32; LANES]; C] = std::array::from_fn(|c| lane_block(ws[c], base));
-        for r in 0..R {
-            for c in 0..C {
-                for l in 0..LANES {
-                    acc[r][c][l] += xv[r][l] * wv[c][l];
-                }
-            }
-        }
-        base += LANES;
-    }
-    let mut out = [[0.0f32; C]; R];
-    for r in 0..R {
-        for c in 0..C {
-            let mut s = reduce_lanes(&acc[r][c]);
-            for t in full..k {
-                s += xs[r][t] * ws[c][t];
-            }
-            out[r][c] = s;
-        }
-    }
-    out
-}
-
-/// Runs the `xs.len() × ws.len()` tile (each 1..=4) and stores it in `out[..r][..c]`.
-fn tile_dyn(xs: &[&[f32]], ws: &[&[f32]], k: usize, out: &mut [[f32; TILE]; TILE]) {
-    macro_rules! arm {
-        ($r:literal, $c:literal) => {{
-            let xa: [&[f32]; $r] = std::array::from_fn(|i| xs[i]);
-            let wa: [&[f32]; $c] = std::array::from_fn(|i| ws[i]);
-            let t = dot_tile::<$r, $c>(&xa, &wa, k);
-            for r in 0..$r {
-                out[r][..$c].copy_from_slice(&t[r]);
-            }
-        }};
-    }
-    match (xs.len(), ws.len()) {
-        (4, 4) => arm!(4, 4),
-        (4, 3) => arm!(4, 3),
-        (4, 2) => arm!(4, 2),
-        (4, 1) => arm!(4, 1),
-        (3, 4) => arm!(3, 4),
-        (3, 3) => arm!(3, 3),
-        (3, 2) => arm!(3, 2),
-        (3, 1) => arm!(3, 1),
-        (2, 4) => arm!(2, 4),
-        (2, 3) => arm!(2, 3),
-        (2, 2) => arm!(2, 2),
-        (2, 1) => arm!(2, 1),
-        (1, 4) => arm!(1, 4),
-        (1, 3) => arm!(1, 3),
-        (1, 2) => arm!(1, 2),
-        (1, 1) => arm!(1, 1),
-        (r, c) => unreachable!("tile {r}x{c} outside 1..=4"),
-    }
-}
-
-/// Largest register tile side a [`F32Tile`] may declare.
-pub const MAX_TILE: usize = 8;
-
-/// [`F32Tile::run`]'s signature: `(xs, ws, k, out)`.
-pub type TileFn = fn(xs: &[&[f32]], ws: &[&[f32]], k: usize, out: &mut [f32]);
-
-/// A register-tile microkernel of the blocked f32 GEMM driver behind `linear` (`F32`, `F16`,
-/// `BF16` weights) and `conv2d`: the only per-ISA part of those kernels.
+/// A register-tile microkernel of the blocked f32 GEMM driver: the only per-ISA part of the f32
+/// `linear` and `conv2d` kernels.
 ///
-/// `run(xs, ws, k, out)` gets `rows` rows of `x` (or a single row, for matrix-vector shapes) and
-/// `cols` rows of `w`, slices of exactly `k` f32 each (at a ragged edge the driver repeats the
-/// last valid row, so a tile is otherwise full), and writes
-/// `out[r · ws.len() + c] = dot(xs[r], ws[c])` for every `r < xs.len()`, `c < ws.len()`, where `dot` is the crate's fixed order: eight unfused lane sums
-/// `acc[l] += x[8i + l] · w[8i + l]` over the whole 8-element chunks in increasing `i`, the
-/// lanes reduced as `((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))`, then the `k mod 8` tail
-/// added one product at a time in increasing index. Every implementation must give exactly these
-/// bits (the SIMD twins are tested for it), so the tile shape never changes a result.
+/// `run(xs, panel, kc, acc)` gets `xs.len()` rows of `x` (either `rows` or 1), each at least
+/// `kc` f32 (the driver passes them from the block's first feature), a packed panel of `kc × cols`
+/// f32 (`panel[t·cols + c]` is output column `c`'s weight for feature `t`), and the tile's
+/// accumulators `acc[r·cols + c]` (`xs.len() × cols`, read and written). For every `r`, `c` and
+/// `t = 0..kc` in increasing order it must compute `acc[r·cols + c] = fma(xs[r][t], panel[t·cols +
+/// c], acc[r·cols + c])` with one rounding (module doc): a SIMD tile keeps each column in a lane,
+/// so the bits are the generic tile's for any `rows × cols` (tested for every twin).
 #[derive(Clone, Copy, Debug)]
 pub struct F32Tile {
     /// Name for logs, `{isa}_{dtype}_{rows}x{cols}`.
     pub name: &'static str,
-    /// Rows of `x` per tile, `1..=MAX_TILE`.
+    /// Rows of `x` per tile, `1..=MAX_TILE_ROWS`.
     pub rows: usize,
-    /// Rows of `w` (output columns) per tile, `1..=MAX_TILE`.
+    /// Output columns per tile; divides [`MAX_TILE_COLS`].
     pub cols: usize,
     /// The microkernel.
     pub run: TileFn,
 }
 
-/// The portable tile: 4 rows of `x` × 2 rows of `w`, eight lanes in plain Rust.
+impl F32Tile {
+    fn check(&self) {
+        assert!(
+            (1..=MAX_TILE_ROWS).contains(&self.rows)
+                && self.cols >= 1
+                && MAX_TILE_COLS.is_multiple_of(self.cols),
+            "gemm: tile {} is {}x{}: rows must be 1..={MAX_TILE_ROWS} and cols divide {MAX_TILE_COLS}",
+            self.name,
+            self.rows,
+            self.cols
+        );
+    }
+}
+
+/// The portable tile: 4 rows × 16 columns, `f32::mul_add` per element.
 pub const GENERIC_TILE: F32Tile = F32Tile {
-    name: "generic_f32_4x2",
-    rows: TILE_R,
-    cols: TILE_C,
+    name: "generic_f32_4x16",
+    rows: 4,
+    cols: 16,
     run: generic_tile,
 };
 
-fn generic_tile(xs: &[&[f32]], ws: &[&[f32]], k: usize, out: &mut [f32]) {
-    let mut t = [[0.0f32; TILE]; TILE];
-    tile_dyn(xs, ws, k, &mut t);
-    for r in 0..xs.len() {
-        out[r * ws.len()..(r + 1) * ws.len()].copy_from_slice(&t[r][..ws.len()]);
+fn generic_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32]) {
+    const C: usize = 16;
+    assert!(panel.len() >= kc * C && acc.len() >= xs.len() * C);
+    for (r, x) in xs.iter().enumerate() {
+        let a = &mut acc[r * C..(r + 1) * C];
+        for (t, &xv) in x[..kc].iter().enumerate() {
+            let wt = &panel[t * C..(t + 1) * C];
+            for (o, &wv) in a.iter_mut().zip(wt) {
+                *o = xv.mul_add(wv, *o);
+            }
+        }
     }
 }
 
@@ -156,106 +103,164 @@ pub(crate) enum Bias<'a> {
 
 impl Bias<'_> {
     #[inline(always)]
-    fn at(&self, i: usize, jj: usize) -> f32 {
-        match self {
-            Bias::None => 0.0,
-            Bias::PerCol(b) => b[jj],
-            Bias::PerRow(b) => b[i],
-        }
-    }
-
-    #[inline(always)]
     fn apply(&self, s: f32, i: usize, jj: usize) -> f32 {
         match self {
             Bias::None => s,
-            _ => s + self.at(i, jj),
+            Bias::PerCol(b) => s + b[jj],
+            Bias::PerRow(b) => s + b[i],
         }
     }
 }
 
-/// Rows of `out` per task in the row-parallel path (a function of `m` only).
-fn row_block(m: usize) -> usize {
-    m.div_ceil(16).next_multiple_of(TILE_R).clamp(TILE_R, 64)
+/// Where the driver finds the `nb` weight columns.
+#[derive(Clone, Copy)]
+pub(crate) enum Operand<'a> {
+    /// `[nb, k]` row-major rows (a torch `Linear.weight` or a block of it); packed per task.
+    Rows(&'a [f32]),
+    /// Already packed: `nb.div_ceil(cols)` panels of `k × cols` f32 (`panel p`, feature `t`,
+    /// column `c` at `(p·k + t)·cols + c`), lanes past `nb` zero.
+    Panels(&'a [f32]),
 }
 
-/// Columns per task in the column-parallel path used when `m` is small.
-const COL_BLOCK: usize = 32;
+/// Rows of `out` per task in the row-parallel path (a function of `m` and the tile only).
+fn row_block(m: usize, rows: usize) -> usize {
+    m.div_ceil(16).next_multiple_of(rows).clamp(rows, 64)
+}
 
-/// `out[i, j0 + jj] = dot(x[i, ..], w[jj, ..]) + bias` for `i < m`, `jj < nb`, with `tile`.
+/// Output columns per task in the column-parallel path used when `m` is small.
+const COL_BLOCK: usize = MAX_TILE_COLS;
+
+/// `out[i, j0 + jj] = dot(x[i, ..], w[jj, ..]) + bias` for `i < m`, `jj < nb`, with `tile`, in
+/// the order of the module doc.
 ///
-/// `x` is `[m, k]`, `w` is `[nb, k]` (rows of a torch `Linear.weight`), `out` is `[m, n]` and
-/// only columns `j0..j0 + nb` are written. Parallel over row blocks of `out`, or over column
-/// blocks of each row when `m < 8`; the split depends on the shapes only.
-pub(crate) fn gemm_nt(
+/// `x` is `[m, k]`, the weights `nb` columns of `k` ([`Operand`]), `out` is `[m, n]` and only
+/// columns `j0..j0 + nb` are written. Parallel over row blocks of `out`, or over column blocks
+/// when `m < 8`; the split depends on the shapes only.
+pub(crate) fn gemm(
     tile: &F32Tile,
     x: &[f32],
     m: usize,
     k: usize,
-    w: &[f32],
+    w: Operand<'_>,
     nb: usize,
     j0: usize,
     n: usize,
     bias: Bias<'_>,
     out: &mut [f32],
 ) {
-    debug_assert!(x.len() >= m * k && w.len() >= nb * k && out.len() >= m * n);
-    debug_assert!(j0 + nb <= n);
-    let (tr, tc) = (tile.rows, tile.cols);
-    assert!(
-        (1..=MAX_TILE).contains(&tr) && (1..=MAX_TILE).contains(&tc),
-        "gemm: tile {} is {tr}x{tc}, outside 1..={MAX_TILE}",
-        tile.name
-    );
+    tile.check();
+    debug_assert!(x.len() >= m * k && out.len() >= m * n && j0 + nb <= n);
     if m == 0 || nb == 0 {
         return;
     }
+    match w {
+        Operand::Rows(r) => assert!(r.len() >= nb * k, "gemm: weight rows too short"),
+        Operand::Panels(p) => assert!(
+            p.len() >= nb.div_ceil(tile.cols) * k * tile.cols,
+            "gemm: packed panels too short"
+        ),
+    }
     let out = &mut out[..m * n];
-    let wrow = |jj: usize| &w[jj.min(nb - 1) * k..][..k];
     if m < 8 {
-        let col_block = COL_BLOCK.next_multiple_of(tc);
-        out.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
-            let xs = [&x[i * k..(i + 1) * k]];
+        // Few rows: each row on its own, tasks over its column blocks.
+        for (i, row) in out.chunks_mut(n).enumerate() {
             row[j0..j0 + nb]
-                .par_chunks_mut(col_block)
+                .par_chunks_mut(COL_BLOCK)
                 .enumerate()
                 .for_each(|(cb, cols)| {
-                    let mut t = [0.0f32; MAX_TILE * MAX_TILE];
-                    for (jt, chunk) in cols.chunks_mut(tc).enumerate() {
-                        let jj0 = cb * col_block + jt * tc;
-                        let ws: [&[f32]; MAX_TILE] = std::array::from_fn(|c| wrow(jj0 + c));
-                        (tile.run)(&xs, &ws[..tc], k, &mut t[..tc]);
-                        for (c, o) in chunk.iter_mut().enumerate() {
-                            *o = bias.apply(t[c], i, jj0 + c);
-                        }
+                    let c0 = cb * COL_BLOCK;
+                    let cn = cols.len();
+                    let mut res = [0f32; COL_BLOCK];
+                    run_block(tile, x, i, 1, k, w, c0, cn, nb, &mut res[..cn], cn);
+                    for (c, o) in cols.iter_mut().enumerate() {
+                        *o = bias.apply(res[c], i, c0 + c);
                     }
                 });
-        });
+        }
         return;
     }
-    let rb = row_block(m).next_multiple_of(tr);
+    let rb = row_block(m, tile.rows);
     out.par_chunks_mut(rb * n)
         .enumerate()
         .for_each(|(b, rows_out)| {
             let i0 = b * rb;
             let rows = rows_out.len() / n;
-            let mut t = [0.0f32; MAX_TILE * MAX_TILE];
-            for jj0 in (0..nb).step_by(tc) {
-                let nc = tc.min(nb - jj0);
-                let ws: [&[f32]; MAX_TILE] = std::array::from_fn(|c| wrow(jj0 + c));
-                for r0 in (0..rows).step_by(tr) {
-                    let nr = tr.min(rows - r0);
-                    let xs: [&[f32]; MAX_TILE] = std::array::from_fn(|r| {
-                        let i = i0 + (r0 + r).min(rows - 1);
-                        &x[i * k..(i + 1) * k]
-                    });
-                    (tile.run)(&xs[..tr], &ws[..tc], k, &mut t[..tr * tc]);
-                    for r in 0..nr {
-                        let row = &mut rows_out[(r0 + r) * n + j0 + jj0..][..nc];
-                        for (c, o) in row.iter_mut().enumerate() {
-                            *o = bias.apply(t[r * tc + c], i0 + r0 + r, jj0 + c);
-                        }
+            let mut acc = [0f32; 64 * COL_BLOCK];
+            for c0 in (0..nb).step_by(COL_BLOCK) {
+                let cn = COL_BLOCK.min(nb - c0);
+                let res = &mut acc[..rows * cn];
+                res.fill(0.0);
+                run_block(tile, x, i0, rows, k, w, c0, cn, nb, res, cn);
+                for r in 0..rows {
+                    let dst = &mut rows_out[r * n + j0 + c0..][..cn];
+                    for (c, o) in dst.iter_mut().enumerate() {
+                        *o = bias.apply(res[r * cn + c], i0 + r, c0 + c);
                     }
                 }
             }
         });
+}
+
+/// Accumulates `res[r·ld + c] += dot(x[i0 + r], w[c0 + c])` (fused, in feature order, on top of
+/// what `res` holds) for `r < rows`, `c < cn` (`cn ≤ COL_BLOCK`, `c0` a multiple of it).
+fn run_block(
+    tile: &F32Tile,
+    x: &[f32],
+    i0: usize,
+    rows: usize,
+    k: usize,
+    w: Operand<'_>,
+    c0: usize,
+    cn: usize,
+    nb: usize,
+    res: &mut [f32],
+    ld: usize,
+) {
+    let (tr, tc) = (tile.rows, tile.cols);
+    let mut packed = [0f32; KC * MAX_TILE_COLS];
+    let mut t = [0f32; MAX_TILE_ROWS * MAX_TILE_COLS];
+    for p0 in (0..cn).step_by(tc) {
+        let nc = tc.min(cn - p0);
+        let col = c0 + p0;
+        for k0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - k0);
+            let panel: &[f32] = match w {
+                Operand::Rows(wr) => {
+                    let dst = &mut packed[..kc * tc];
+                    for c in 0..tc {
+                        if c < nc {
+                            let src = &wr[(col + c) * k + k0..][..kc];
+                            for (tt, &v) in src.iter().enumerate() {
+                                dst[tt * tc + c] = v;
+                            }
+                        } else {
+                            for tt in 0..kc {
+                                dst[tt * tc + c] = 0.0;
+                            }
+                        }
+                    }
+                    dst
+                }
+                Operand::Panels(ps) => {
+                    let p = col / tc;
+                    debug_assert!(col.is_multiple_of(tc) && col < nb.next_multiple_of(tc));
+                    &ps[(p * k + k0) * tc..][..kc * tc]
+                }
+            };
+            let mut r0 = 0;
+            while r0 < rows {
+                let nr = if rows - r0 >= tr { tr } else { 1 };
+                for r in 0..nr {
+                    t[r * tc..r * tc + nc].copy_from_slice(&res[(r0 + r) * ld + p0..][..nc]);
+                }
+                let xs: [&[f32]; MAX_TILE_ROWS] =
+                    std::array::from_fn(|r| &x[(i0 + r0 + r.min(nr - 1)) * k + k0..][..kc]);
+                (tile.run)(&xs[..nr], panel, kc, &mut t[..nr * tc]);
+                for r in 0..nr {
+                    res[(r0 + r) * ld + p0..][..nc].copy_from_slice(&t[r * tc..r * tc + nc]);
+                }
+                r0 += nr;
+            }
+        }
+    }
 }

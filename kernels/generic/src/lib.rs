@@ -33,9 +33,9 @@ mod table;
 mod weights;
 
 pub use attention::{
-    attention, attention_with, generic_row_tile, tile_max, AttentionOps, AttentionParams,
-    BlockState, BlockTileFn, KeyTile, QueryBlock, RowState, GENERIC_ATTENTION, KEY_TILE,
-    MAX_HEAD_DIM, QUERY_TILE,
+    attention, attention_with, generic_row_tile, pack_keys, tile_max, AttentionOps,
+    AttentionParams, BlockState, BlockTileFn, KeyTile, QueryBlock, RowState, GENERIC_ATTENTION,
+    KEY_TILE, MAX_HEAD_DIM, QUERY_TILE,
 };
 pub use conv::{conv2d, conv2d_scratch_bytes, conv2d_with, Conv2dParams};
 /// Elements per task of the element-wise kernels (each output element depends only on its own
@@ -46,7 +46,7 @@ pub use elementwise::{
     tanh, GELU_KAPPA, GELU_SQRT_2_OVER_PI,
 };
 pub use embed::{embedding, t5_position_bias, t5_relative_position_bucket, timestep_embedding};
-pub use gemm::{F32Tile, TileFn, GENERIC_TILE, MAX_TILE};
+pub use gemm::{F32Tile, TileFn, GENERIC_TILE, KC, MAX_TILE, MAX_TILE_COLS, MAX_TILE_ROWS};
 pub use layout::{concat_axis, permute, slice_axis, upsample_nearest2x, MAX_RANK};
 pub use linear::{
     linear, linear_plain, linear_scratch_bytes, quant_panel_bytes, quant_scratch_layout,

@@ -5,7 +5,7 @@ use rayon::prelude::*;
 
 use edge_schema::plan::PackLayout;
 
-use crate::gemm::{gemm_nt, Bias, F32Tile, GENERIC_TILE};
+use crate::gemm::{gemm, Bias, F32Tile, Operand, GENERIC_TILE};
 use crate::weights::{convert_row, f32_view, f32_view_mut, WeightRef};
 use crate::{contract, pack, quant};
 
@@ -65,8 +65,9 @@ pub fn quant_panel_bytes(k: usize) -> usize {
 /// or any ggml block type, `bias` `[n]`, `out` `[m, n]`. `scratch` holds at least
 /// [`linear_scratch_bytes`]`(w.dtype, m, k)` bytes and is 4-byte aligned.
 ///
-/// Plain types accumulate in f32 in the fixed order of the crate's dot tile (eight lane sums,
-/// pairwise lane reduction, sequential tail, then the bias). Quantized weights follow ggml's
+/// Plain types accumulate in f32 in the order of the crate's GEMM driver: one accumulator per
+/// output element from `0.0`, one fused multiply-add per input feature in increasing index,
+/// then the bias. Quantized weights follow ggml's
 /// `ggml_compute_forward_mul_mat` (ggml-cpu.c): each activation row is quantized once to the
 /// weight type's `vec_dot_type`, then every output element is one `quant::vec_dot`; the weight
 /// matrix is never dequantized. Results are identical for any thread count.
@@ -140,7 +141,7 @@ fn plain(
     if w.dtype == DType::F32 {
         let wf = f32_view(w.bytes, "linear weight (F32)");
         let b = bias.map_or(Bias::None, Bias::PerCol);
-        gemm_nt(tile, x, m, k, wf, n, 0, n, b, out);
+        gemm(tile, x, m, k, Operand::Rows(wf), n, 0, n, b, out);
     } else {
         linear_panels(tile, x, w, wrow, bias, out, m, k, n, scratch);
     }
@@ -170,7 +171,7 @@ fn linear_panels(
             });
         }
         let b = bias.map_or(Bias::None, |b| Bias::PerCol(&b[j0..j0 + nb]));
-        gemm_nt(tile, x, m, k, wp, nb, j0, n, b, out);
+        gemm(tile, x, m, k, Operand::Rows(wp), nb, j0, n, b, out);
     }
 }
 

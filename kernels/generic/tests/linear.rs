@@ -71,6 +71,46 @@ fn run(
     out
 }
 
+/// The order the GEMM driver defines for every ISA (`gemm.rs`): per output element one
+/// accumulator from `0.0`, `acc = fma(x[c], w[c], acc)` for `c = 0..k` in order, then `+ bias`.
+/// Shapes cross the driver's feature blocks (128), column blocks (64) and its few-rows path.
+#[test]
+fn plain_types_follow_the_fused_sequential_order_bit_for_bit() {
+    let mut rng = Rng::new(0x5EED_F00D);
+    for (m, k, n) in [
+        (1, 5, 3),
+        (3, 300, 150),
+        (7, 129, 65),
+        (8, 128, 64),
+        (70, 260, 131),
+    ] {
+        let x = rng.vec(m * k, 2.0);
+        let w = rng.vec(n * k, 0.5);
+        let bias = rng.vec(n, 1.0);
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let (wb, wv) = plain_weight(dtype, &w);
+            for b in [None, Some(bias.as_slice())] {
+                let got = run(dtype, &wb, &x, b, m, k, n);
+                for i in 0..m {
+                    for j in 0..n {
+                        let mut acc = 0f32;
+                        for c in 0..k {
+                            acc = x[i * k + c].mul_add(wv[j * k + c], acc);
+                        }
+                        let want = b.map_or(acc, |b| acc + b[j]);
+                        assert_eq!(
+                            got[i * n + j].to_bits(),
+                            want.to_bits(),
+                            "{dtype:?} m={m} k={k} n={n} at ({i}, {j}): {} vs {want}",
+                            got[i * n + j]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn plain_types_match_f64_reference_on_ragged_shapes() {
     let mut rng = Rng::new(1);

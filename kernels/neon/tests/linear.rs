@@ -2,9 +2,8 @@
 //! and, when the CPU has them, the `dotprod` and `i8mm` tables) against its generic twin
 //! [`edge_kernels::linear`] on random inputs with ragged shapes.
 //!
-//! - `F32`/`F16`/`BF16` weights: `|neon − generic| ≤ 1e-5 · (Σ_c |x·w| + |bias|)` per element (both
-//!   are f32 dot products in different fixed orders; the bound is a few hundred f32 ulps of the
-//!   sum of absolute products, far above the rounding of k ≤ 100 terms).
+//! - `F32`/`F16`/`BF16` weights: bit-identical (the shared GEMM driver with the NEON tile: one
+//!   fused multiply-add per feature in order, as the generic tile).
 //! - `Q8_0`/`Q4_0` weights: bit-identical (exact integer block sums, same f32 scaling order),
 //!   row-major and in `PackLayout::Interleaved4x8` (compared with the generic kernel on the
 //!   row-major bytes); other types marked interleaved panic with the generic kernel's message.
@@ -132,13 +131,13 @@ fn check_dtype(dtype: DType, ks: &[usize], exact: bool) {
 }
 
 #[test]
-fn linear_f32_matches_generic() {
-    check_dtype(DType::F32, &[1, 3, 17, 100], false);
+fn linear_f32_matches_generic_bitwise() {
+    check_dtype(DType::F32, &[1, 3, 17, 100, 130, 300], true);
 }
 
 #[test]
-fn linear_f16_matches_generic() {
-    check_dtype(DType::F16, &[1, 3, 17, 100], false);
+fn linear_f16_matches_generic_bitwise() {
+    check_dtype(DType::F16, &[1, 3, 17, 100, 130, 300], true);
 }
 
 #[test]
@@ -152,8 +151,8 @@ fn linear_q4_0_matches_generic_bitwise() {
 }
 
 #[test]
-fn linear_bf16_matches_generic() {
-    check_dtype(DType::BF16, &[1, 3, 17, 100], false);
+fn linear_bf16_matches_generic_bitwise() {
+    check_dtype(DType::BF16, &[1, 3, 17, 100, 130, 300], true);
 }
 
 /// Runs `table.linear` on weights in `layout` with a fresh aligned scratch; returns `out`.

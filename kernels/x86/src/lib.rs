@@ -9,10 +9,10 @@
 //!
 //! Numerics: **bit-identical to the generic kernels** (tested in `tests/` on ragged sizes for
 //! every variant this CPU has).
-//! - f32 tiles: eight lanes per output element, `vmulps` then `vaddps` (never fused, because the
-//!   generic tile rounds the product), the generic pairwise lane reduction and sequential tail
-//!   ([`edge_kernels::F32Tile`] states the order). The AVX-512 tile holds two output columns
-//!   per zmm (one per 256-bit half), so it keeps the eight-lane order while using 16 lanes.
+//! - f32 tiles and attention: one output column (or key, or head channel) per lane and one
+//!   `vfmadd` per input feature in increasing order, the generic `f32::mul_add` chain
+//!   ([`edge_kernels::F32Tile`] states the order); AVX2 6×16 and AVX-512 6×64 tiles over the
+//!   driver's packed panels. The `avx2` table needs FMA too.
 //! - Quantized: exact integer block sums with `vpdpbusd` on repacked weight panels and the
 //!   generic per-block f32 scaling order (see `x86_64/qgemm.rs`). K-quants, interleaved packs
 //!   and matrices with fewer than 6 activation rows forward to the generic kernel.
@@ -45,7 +45,7 @@ pub fn variants(features: &Features) -> Vec<(&'static str, KernelTable)> {
 }
 
 /// The kernel that the `linear` slot of `table` runs for weights of type `dtype` in `layout`
-/// (`avx512_f32_6x8`, `avx512vnni_linear_q32_panel_6x32`, `generic_linear_f32` for types the
+/// (`avx512_f32_6x64`, `avx512vnni_linear_q32_panel_6x32`, `generic_linear_f32` for types the
 /// slot forwards), or `None` when `table` is not one of this crate's.
 pub fn linear_variant_name(
     table: &KernelTable,
@@ -63,14 +63,14 @@ pub fn linear_variant_name(
     }
 }
 
-/// Peak throughput of one core of this CPU, as measured in this process: the kernels' f32
-/// arithmetic (unfused multiply then add, widest vectors) and int8 dot products, in operations
-/// per second (2 per multiply-add). `None` where the CPU lacks the instructions (or off x86-64).
+/// Peak throughput of one core of this CPU, as measured in this process: f32 arithmetic (unfused
+/// multiply then add, and fused multiply-add — the f32 kernels' arithmetic — on the widest
+/// vectors) and int8 dot products, in operations per second (2 per multiply-add). `None` where the CPU lacks the instructions (or off x86-64).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Peak {
-    /// f32 `vmulps` + `vaddps` on zmm, per thread.
+    /// f32 `vmulps` + `vaddps` on zmm, per thread (element-wise kernels' unfused arithmetic).
     pub f32_ops: Option<f64>,
-    /// f32 `vfmadd` on zmm, per thread (for comparison: the kernels do not fuse).
+    /// f32 `vfmadd` on zmm, per thread (the f32 GEMM, convolution and attention kernels).
     pub f32_fma_ops: Option<f64>,
     /// `vpdpbusd` on zmm, per thread.
     pub int8_ops: Option<f64>,

@@ -93,6 +93,11 @@ fn linear_matches_generic_bit_for_bit() {
         (9, 100, 13),
         (13, 64, 70),
         (70, 23, 19),
+        // Past one cache block of features (128) and one column block (64), few and many rows.
+        (3, 300, 150),
+        (8, 129, 64),
+        (6, 1, 65),
+        (70, 260, 131),
     ];
     let blocks = [
         (4, 32, 16),
@@ -181,6 +186,7 @@ fn conv2d_matches_generic_bit_for_bit() {
         (5, 11, 6, 7, 1, 1, 0),
         (8, 10, 10, 9, 3, 2, 1),
         (16, 5, 9, 4, 3, 1, 0),
+        (20, 17, 19, 9, 3, 1, 1),
     ];
     for (label, t) in tables() {
         for &(cin, h, w, cout, kk, stride, pad) in &cases {
@@ -250,6 +256,8 @@ fn attention_matches_generic_bit_for_bit() {
         (4, 64, 2, 33, false, false),
         (7, 67, 1, 130, true, false),
         (8, 20, 1, 512, false, false),
+        (45, 100, 2, 72, true, false),
+        (70, 300, 3, 24, false, true),
     ];
     for (label, t) in tables() {
         for &(lq, lk, heads, hd, use_mask, use_bias) in &cases {

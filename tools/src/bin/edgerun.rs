@@ -1197,10 +1197,11 @@ fn bench(a: BenchArgs) -> Result<()> {
     let fmt_peak =
         |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{:.1} GOP/s", v / 1e9));
     out!(
-        "peak of one thread, measured now: f32 multiply then add {} (the kernels' unfused \
-         arithmetic; fused FMA would reach {}), int8 dot {}; memory read, all threads: {}",
-        fmt_peak(pk.f32_ops),
+        "peak of one thread, measured now: f32 fused multiply-add {} (matmul, conv2d and \
+         attention), f32 multiply then add {} (element-wise ops), int8 dot {}; memory read, all \
+         threads: {}",
         fmt_peak(pk.f32_fma_ops),
+        fmt_peak(pk.f32_ops),
         fmt_peak(pk.int8_ops),
         bw.map_or("n/a".to_string(), |b| format!("{:.1} GB/s", b / 1e9))
     );
@@ -1295,9 +1296,13 @@ fn bench(a: BenchArgs) -> Result<()> {
         for r in rows {
             let t = r.time.as_secs_f64();
             let rate = r.flops / t;
-            // Quantized matmuls run on the int8 dot peak, the rest on the f32 one.
+            // Quantized matmuls run on the int8 dot peak, f32 matmuls, convolutions and
+            // attention on the fused f32 one, element-wise ops on the unfused one.
             let peak = match r.weights {
                 Some(d) if d.is_quantized() => pk.int8_ops,
+                _ if matches!(r.op, "linear" | "conv2d" | "attention") => {
+                    pk.f32_fma_ops.or(pk.f32_ops)
+                }
                 _ => pk.f32_ops,
             };
             let of_peak = match (r.flops > 0.0, peak) {

@@ -2,12 +2,11 @@
 
 mod attention;
 mod binary;
-mod conv;
-mod dense;
 mod elementwise;
 mod kquant;
 mod norm;
 mod quant;
+mod tile;
 mod upsample;
 
 use edge_kernels::{generic, Kernel, KernelTable, WeightRef};
@@ -57,8 +56,8 @@ fn base_table() -> KernelTable {
         run: norm::rms_norm,
     };
     t.conv2d = Kernel {
-        name: "neon_conv2d_f32_4x4",
-        run: conv::conv2d,
+        name: "neon_conv2d_f32_6x16",
+        run: conv2d,
     };
     t.group_norm_stats = Kernel {
         name: "neon_group_norm_stats_f64x2",
@@ -161,9 +160,7 @@ pub(crate) fn linear_variant_name(table: &KernelTable, dtype: DType) -> &'static
         _ => return "generic_linear_f32",
     };
     match (dtype, path) {
-        (DType::F32, _) => "neon_linear_f32_4x4",
-        (DType::F16, _) => "neon_linear_f16_4x4",
-        (DType::BF16, _) => "neon_linear_bf16_4x4",
+        (DType::F32 | DType::F16 | DType::BF16, _) => tile::NEON.name,
         (DType::Q8_0, IntPath::Base) => "neon_linear_q8_0_base",
         (DType::Q8_0, IntPath::DotProd) => "neon_linear_q8_0_dotprod",
         (DType::Q8_0, IntPath::I8mm) => "neon_linear_q8_0_i8mm_2x4",
@@ -201,6 +198,18 @@ const BASE: u8 = 0;
 const DOTPROD: u8 = 1;
 const I8MM: u8 = 2;
 
+/// `neon_conv2d_f32_6x16`: the generic im2col driver with the NEON f32 tile (the generic bits).
+fn conv2d(
+    p: &edge_kernels::Conv2dParams,
+    x: &[f32],
+    w: WeightRef<'_>,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    scratch: &mut [u8],
+) {
+    edge_kernels::conv2d_with(&tile::NEON, p, x, w, bias, out, scratch)
+}
+
 /// Checks the shapes exactly as [`edge_kernels::linear`] does, then dispatches on the weight
 /// type.
 fn linear(
@@ -227,7 +236,7 @@ fn linear(
     }
     match w.dtype {
         DType::F32 | DType::F16 | DType::BF16 => {
-            dense::linear_dense(w.dtype, x, w.bytes, bias, out, m, k, n)
+            edge_kernels::linear_plain(&tile::NEON, x, w, bias, out, m, k, n, scratch)
         }
         d if kquant::handles(d) => {
             kquant::linear_kquant(path, d, x, w.bytes, bias, out, m, k, n, scratch)

@@ -1,18 +1,18 @@
-//! The attention step ([`edge_kernels::AttentionOps::row_tile`]) in AVX2 / AVX-512 lanes:
-//! `q·k` through the f32 tiles' kernels, the polynomial `exp` of [`edge_kernels::expf`] on 8 /
-//! 16 lanes, and `acc ·= c`, `acc += w·v` lane-wise (unfused); the scalar parts (score
-//! epilogue, tile maximum, running sum) are the generic ones. Each lane does the generic scalar
-//! operation, so the attention output is bit-identical.
+//! The attention step ([`edge_kernels::AttentionOps::block_tile`]) in AVX2 / AVX-512 lanes:
+//! `q·k` with the packed keys of the tile in lanes (one `vfmadd` per head channel, in order),
+//! the polynomial `exp` of [`edge_kernels::expf`] on 8 / 16 lanes, and `acc ·= c`,
+//! `acc = fma(w, v, acc)` with head channels in lanes; the scalar parts (tile maximum, running
+//! sum) are the generic ones. Each lane does the generic scalar operation, so the attention
+//! output is bit-identical.
 
 use std::arch::x86_64::*;
 
 use edge_kernels::expf::exp_f32;
 use edge_kernels::{
     tile_max, AttentionOps, BlockState, KeyTile, QueryBlock, RowState, KEY_TILE, MAX_HEAD_DIM,
-    MAX_TILE, QUERY_TILE,
+    QUERY_TILE,
 };
 
-use super::tile;
 use super::vmath::{exp16, exp8};
 
 /// AVX2 step: one row at a time.
@@ -27,47 +27,81 @@ pub(crate) const AVX512: AttentionOps = AttentionOps {
     block_tile: block_tile_avx512,
 };
 
-fn block_tile_avx2(b: &QueryBlock<'_>, st: &mut BlockState) {
+fn block_tile_avx2(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
     for r in 0..b.nq {
         let t = b.row(r);
         let (mut row, scores) = st.row(r, b.p.head_dim);
-        row_tile_avx2(&t, &mut row, scores);
+        row_tile_avx2(&t, keys, &mut row, scores);
     }
 }
 
-fn block_tile_avx512(b: &QueryBlock<'_>, st: &mut BlockState) {
+fn block_tile_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
     let hd = b.p.head_dim;
     assert!((1..=QUERY_TILE).contains(&b.nq) && (1..=KEY_TILE).contains(&b.nk));
-    assert!(hd <= MAX_HEAD_DIM);
+    assert!(hd <= MAX_HEAD_DIM && keys.len() >= hd * KEY_TILE);
     // SAFETY: AVX-512F was detected before this step was put in a table
-    // (`crate::x86_64::avx512_table`); key and value rows come from `KeyTile::key`/`value`
-    // (bounds-checked slices of `head_dim` elements) and the state arrays are sized by the
-    // constants asserted above.
-    unsafe { block_avx512(b, st) }
+    // (`crate::x86_64::avx512_table`); the packed keys hold `hd · KEY_TILE` f32 (asserted), value
+    // rows come from `KeyTile::value` (bounds-checked slices of `head_dim` elements) and the
+    // state arrays are sized by the constants asserted above.
+    unsafe { block_avx512(b, keys, st) }
 }
 
-/// [`block_tile_avx512`]: scores of 4 rows × 8 keys per tile call, then per row the generic
-/// scalar steps and the vector `exp`, then `acc[r] += w[r][j]·v[j]` over 16-lane chunks of the
-/// head with each value chunk loaded once for all rows (keys still in increasing order per
-/// element, so every row's sums are the generic ones).
+/// `dots[r][c] = fma(q_r[hd−1], k_c[hd−1], … fma(q_r[0], k_c[0], 0))` for the 4 query rows and the
+/// `16·NC` packed keys (lanes past the tile's keys read the packing's zeros).
+///
+/// # Safety
+/// AVX-512F present; `keys` holds `hd · KEY_TILE` f32 and every `qs[r]` `hd` f32.
+#[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn block_avx512(b: &QueryBlock<'_>, st: &mut BlockState) {
+unsafe fn scores_avx512<const NC: usize>(
+    qs: &[&[f32]; QUERY_TILE],
+    keys: &[f32],
+    hd: usize,
+    dots: &mut [[f32; KEY_TILE]; QUERY_TILE],
+) {
+    let mut a = [[_mm512_setzero_ps(); NC]; QUERY_TILE];
+    let kp = keys.as_ptr();
+    for d in 0..hd {
+        // SAFETY: `d < hd` and `16·NC ≤ KEY_TILE`, inside the packed keys.
+        let kv: [__m512; NC] =
+            std::array::from_fn(|c| unsafe { _mm512_loadu_ps(kp.add(d * KEY_TILE + 16 * c)) });
+        for r in 0..QUERY_TILE {
+            let qb = _mm512_set1_ps(qs[r][d]);
+            for c in 0..NC {
+                a[r][c] = _mm512_fmadd_ps(qb, kv[c], a[r][c]);
+            }
+        }
+    }
+    for r in 0..QUERY_TILE {
+        for c in 0..NC {
+            // SAFETY: `16·c + 16 ≤ KEY_TILE`, inside the row of `dots`.
+            unsafe { _mm512_storeu_ps(dots[r].as_mut_ptr().add(16 * c), a[r][c]) };
+        }
+    }
+}
+
+/// [`block_tile_avx512`]: scores of 4 rows × the tile's keys (keys in lanes), then per row the
+/// generic scalar steps and the vector `exp`, then `acc[r] = fma(w[r][j], v[j], acc[r])` over
+/// 16-lane chunks of the head with each value chunk loaded once for all rows (keys still in
+/// increasing order per element, so every row's sums are the generic ones).
+#[target_feature(enable = "avx512f")]
+unsafe fn block_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
     let (hd, nq, nk) = (b.p.head_dim, b.nq, b.nk);
     let rows: [KeyTile<'_>; QUERY_TILE] = std::array::from_fn(|r| b.row(r.min(nq - 1)));
     let qs: [&[f32]; QUERY_TILE] = std::array::from_fn(|r| rows[r].q);
-    let tc = tile::AVX512.cols;
-    let mut dots = [0f32; QUERY_TILE * MAX_TILE];
-    for c0 in (0..nk).step_by(tc) {
-        let mut ks = [qs[0]; MAX_TILE];
-        for (c, k) in ks.iter_mut().enumerate().take(tc) {
-            *k = rows[0].key(b.j0 + (c0 + c).min(nk - 1));
+    let mut dots = [[0f32; KEY_TILE]; QUERY_TILE];
+    // SAFETY: AVX-512F is enabled here; the caller checked the packed keys' length and every
+    // query row holds `hd` elements.
+    unsafe {
+        match nk.div_ceil(16) {
+            1 => scores_avx512::<1>(&qs, keys, hd, &mut dots),
+            2 => scores_avx512::<2>(&qs, keys, hd, &mut dots),
+            3 => scores_avx512::<3>(&qs, keys, hd, &mut dots),
+            _ => scores_avx512::<4>(&qs, keys, hd, &mut dots),
         }
-        // SAFETY: AVX-512F is enabled here; every row holds `hd` elements.
-        unsafe { tile::avx512_rc::<QUERY_TILE>(&qs, &ks[..tc], hd, &mut dots) };
-        for r in 0..nq {
-            let n = tc.min(nk - c0);
-            st.scores[r][c0..c0 + n].copy_from_slice(&dots[r * tc..r * tc + n]);
-        }
+    }
+    for r in 0..nq {
+        st.scores[r][..nk].copy_from_slice(&dots[r][..nk]);
     }
     // Scores from the dot products, `KeyTile::score`'s operations in its order, 16 keys at a
     // time: `scale·dot`, `+ bias[j]`, `+ (1 − mask[j])·masked_value`.
@@ -159,8 +193,8 @@ const GROUP_LANES: usize = 80;
 /// buffer, which the hardware prefetchers do not follow).
 const PREFETCH_KEYS: usize = 8;
 
-/// `acc[r][d0 + d] += w[r][j] · v[j][d0 + d]` for the first `NQ` rows, `d < lanes ≤ 16·NC`, keys
-/// `j` in order (unfused, the generic per-element sequence).
+/// `acc[r][d0 + d] = fma(w[r][j], v[j][d0 + d], acc[r][d0 + d])` for the first `NQ` rows,
+/// `d < lanes ≤ 16·NC`, keys `j` in order (the generic per-element sequence).
 ///
 /// # Safety
 /// AVX-512F must be present; every `vp[j]` must point at `d0 + lanes` readable f32.
@@ -198,7 +232,7 @@ unsafe fn acc_group<const NQ: usize, const NC: usize>(
             // SAFETY: masked to the `lanes` channels of value row `jj` from `d0`.
             let vv = unsafe { _mm512_maskz_loadu_ps(m[c], v.add(d0 + 16 * c)) };
             for r in 0..NQ {
-                a[r][c] = _mm512_add_ps(a[r][c], _mm512_mul_ps(w[r], vv));
+                a[r][c] = _mm512_fmadd_ps(w[r], vv, a[r][c]);
             }
         }
     }
@@ -212,30 +246,44 @@ unsafe fn acc_group<const NQ: usize, const NC: usize>(
     }
 }
 
-fn row_tile_avx2(t: &KeyTile<'_>, st: &mut RowState<'_>, scores: &mut [f32]) {
+fn row_tile_avx2(t: &KeyTile<'_>, keys: &[f32], st: &mut RowState<'_>, scores: &mut [f32]) {
     assert!(t.nk >= 1 && scores.len() >= t.nk && st.acc.len() == t.p.head_dim);
-    // SAFETY: AVX2 was detected before this step was put in a table
+    assert!(keys.len() >= t.p.head_dim * KEY_TILE && t.q.len() >= t.p.head_dim);
+    // SAFETY: AVX2 and FMA were detected before this step was put in a table
     // (`crate::x86_64::avx2_table`); every access below is through slices checked above or by
-    // `KeyTile::key`/`value`.
-    unsafe { row_tile_avx2_impl(t, st, scores) }
+    // `KeyTile::value`.
+    unsafe { row_tile_avx2_impl(t, keys, st, scores) }
 }
 
-#[target_feature(enable = "avx2")]
-unsafe fn row_tile_avx2_impl(t: &KeyTile<'_>, st: &mut RowState<'_>, scores: &mut [f32]) {
+#[target_feature(enable = "avx2,fma")]
+unsafe fn row_tile_avx2_impl(
+    t: &KeyTile<'_>,
+    keys: &[f32],
+    st: &mut RowState<'_>,
+    scores: &mut [f32],
+) {
     let hd = t.p.head_dim;
-    let tc = tile::AVX2.cols;
-    let mut dots = [0f32; MAX_TILE];
+    let mut a = [_mm256_setzero_ps(); KEY_TILE / 8];
+    let kp = keys.as_ptr();
+    for d in 0..hd {
+        let qb = _mm256_set1_ps(t.q[d]);
+        for (c, v) in a.iter_mut().enumerate() {
+            // SAFETY: `d < hd` and `8c + 8 ≤ KEY_TILE`, inside the packed keys.
+            *v = _mm256_fmadd_ps(
+                qb,
+                unsafe { _mm256_loadu_ps(kp.add(d * KEY_TILE + 8 * c)) },
+                *v,
+            );
+        }
+    }
+    let mut dots = [0f32; KEY_TILE];
+    for (c, v) in a.iter().enumerate() {
+        // SAFETY: `8c + 8 ≤ KEY_TILE`.
+        unsafe { _mm256_storeu_ps(dots.as_mut_ptr().add(8 * c), *v) };
+    }
     let s = &mut scores[..t.nk];
-    for c0 in (0..t.nk).step_by(tc) {
-        let mut ks = [t.q; MAX_TILE];
-        for (c, k) in ks.iter_mut().enumerate().take(tc) {
-            *k = t.key(t.j0 + (c0 + c).min(t.nk - 1));
-        }
-        // SAFETY: AVX2 is enabled here; every row holds `hd` elements.
-        unsafe { tile::avx2_rc::<1>(&[t.q], &ks[..tc], hd, &mut dots) };
-        for (c, sj) in s[c0..t.nk.min(c0 + tc)].iter_mut().enumerate() {
-            *sj = t.score(t.j0 + c0 + c, dots[c]);
-        }
+    for (c, sj) in s.iter_mut().enumerate() {
+        *sj = t.score(t.j0 + c, dots[c]);
     }
     let new_max = tile_max(*st.run_max, s);
     let correction = exp_f32(*st.run_max - new_max);
@@ -278,29 +326,26 @@ unsafe fn exp8_run(p: *mut f32, full: usize) {
 }
 
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 fn axpy_avx2(acc: &mut [f32], w: f32, v: &[f32]) {
     assert_eq!(acc.len(), v.len());
     let full = acc.len() - acc.len() % 8;
     // SAFETY: AVX2 is enabled in this function; both slices hold `acc.len() ≥ full` elements.
     unsafe { axpy8_run(acc.as_mut_ptr(), w, v.as_ptr(), full) };
     for (x, &vv) in acc[full..].iter_mut().zip(&v[full..]) {
-        *x += w * vv;
+        *x = w.mul_add(vv, *x);
     }
 }
 
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn axpy8_run(a: *mut f32, w: f32, v: *const f32, full: usize) {
     let wv = _mm256_set1_ps(w);
     let mut i = 0;
     while i < full {
         // SAFETY: `i + 8 <= full`, inside both slices.
         unsafe {
-            let x = _mm256_add_ps(
-                _mm256_loadu_ps(a.add(i)),
-                _mm256_mul_ps(wv, _mm256_loadu_ps(v.add(i))),
-            );
+            let x = _mm256_fmadd_ps(wv, _mm256_loadu_ps(v.add(i)), _mm256_loadu_ps(a.add(i)));
             _mm256_storeu_ps(a.add(i), x);
         }
         i += 8;

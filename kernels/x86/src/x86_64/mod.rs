@@ -139,18 +139,17 @@ const LINEAR_AVX512: &str = "avx512_linear_any";
 const LINEAR_AVX512_VNNI: &str = "avx512vnni_linear_any";
 
 fn avx2_table(f: &Features) -> Option<KernelTable> {
-    f.avx2
-        .then(|| table::<Avx2>(LINEAR_AVX2, "avx2_conv2d_f32_4x3"))
+    (f.avx2 && f.fma).then(|| table::<Avx2>(LINEAR_AVX2, "avx2_conv2d_f32_6x16"))
 }
 
 fn avx512_table(f: &Features) -> Option<KernelTable> {
     f.avx512f
-        .then(|| table::<Avx512>(LINEAR_AVX512, "avx512_conv2d_f32_6x8"))
+        .then(|| table::<Avx512>(LINEAR_AVX512, "avx512_conv2d_f32_6x64"))
 }
 
 fn avx512_vnni_table(f: &Features) -> Option<KernelTable> {
     (f.avx512f && f.avx512bw && f.avx512vnni)
-        .then(|| table::<Avx512Vnni>(LINEAR_AVX512_VNNI, "avx512_conv2d_f32_6x8"))
+        .then(|| table::<Avx512Vnni>(LINEAR_AVX512_VNNI, "avx512_conv2d_f32_6x64"))
 }
 
 pub(crate) fn variants(f: &Features) -> Vec<(&'static str, KernelTable)> {
