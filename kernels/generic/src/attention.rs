@@ -60,7 +60,7 @@ pub struct AttentionParams {
 /// multiply-add per key in increasing order, and `exp` is [`crate::expf::exp_f32`], so SIMD
 /// twins (keys or channels in lanes) match it bit for bit. The order of every sum is fixed by
 /// the key tile size, so the result is identical for any thread count. Parallel over blocks of
-/// up to 32 query rows (all heads of a row are in the same task because `out` rows interleave
+/// up to 64 query rows (all heads of a row are in the same task because `out` rows interleave
 /// heads); per head, each key tile is packed once per task (keys side by side, [`pack_keys`])
 /// and met by the task's blocks of 4 rows.
 pub fn attention(
@@ -85,7 +85,13 @@ pub struct AttentionOps {
     /// The step for rows `0..b.nq` of the block; row `r`'s state is `acc[r][..head_dim]`,
     /// `run_max[r]`, `run_sum[r]`; the tile's keys come packed ([`pack_keys`]).
     pub block_tile: BlockTileFn,
+    /// Packs a key tile exactly as [`pack_keys`] does (data movement only).
+    pub pack_keys: PackKeysFn,
 }
+
+/// [`AttentionOps::pack_keys`]'s signature: [`pack_keys`]'s.
+pub type PackKeysFn =
+    fn(p: &AttentionParams, kv_src: &[f32], h: usize, j0: usize, nk: usize, dst: &mut [f32]);
 
 /// [`AttentionOps::block_tile`]'s signature: `(block, packed keys, state)`.
 pub type BlockTileFn = fn(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState);
@@ -272,6 +278,7 @@ pub struct RowState<'a> {
 pub const GENERIC_ATTENTION: AttentionOps = AttentionOps {
     name: "generic_attention_f32",
     block_tile: generic_block_tile,
+    pack_keys,
 };
 
 impl Default for BlockState {
@@ -291,8 +298,8 @@ fn generic_block_tile(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
 /// The online softmax step that defines the bits: scores `s_j` ([`KeyTile::score`] of
 /// `dot_j = fma(q[hd−1], k_j[hd−1], … fma(q[0], k_j[0], 0.0))`, `keys` packed by
 /// [`pack_keys`]), `m' = max(m, max_j s_j)`, `c = exp_f32(m − m')`, `acc ·= c` (skipped when
-/// `c = 1`), `sum = sum·c`, then for each key in order `w = exp_f32(s_j − m')`, `sum += w`,
-/// `acc[d] = fma(w, v_j[d], acc[d])`.
+/// `c = 1`), the weights `w_j = exp_f32(s_j − m')`, `sum = sum·c + tile_sum(w)`
+/// ([`tile_sum`]), and for each key in order `acc[d] = fma(w_j, v_j[d], acc[d])`.
 pub fn generic_row_tile(t: &KeyTile<'_>, keys: &[f32], st: &mut RowState<'_>, scores: &mut [f32]) {
     let hd = t.p.head_dim;
     let s = &mut scores[..t.nk];
@@ -313,16 +320,39 @@ pub fn generic_row_tile(t: &KeyTile<'_>, keys: &[f32], st: &mut RowState<'_>, sc
             *x *= correction;
         }
     }
-    let mut sum = *st.run_sum * correction;
-    for (jj, sj) in s.iter().enumerate() {
-        let w = exp_f32(sj - new_max);
-        sum += w;
+    for sj in s.iter_mut() {
+        *sj = exp_f32(*sj - new_max);
+    }
+    *st.run_sum = *st.run_sum * correction + tile_sum(s);
+    for (jj, &w) in s.iter().enumerate() {
         for (x, &vv) in st.acc.iter_mut().zip(t.value(t.j0 + jj)) {
             *x = w.mul_add(vv, *x);
         }
     }
-    *st.run_sum = sum;
     *st.run_max = new_max;
+}
+
+/// Lanes of [`tile_sum`].
+pub const SUM_LANES: usize = 16;
+
+/// The sum of a tile's weights in a fixed order that 16 vector lanes compute directly: lane
+/// `l` adds `w[l], w[l + 16], w[l + 32], …` in increasing index from `0.0`, then the lanes are
+/// folded in halves, `lane[l] = lane[l] + lane[l + h]` for `h = 8, 4, 2, 1`; the result is lane
+/// 0. (Zero lanes past the tile's keys change nothing: every weight is ≥ +0.)
+#[inline]
+pub fn tile_sum(w: &[f32]) -> f32 {
+    let mut lanes = [0f32; SUM_LANES];
+    for (j, &v) in w.iter().enumerate() {
+        lanes[j % SUM_LANES] += v;
+    }
+    let mut h = SUM_LANES / 2;
+    while h > 0 {
+        for l in 0..h {
+            lanes[l] += lanes[l + h];
+        }
+        h /= 2;
+    }
+    lanes[0]
 }
 
 /// `max(run_max, max_j s_j)` folded in index order with `f32::max` (NaN scores are skipped).
@@ -347,7 +377,7 @@ pub fn attention_with(
     if p.lq == 0 || width == 0 {
         return;
     }
-    // A task takes up to 32 query rows and walks the heads outermost; per head, each key tile
+    // A task takes up to 64 query rows and walks the heads outermost; per head, each key tile
     // is packed once and met by the task's blocks of QUERY_TILE rows while it is in cache.
     let task_rows = (p.lq / 8)
         .next_multiple_of(QUERY_TILE)
@@ -366,7 +396,7 @@ pub fn attention_with(
                 }
                 for j0 in (0..p.lk).step_by(KEY_TILE) {
                     let nk = KEY_TILE.min(p.lk - j0);
-                    pack_keys(p, kv_src, h, j0, nk, &mut keys);
+                    (ops.pack_keys)(p, kv_src, h, j0, nk, &mut keys);
                     for (bi, st) in states[..nblocks].iter_mut().enumerate() {
                         let i0 = t * task_rows + bi * QUERY_TILE;
                         let b = QueryBlock {
@@ -400,4 +430,4 @@ pub fn attention_with(
 }
 
 /// Most query rows per task of [`attention_with`].
-const TASK_ROWS: usize = 32;
+const TASK_ROWS: usize = 64;

@@ -9,8 +9,8 @@ use std::arch::x86_64::*;
 
 use edge_kernels::expf::exp_f32;
 use edge_kernels::{
-    tile_max, AttentionOps, BlockState, KeyTile, QueryBlock, RowState, KEY_TILE, MAX_HEAD_DIM,
-    QUERY_TILE,
+    tile_max, tile_sum, AttentionOps, BlockState, KeyTile, QueryBlock, RowState, KEY_TILE,
+    MAX_HEAD_DIM, QUERY_TILE,
 };
 
 use super::vmath::{exp16, exp8};
@@ -19,13 +19,106 @@ use super::vmath::{exp16, exp8};
 pub(crate) const AVX2: AttentionOps = AttentionOps {
     name: "avx2_attention_f32",
     block_tile: block_tile_avx2,
+    pack_keys: edge_kernels::pack_keys,
 };
 
-/// AVX-512 step: the block's rows together, so each key and value row is loaded once per block.
+/// AVX-512 step: the block's rows together, so each key and value row is loaded once per block;
+/// keys packed with 16 × 16 in-register transposes.
 pub(crate) const AVX512: AttentionOps = AttentionOps {
     name: "avx512_attention_f32_4q",
     block_tile: block_tile_avx512,
+    pack_keys: pack_keys_avx512,
 };
+
+/// [`edge_kernels::pack_keys`] (same layout and zero lanes) with AVX-512 transposes of 16 keys ×
+/// 16 channels.
+fn pack_keys_avx512(
+    p: &edge_kernels::AttentionParams,
+    kv_src: &[f32],
+    h: usize,
+    j0: usize,
+    nk: usize,
+    dst: &mut [f32],
+) {
+    let hd = p.head_dim;
+    assert!((1..=KEY_TILE).contains(&nk) && dst.len() >= hd * KEY_TILE);
+    let last = (j0 + nk - 1) * p.kv_stride + p.k_offset + h * hd + hd;
+    assert!(last <= kv_src.len(), "attention: key rows outside kv_src");
+    // SAFETY: AVX-512F was detected before this table was built; every key row read lies below
+    // `last ≤ kv_src.len()` (asserted; rows grow with the key index), masked to `hd` channels,
+    // and every store stays below `hd · KEY_TILE ≤ dst.len()`.
+    unsafe { pack_keys_impl(p, kv_src, h, j0, nk, dst) }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_keys_impl(
+    p: &edge_kernels::AttentionParams,
+    kv_src: &[f32],
+    h: usize,
+    j0: usize,
+    nk: usize,
+    dst: &mut [f32],
+) {
+    let hd = p.head_dim;
+    let base = kv_src.as_ptr();
+    let out = dst.as_mut_ptr();
+    for c0 in (0..KEY_TILE).step_by(16) {
+        for d0 in (0..hd).step_by(16) {
+            let nd = (hd - d0).min(16);
+            let m = mask(nd);
+            let mut r = [_mm512_setzero_ps(); 16];
+            for (i, ri) in r.iter_mut().enumerate() {
+                let c = c0 + i;
+                if c < nk {
+                    let off = (j0 + c) * p.kv_stride + p.k_offset + h * hd + d0;
+                    // SAFETY: masked to the `nd` channels of key row `j0 + c` (the caller's
+                    // bound).
+                    *ri = unsafe { _mm512_maskz_loadu_ps(m, base.add(off)) };
+                }
+            }
+            let t = transpose16(r);
+            for (i, ti) in t.iter().enumerate().take(nd) {
+                // SAFETY: `(d0 + i)·KEY_TILE + c0 + 16 ≤ hd·KEY_TILE`.
+                unsafe { _mm512_storeu_ps(out.add((d0 + i) * KEY_TILE + c0), *ti) };
+            }
+        }
+    }
+}
+
+/// The transpose of a 16 × 16 block: lane `j` of output `i` is lane `i` of input `j`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+    let mut t = [_mm512_setzero_ps(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    let mut u = [_mm512_setzero_ps(); 16];
+    for i in 0..4 {
+        let (a, b, c, d) = (t[4 * i], t[4 * i + 1], t[4 * i + 2], t[4 * i + 3]);
+        let pd = |x: __m512| _mm512_castps_pd(x);
+        u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(a), pd(c)));
+        u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(a), pd(c)));
+        u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(b), pd(d)));
+        u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(b), pd(d)));
+    }
+    // Now u[4g + k] holds, in 128-bit block `q`, column `4q + k` of rows `4g .. 4g + 4`.
+    let mut v = [_mm512_setzero_ps(); 16];
+    for g in 0..2 {
+        for k in 0..4 {
+            let (a, b) = (u[8 * g + k], u[8 * g + 4 + k]);
+            v[8 * g + k] = _mm512_shuffle_f32x4::<0x88>(a, b);
+            v[8 * g + 4 + k] = _mm512_shuffle_f32x4::<0xdd>(a, b);
+        }
+    }
+    let mut o = [_mm512_setzero_ps(); 16];
+    for k in 0..8 {
+        o[k] = _mm512_shuffle_f32x4::<0x88>(v[k], v[8 + k]);
+        o[8 + k] = _mm512_shuffle_f32x4::<0xdd>(v[k], v[8 + k]);
+    }
+    o
+}
 
 fn block_tile_avx2(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
     for r in 0..b.nq {
@@ -36,13 +129,19 @@ fn block_tile_avx2(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
 }
 
 fn block_tile_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
-    let hd = b.p.head_dim;
+    let (p, hd) = (b.p, b.p.head_dim);
     assert!((1..=QUERY_TILE).contains(&b.nq) && (1..=KEY_TILE).contains(&b.nk));
     assert!(hd <= MAX_HEAD_DIM && keys.len() >= hd * KEY_TILE);
+    let last_v = (b.j0 + b.nk - 1) * p.kv_stride + p.v_offset + b.h * hd + hd;
+    assert!(
+        last_v <= b.kv_src.len(),
+        "attention: value rows outside kv_src"
+    );
     // SAFETY: AVX-512F was detected before this step was put in a table
-    // (`crate::x86_64::avx512_table`); the packed keys hold `hd · KEY_TILE` f32 (asserted), value
-    // rows come from `KeyTile::value` (bounds-checked slices of `head_dim` elements) and the
-    // state arrays are sized by the constants asserted above.
+    // (`crate::x86_64::avx512_table`); the packed keys hold `hd · KEY_TILE` f32 (asserted), the
+    // value rows of the tile end at or below `last_v ≤ kv_src.len()` (asserted; rows grow with
+    // the key index), query, bias and mask rows are bounds-checked slices, and the state arrays
+    // are sized by the constants asserted above.
     unsafe { block_avx512(b, keys, st) }
 }
 
@@ -86,9 +185,11 @@ unsafe fn scores_avx512<const NC: usize>(
 /// increasing order per element, so every row's sums are the generic ones).
 #[target_feature(enable = "avx512f")]
 unsafe fn block_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
-    let (hd, nq, nk) = (b.p.head_dim, b.nq, b.nk);
-    let rows: [KeyTile<'_>; QUERY_TILE] = std::array::from_fn(|r| b.row(r.min(nq - 1)));
-    let qs: [&[f32]; QUERY_TILE] = std::array::from_fn(|r| rows[r].q);
+    let (p, hd, nq, nk) = (b.p, b.p.head_dim, b.nq, b.nk);
+    let qs: [&[f32]; QUERY_TILE] = std::array::from_fn(|r| {
+        let i = b.i0 + r.min(nq - 1);
+        &b.q_src[i * p.q_stride + p.q_offset + b.h * hd..][..hd]
+    });
     let mut dots = [[0f32; KEY_TILE]; QUERY_TILE];
     // SAFETY: AVX-512F is enabled here; the caller checked the packed keys' length and every
     // query row holds `hd` elements.
@@ -100,70 +201,70 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
             _ => scores_avx512::<4>(&qs, keys, hd, &mut dots),
         }
     }
+    // Per row, 16 keys at a time: the score (`KeyTile::score`'s operations in its order:
+    // `scale·dot`, `+ bias[j]`, `+ (1 − mask[j])·masked_value`), the tile maximum (lanes past
+    // the keys at −∞; `vmaxps(new, running)` skips NaN scores as `f32::max` does, and the order
+    // of a maximum changes no bit that reaches the output), the weights `exp(s − m')` (zero past
+    // the keys) and their `tile_sum` (16 lanes, then the halving tree).
+    let nc = nk.div_ceil(16);
+    let keep = b.key_mask.map(|x| &x[b.j0..b.j0 + nk]);
     for r in 0..nq {
-        st.scores[r][..nk].copy_from_slice(&dots[r][..nk]);
-    }
-    // Scores from the dot products, `KeyTile::score`'s operations in its order, 16 keys at a
-    // time: `scale·dot`, `+ bias[j]`, `+ (1 − mask[j])·masked_value`.
-    let p = b.p;
-    for (r, row) in rows.iter().enumerate().take(nq) {
-        let bias = row.bias.map(|x| &x[b.j0..b.j0 + nk]);
-        let keep = row.key_mask.map(|x| &x[b.j0..b.j0 + nk]);
-        let s = &mut st.scores[r][..nk];
-        for j in (0..nk).step_by(16) {
+        let bias = b
+            .bias
+            .map(|x| &x[(b.h * p.lq + b.i0 + r) * p.lk + b.j0..][..nk]);
+        let mut v = [_mm512_setzero_ps(); KEY_TILE / 16];
+        let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
+        for (c, vc) in v.iter_mut().enumerate().take(nc) {
+            let j = 16 * c;
             let m = mask((nk - j).min(16));
-            // SAFETY: the mask covers `j..nk` of `s` and of the `nk`-long bias and mask slices.
+            // SAFETY: the mask covers `j..nk` of the `nk`-long bias and mask slices; `dots[r]`
+            // holds `KEY_TILE ≥ j + 16` f32.
             unsafe {
-                let mut v = _mm512_mul_ps(
+                let mut x = _mm512_mul_ps(
                     _mm512_set1_ps(p.scale),
-                    _mm512_maskz_loadu_ps(m, s.as_ptr().add(j)),
+                    _mm512_loadu_ps(dots[r].as_ptr().add(j)),
                 );
                 if let Some(bs) = bias {
-                    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bs.as_ptr().add(j)));
+                    x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, bs.as_ptr().add(j)));
                 }
                 if let Some(km) = keep {
                     let drop = _mm512_sub_ps(
                         _mm512_set1_ps(1.0),
                         _mm512_maskz_loadu_ps(m, km.as_ptr().add(j)),
                     );
-                    v = _mm512_add_ps(v, _mm512_mul_ps(drop, _mm512_set1_ps(p.masked_value)));
+                    x = _mm512_add_ps(x, _mm512_mul_ps(drop, _mm512_set1_ps(p.masked_value)));
                 }
-                _mm512_mask_storeu_ps(s.as_mut_ptr().add(j), m, v);
+                *vc = x;
+                let xm = _mm512_mask_blend_ps(m, _mm512_set1_ps(f32::NEG_INFINITY), x);
+                mx = _mm512_max_ps(xm, mx);
             }
         }
-    }
-    // The scalar chains (tile maximum, running sum) of the rows are interleaved so they
-    // overlap; each row's own sequence is the generic one (`tile_max`'s fold, keys in order).
-    let mut tmax = [f32::NEG_INFINITY; QUERY_TILE];
-    for jj in 0..nk {
-        for r in 0..nq {
-            tmax[r] = tmax[r].max(st.scores[r][jj]);
-        }
-    }
-    let mut sum = [0f32; QUERY_TILE];
-    for r in 0..nq {
-        let new_max = st.run_max[r].max(tmax[r]);
+        let new_max = st.run_max[r].max(_mm512_reduce_max_ps(mx));
         let correction = exp_f32(st.run_max[r] - new_max);
         if correction != 1.0 {
             scale_avx512(&mut st.acc[r][..hd], correction);
         }
-        sum[r] = st.run_sum[r] * correction;
-        let s = &mut st.scores[r][..nk];
-        for sj in s.iter_mut() {
-            *sj -= new_max;
+        let nm = _mm512_set1_ps(new_max);
+        let mut sv = _mm512_setzero_ps();
+        for (c, vc) in v.iter().enumerate().take(nc) {
+            let m = mask((nk - 16 * c).min(16));
+            let w = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(*vc, nm)));
+            sv = _mm512_add_ps(sv, w);
+            // SAFETY: `16c + 16 ≤ KEY_TILE`, inside the row's score array.
+            unsafe { _mm512_storeu_ps(st.scores[r].as_mut_ptr().add(16 * c), w) };
         }
-        exp_avx512(s);
+        let t = _mm512_add_ps(sv, _mm512_shuffle_f32x4::<0b01_00_11_10>(sv, sv));
+        let t = _mm512_add_ps(t, _mm512_shuffle_f32x4::<0b10_11_00_01>(t, t));
+        let t = _mm512_add_ps(t, _mm512_permute_ps::<0b01_00_11_10>(t));
+        let t = _mm512_add_ps(t, _mm512_permute_ps::<0b10_11_00_01>(t));
+        st.run_sum[r] = st.run_sum[r] * correction + _mm512_cvtss_f32(t);
         st.run_max[r] = new_max;
     }
-    for jj in 0..nk {
-        for r in 0..nq {
-            sum[r] += st.scores[r][jj];
-        }
-    }
-    st.run_sum[..nq].copy_from_slice(&sum[..nq]);
     let mut vp = [std::ptr::null::<f32>(); KEY_TILE];
+    let v0 = p.v_offset + b.h * hd;
     for (jj, v) in vp.iter_mut().enumerate().take(nk) {
-        *v = rows[0].value(b.j0 + jj).as_ptr();
+        // SAFETY: below `last_v ≤ kv_src.len()` (checked by `block_tile_avx512`).
+        *v = unsafe { b.kv_src.as_ptr().add((b.j0 + jj) * p.kv_stride + v0) };
     }
     let vp = &vp[..nk];
     // Groups of up to 5 × 16 head channels: the group's accumulators of every row stay in
@@ -290,16 +391,14 @@ unsafe fn row_tile_avx2_impl(
     if correction != 1.0 {
         scale_avx2(st.acc, correction);
     }
-    let mut sum = *st.run_sum * correction;
     for sj in s.iter_mut() {
         *sj -= new_max;
     }
     exp_avx2(s);
+    *st.run_sum = *st.run_sum * correction + tile_sum(s);
     for (jj, &w) in s.iter().enumerate() {
-        sum += w;
         axpy_avx2(st.acc, w, t.value(t.j0 + jj));
     }
-    *st.run_sum = sum;
     *st.run_max = new_max;
 }
 
@@ -378,28 +477,6 @@ unsafe fn scale8_run(a: *mut f32, c: f32, full: usize) {
 /// Lanes `0..len` of a 16-lane mask.
 fn mask(len: usize) -> __mmask16 {
     ((1u32 << len) - 1) as __mmask16
-}
-
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn exp_avx512(s: &mut [f32]) {
-    // SAFETY: AVX-512F is enabled in this function; masked loads and stores touch only `s`.
-    unsafe { exp16_run(s.as_mut_ptr(), s.len()) };
-}
-
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn exp16_run(p: *mut f32, len: usize) {
-    let mut i = 0;
-    while i < len {
-        let m = mask((len - i).min(16));
-        // SAFETY: the mask covers only elements `i..len`.
-        unsafe {
-            let x = _mm512_maskz_loadu_ps(m, p.add(i));
-            _mm512_mask_storeu_ps(p.add(i), m, exp16(x));
-        }
-        i += 16;
-    }
 }
 
 #[inline]
