@@ -52,7 +52,9 @@ pub use linear::{
     linear, linear_plain, linear_scratch_bytes, quant_panel_bytes, quant_scratch_layout,
     QUANT_PANEL_BLOCK_BYTES, QUANT_PANEL_COLS,
 };
-pub use norm::{group_norm, group_norm_apply, group_norm_stats, layer_norm, rms_norm, GroupStats};
+pub use norm::{
+    group_norm, group_norm_apply, group_norm_stats, lane_sum, layer_norm, rms_norm, GroupStats,
+};
 pub use table::{
     generic, AttentionFn, BinaryFn, Conv2dFn, Conv2dScratchFn, GatedResidualFn, GroupNormApplyFn,
     GroupNormStatsFn, Kernel, KernelTable, LayerNormFn, LinearFn, LinearScratchFn, ModulateFn,

@@ -1,22 +1,48 @@
 //! Normalizations: `generic_group_norm_f32`, `generic_layer_norm_f32`, `generic_rms_norm_f32`.
 //!
 //! Statistics are computed in f64 with two passes (mean, then the mean of squared deviations),
-//! which is at least as accurate as torch's f32 Welford and independent of any work split.
+//! which is at least as accurate as torch's f32 Welford and independent of any work split. Every
+//! sum has the fixed order of [`lane_sum`] (four f64 lanes, then the tail), which the SIMD twins
+//! (NEON's two `float64x2_t` accumulators) reproduce bit for bit.
 
 use rayon::prelude::*;
 
 /// Rows per task for the row-wise norms.
 const ROWS_PER_TASK: usize = 16;
 
-/// Mean and biased variance of `x` in f64, two passes.
+/// `Σ tᵢ` (or `Σ tᵢ·tᵢ` with `square`) for `tᵢ = f64(x[i]) − shift`, in the one order of the
+/// norms' statistics: four f64 lanes `a[l]` take `i ≡ l (mod 4)` over the whole 4-element chunks
+/// in increasing `i` (`a[l] = a[l] + t` or `a[l] + t·t`, unfused), combined as
+/// `(a[0] + a[2]) + (a[1] + a[3])`, then the `len mod 4` tail added one term at a time.
+#[inline]
+pub fn lane_sum(x: &[f32], shift: f64, square: bool) -> f64 {
+    let term = |v: f32| {
+        let t = f64::from(v) - shift;
+        if square {
+            t * t
+        } else {
+            t
+        }
+    };
+    let mut a = [0f64; 4];
+    let mut chunks = x.chunks_exact(4);
+    for c in &mut chunks {
+        for l in 0..4 {
+            a[l] += term(c[l]);
+        }
+    }
+    let mut sum = (a[0] + a[2]) + (a[1] + a[3]);
+    for &v in chunks.remainder() {
+        sum += term(v);
+    }
+    sum
+}
+
+/// Mean and biased variance of `x` in f64, two passes of [`lane_sum`].
 fn moments(x: &[f32]) -> (f64, f64) {
     let n = x.len() as f64;
-    let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
-    let var = x
-        .iter()
-        .map(|&v| (f64::from(v) - mean).powi(2))
-        .sum::<f64>()
-        / n;
+    let mean = lane_sum(x, 0.0, false) / n;
+    let var = lane_sum(x, mean, true) / n;
     (mean, var)
 }
 
@@ -189,7 +215,7 @@ pub fn rms_norm(x: &[f32], m: usize, d: usize, eps: f32, weight: &[f32], out: &m
         .zip(x.par_chunks(ROWS_PER_TASK * d))
         .for_each(|(ob, xb)| {
             for (o, xr) in ob.chunks_mut(d).zip(xb.chunks(d)) {
-                let ss: f64 = xr.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+                let ss = lane_sum(xr, 0.0, true);
                 let var = (ss / d as f64) as f32;
                 let r = 1.0 / (var + eps).sqrt();
                 for ((oj, &v), &w) in o.iter_mut().zip(xr).zip(weight) {

@@ -10,13 +10,14 @@
 //! use `smmla` on 2 rows × 2 columns (the other quantized types keep their `sdot` kernels in the
 //! `i8mm` table); `Q8_0`/`Q4_0` weights repacked in `PackLayout::Interleaved4x8` are read by
 //! kernels that load each `smmla` weight operand (or `sdot` row pair) with one 16-byte load.
-//! The `silu`, `gelu_tanh` and `tanh` slots become four-lane NEON kernels with a polynomial
-//! `exp` (`relu` a four-lane compare and select);
+//! The `silu`, `gelu_tanh` and `tanh` slots become four-lane NEON kernels over the generic
+//! polynomial `exp` (`relu` a four-lane compare and select);
 //! `layer_norm` and `rms_norm` compute their f64 statistics in NEON f64 lanes. The
-//! `attention` slot keeps the generic online softmax with its `q·k`, `exp` and `acc += w·v` in
-//! four lanes; `add`, `mul`, `modulate` and `gated_residual` are four-lane versions of the
-//! generic broadcast ops. `conv2d` is the generic tiled im2col with the `F32` 4×4 dot tile of
-//! `linear` (within the generic `conv2d_scratch_bytes`), `group_norm` computes its f64
+//! `attention` slot is the generic online-softmax driver with a NEON step (`q·k` with keys in
+//! lanes, `exp`, `acc = fma(w, v, acc)` with channels in lanes); `add`, `mul`, `modulate` and
+//! `gated_residual` are four-lane versions of the generic broadcast ops. `linear` with
+//! `F32`/`F16`/`BF16` weights and `conv2d` are the generic blocked GEMM driver (and its packed
+//! im2col) with the NEON 6×16 f32 tile, `group_norm` computes its f64
 //! statistics in NEON f64 lanes and `upsample_nearest2x` doubles rows with NEON `zip`/stores.
 //! Only the two scratch-size slots stay generic (the planner sizes the arena with them, and the
 //! NEON kernels fit in it). Argument checks are the generic ones ([`edge_kernels::contract`]).
@@ -27,11 +28,9 @@
 //! weight type.
 //!
 //! Numerics (each kernel is tested against its generic twin in `tests/`):
-//! - `F32`/`F16`/`BF16` weights (the halves widened exactly): four f32 lanes accumulated with
-//!   fused multiply-add over `k` in steps of 4, lanes summed with `faddv`, the `k % 4` tail
-//!   added sequentially (fused), then the bias.
-//!   The order is fixed per output element, so results do not depend on the thread count; they
-//!   differ from the generic kernel (8 unfused lanes) by f32 rounding only.
+//! - `F32`/`F16`/`BF16` weights (the halves widened exactly): the generic GEMM driver's order,
+//!   one fused multiply-add per input feature in increasing index (one output column per lane
+//!   of `fmla`), then the bias: bit-identical.
 //! - `Q8_0`/`Q4_0` weights, row-major or in `PackLayout::Interleaved4x8` (4 weight rows
 //!   stored together block by block, 8-byte quant chunks of two rows side by side; read by
 //!   dedicated kernels `neon_linear_{q8_0,q4_0}_{base,dotprod,i8mm}_x4`, see
@@ -51,17 +50,19 @@
 //!   bit-identical (its generic form is one term per block); `Q3_K`, `Q4_K`, `Q5_K`, `Q6_K`
 //!   differ from the generic kernel by f32 rounding only, at most `(3·nb + 16)·u·T` for `nb`
 //!   blocks, `u = 2⁻²⁴` and `T` the sum of the absolute f32 terms (tested; measured ≤ `0.6·u·T`).
-//! - `silu`, `gelu_tanh`: `x / (1 + exp(−t))` with a range-reduced polynomial `exp`; `tanh`:
-//!   the generic formula over that `exp`; a few f32 ulps from the generic kernels. `relu`:
-//!   bit-identical.
-//! - `layer_norm`, `rms_norm`, `group_norm`: f64 statistics summed in four lanes instead of
-//!   sequentially; at most an f32 rounding or two from the generic kernels.
-//! - `conv2d`: each output element is the `F32` dot product above (weights converted exactly to
-//!   f32 first), then the bias: differs from the generic kernel by f32 rounding only.
+//! - `silu`, `gelu_tanh`, `tanh`: the generic formulas over the generic `exp` polynomial, lane by
+//!   lane in the same operation order (unfused): bit-identical. `relu`: bit-identical.
+//! - `layer_norm`, `rms_norm`, `group_norm`: f64 statistics in four lanes, the order of
+//!   [`edge_kernels::lane_sum`] (squares unfused): bit-identical.
+//! - `conv2d`: the generic driver with the NEON f32 tile (weights converted exactly to f32
+//!   first), then the bias: bit-identical.
 //! - `upsample_nearest2x`: data movement only, bit-identical.
-//! - `attention`: `q·k` in four fused lanes, a polynomial `exp` (flushed to 0 below −87.3) and
-//!   fused `acc += w·v`, in an order fixed by the tile sizes; differs from the generic kernel by
-//!   f32 rounding, below `1e-5·max|v|` per output element on rows with a kept key.
+//! - `attention`: the generic step's operations in lanes (`q·k` fused in channel order, the
+//!   generic `exp`, `tile_sum`, `acc = fma(w, v, acc)` in key order): bit-identical.
+//!
+//! So every slot is bit-identical to the generic kernel except the `sdot` K-quant kernels
+//! (`Q3_K`…`Q6_K`, within the bound above): a plan without K-quant weights gives the same bytes
+//! on an ARM board as on the x86 workstation (`scripts/test-aarch64` compares them with `cmp`).
 //! - `add`, `mul`, `modulate`, `gated_residual`: the generic single f32 operations per element,
 //!   unfused and in the same order: bit-identical to the generic kernels.
 //!
@@ -93,7 +94,7 @@ pub fn variants() -> Vec<(&'static str, KernelTable)> {
 }
 
 /// The kernel that the `linear` slot of `table` uses for weights of type `dtype`, by name
-/// (`neon_linear_q8_0_dotprod`, `neon_linear_f32_4x4`, …, or `generic_linear_f32` for types it
+/// (`neon_linear_q8_0_dotprod`, `neon_linear_f32_6x16`, …, or `generic_linear_f32` for types it
 /// forwards to the generic kernel and for tables that are not from this crate).
 pub fn linear_variant_name(table: &KernelTable, dtype: DType) -> &'static str {
     #[cfg(target_arch = "aarch64")]

@@ -1,25 +1,14 @@
 //! `attention` of every table variant against the generic kernel [`edge_kernels::attention`].
 //!
-//! The NEON kernel keeps the generic online softmax (tiles of 64 keys, 4 query rows per task)
-//! but sums `q·k` in four fused lanes instead of eight unfused ones, evaluates `exp(s − m)`
-//! with a polynomial instead of libm, and updates `acc += w·v` fused. Per output element
-//! `(i, h, t)` the test checks, with `u = 2⁻²⁴`, `p` the exact (f64) softmax of the row and
-//! `V = max |v|` over the keys of head `h`:
+//! The NEON step plugs into the generic online-softmax driver and keeps every operation of the
+//! generic step in lanes (`q·k` and `acc = fma(w, v, acc)` in order, the generic `exp`
+//! polynomial, `tile_sum`), so the outputs must be bit-identical; the tolerance model below is
+//! kept as a second, weaker check of the reference's own accuracy.
 //!
-//! `|neon − generic| ≤ V · (2·Σ_j p_j·ε_j + (5·lk + 8·tiles + 8)·u) + 1e-30`, where
-//! `ε_j = Δs_j + 2u·|s_j − max s| + 16u + 4u·tiles` bounds the relative difference of key `j`'s
-//! weight between the two kernels: `Δs_j = 2·(hd + 3)·u·scale·Σ_t|q_t·k_t| + 2u·(|scale·q·k| +
-//! |… + bias| + |s_j|)` for the two dot-product orders (γ_hd each) and one ulp per rounded
-//! step of the score, 0 for keys masked with `f32::MIN` (every such score rounds to exactly
-//! `f32::MIN` in both kernels since `|scale·q·k + bias| < ulp(f32::MIN)/2`), `2u·|s_j − max s|`
-//! for the rounded subtraction, `16u` for the two `exp`s (libm ≤ 1 ulp, the polynomial a few),
-//! `4u·tiles` for the libm corrections. A relative weight change `ε_j` moves the weighted
-//! average by at most `2V·Σ_j p_j ε_j`; the `lk`-term sums `acc` and `Σw` (unfused mul + add in
-//! generic, fused in NEON) and the final division contribute the second term; shifts of the
-//! running maximum cancel between numerator and denominator.
-//!
-//! In addition, on rows that are not fully masked the difference must stay below
-//! `1e-5 · V` (the scores' ulps there are those of |s| ≤ ~40).
+//! Bound (both kernels against each other, per output element `(i, h, t)`, `u = 2⁻²⁴`, `p` the
+//! exact softmax of the row, `V = max |v|`):
+//! `|neon − generic| ≤ V · (2·Σ_j p_j·ε_j + (5·lk + 8·tiles + 8)·u) + 1e-30` with
+//! `ε_j = Δs_j + 2u·|s_j − max s| + 16u + 4u·tiles`.
 
 mod common;
 use common::{best, Rng};
@@ -250,6 +239,11 @@ fn compare(label: &str, t: &KernelTable, pr: &Problem, want: &[f32], worst: &mut
                 assert!(
                     !g.is_nan() || w.is_nan(),
                     "{label} {}: NaN at row {i} head {h} elem {e} for {p:?}",
+                    t.attention.name
+                );
+                assert!(
+                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                    "{label} {}: row {i} head {h} elem {e}: {g} vs generic {w} for {p:?}",
                     t.attention.name
                 );
                 let diff = (g as f64 - w as f64).abs();

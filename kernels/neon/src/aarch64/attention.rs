@@ -1,375 +1,161 @@
-//! `neon_attention_f32_x4`: multi-head scaled-dot-product attention with the flash-style
-//! online softmax of [`edge_kernels::attention`] (Milakov & Gimelshein 2018, FlashAttention),
-//! its `q·k`, `exp` and `acc += w·v` loops in four f32 lanes.
+//! `neon_attention_f32_4q`: the attention step ([`edge_kernels::AttentionOps::block_tile`]) of
+//! the generic online-softmax driver ([`edge_kernels::attention_with`]) in NEON lanes.
 //!
-//! The structure is the generic kernel's: keys in tiles of 64, a task per 4 query rows (every
-//! head of those rows), per row and tile the running maximum `m`, the correction `exp(m_old −
-//! m_new)` (libm, as generic) applied to the accumulator and the running sum, then
-//! `w_j = exp(s_j − m_new)`, `sum += w_j` in key order and `acc += w_j · v_j`; at the end
-//! `out = acc / sum`. Nothing is allocated and the score matrix is never stored.
-//!
-//! Arithmetic per element, in an order fixed by the tile sizes alone (so the result does not
-//! depend on the thread count):
-//! - `q·k`: four lane accumulators `fma(q[4c + l], k[4c + l])` over the whole 4-element
-//!   chunks of `head_dim` in increasing `c`, the lanes summed with `faddv` (`vaddvq_f32`), the
-//!   `head_dim % 4` tail fused in one by one; computed in register tiles of up to 4 query rows
-//!   × 4 keys, which does not change the order. Then `s = scale·(q·k)`, `+ bias`,
-//!   `+ (1 − mask)·masked_value`, as generic.
-//! - `exp(s − m)`: the range-reduced polynomial `exp4` of `elementwise.rs` (a few ulps), flushed
-//!   to 0 below −87.3 (where the true value is under 2⁻¹²⁶, against a largest weight of 1), so
-//!   keys with score `−∞` get weight 0 as with libm.
-//! - `acc += w·v`: fused multiply-add per lane, keys in increasing order.
-//!
-//! The generic kernel sums `q·k` in eight unfused lanes, uses libm `exp` and unfused `acc +=
-//! w·v`, so the two differ by f32 rounding: per output element by at most about
-//! `2·max|v|·(Σ_j p_j·|Δs_j| + ε_exp + ε_acc)` with `p` the softmax, `Δs_j` the rounding of the
-//! scores (`hd·u·scale·Σ|q·k|` plus an ulp of `|s_j|`), `ε_exp` a few ulps and `ε_acc` the
-//! rounding of the `lk`-term weighted sums. `tests/attention.rs` checks that bound and the
-//! plain `1e-5·max|v|` on rows that are not fully masked.
+//! Per block of up to 4 query rows and one packed key tile: `q·k` with 16 keys in four
+//! q-registers per row (one `fmla` per head channel in order, the generic `f32::mul_add`
+//! chain), the score epilogue, tile maximum and [`edge_kernels::tile_sum`] as the generic
+//! scalar code, the weights with [`exp4`] (the generic polynomial on four lanes), and
+//! `acc = fma(w, v, acc)` with head channels in lanes, keys in order. Every lane performs the
+//! generic operation, so the output is bit-identical to the generic kernel (and to the x86
+//! tables).
 
-use std::arch::aarch64::{
-    float32x4_t, vaddvq_f32, vbslq_f32, vcltq_f32, vdivq_f32, vdupq_n_f32, vfmaq_f32, vfmaq_n_f32,
-    vld1q_f32, vmaxnmq_f32, vmaxnmvq_f32, vmulq_n_f32, vst1q_f32, vsubq_f32,
+use std::arch::aarch64::{float32x4_t, vdupq_n_f32, vfmaq_n_f32, vld1q_f32, vst1q_f32, vsubq_f32};
+
+use edge_kernels::expf::exp_f32;
+use edge_kernels::{
+    tile_max, tile_sum, AttentionOps, BlockState, QueryBlock, KEY_TILE, MAX_HEAD_DIM, QUERY_TILE,
 };
-
-use edge_kernels::{AttentionParams, MAX_HEAD_DIM};
-use rayon::prelude::*;
 
 use super::elementwise::exp4;
 
-/// Keys per tile of the online softmax (as generic).
-const KEY_TILE: usize = 64;
-/// Query rows per task (as generic).
-const QUERY_TILE: usize = 4;
-/// Keys per register tile of the score loop.
-const KEY_REG: usize = 4;
+/// The step.
+pub(super) const NEON: AttentionOps = AttentionOps {
+    name: "neon_attention_f32_4q",
+    block_tile,
+    pack_keys: edge_kernels::pack_keys,
+};
 
-/// `neon_attention_f32_x4`: the contract of [`edge_kernels::attention`]. For every head `h`
-/// and query row `i`, `s_j = scale·(q·k_j) + bias[h, i, j] + (1 − key_mask[j])·masked_value`
-/// and `out[i, h·head_dim ..][..head_dim] = Σ_j softmax(s)_j · v_j` (torch
-/// `scaled_dot_product_attention` with an additive mask; T5Attention with its position bias).
-///
-/// Shapes: `key_mask` `[lk]`, `bias` `[heads, lq, lk]`, `out` `[lq, heads·head_dim]`;
-/// `q_src`/`kv_src` as described by [`AttentionParams`]. Panics with the generic kernel's
-/// messages on the same violated preconditions.
+fn block_tile(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
+    let (p, hd) = (b.p, b.p.head_dim);
+    assert!((1..=QUERY_TILE).contains(&b.nq) && (1..=KEY_TILE).contains(&b.nk));
+    assert!(hd <= MAX_HEAD_DIM && keys.len() >= hd * KEY_TILE);
+    let last_v = (b.j0 + b.nk - 1) * p.kv_stride + p.v_offset + b.h * hd + hd;
+    assert!(last_v <= b.kv_src.len(), "attention: value rows outside kv_src");
+    // SAFETY: Advanced SIMD is part of every aarch64 target; the packed keys hold
+    // `hd · KEY_TILE` f32 and the tile's value rows end at or below `last_v ≤ kv_src.len()`
+    // (asserted; rows grow with the key index); query rows are bounds-checked slices and the
+    // state arrays are sized by the constants asserted above.
+    unsafe { block(b, keys, st) }
+}
+
+/// # Safety
+/// As checked by [`block_tile`].
+#[target_feature(enable = "neon")]
+unsafe fn block(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
+    let (p, hd, nq, nk) = (b.p, b.p.head_dim, b.nq, b.nk);
+    let qs: [&[f32]; QUERY_TILE] = std::array::from_fn(|r| {
+        let i = b.i0 + r.min(nq - 1);
+        &b.q_src[i * p.q_stride + p.q_offset + b.h * hd..][..hd]
+    });
+    // Dot products, 16 keys (four q-registers) × 4 rows at a time.
+    let mut dots = [[0f32; KEY_TILE]; QUERY_TILE];
+    let kp = keys.as_ptr();
+    for c0 in (0..nk).step_by(16) {
+        let mut a = [[vdupq_n_f32(0.0); 4]; QUERY_TILE];
+        for d in 0..hd {
+            // SAFETY: `d < hd`, `c0 + 16 ≤ KEY_TILE`: inside the packed keys.
+            let kv: [float32x4_t; 4] =
+                std::array::from_fn(|i| unsafe { vld1q_f32(kp.add(d * KEY_TILE + c0 + 4 * i)) });
+            for r in 0..QUERY_TILE {
+                let q = qs[r][d];
+                for i in 0..4 {
+                    a[r][i] = vfmaq_n_f32(a[r][i], kv[i], q);
+                }
+            }
+        }
+        for r in 0..QUERY_TILE {
+            for i in 0..4 {
+                // SAFETY: `c0 + 4i + 4 ≤ KEY_TILE`, inside the row of `dots`.
+                unsafe { vst1q_f32(dots[r].as_mut_ptr().add(c0 + 4 * i), a[r][i]) };
+            }
+        }
+    }
+    for r in 0..nq {
+        let t = b.row(r);
+        let s = &mut st.scores[r][..nk];
+        for (c, sj) in s.iter_mut().enumerate() {
+            *sj = t.score(b.j0 + c, dots[r][c]);
+        }
+        let new_max = tile_max(st.run_max[r], s);
+        let correction = exp_f32(st.run_max[r] - new_max);
+        if correction != 1.0 {
+            for x in &mut st.acc[r][..hd] {
+                *x *= correction;
+            }
+        }
+        exp_tile(s, new_max);
+        st.run_sum[r] = st.run_sum[r] * correction + tile_sum(s);
+        st.run_max[r] = new_max;
+    }
+    // acc[r][d] = fma(w[r][j], v[j][d], acc[r][d]), keys in order, 16 channels at a time.
+    let v0 = p.v_offset + b.h * hd;
+    let vrow = |j: usize| -> *const f32 {
+        // SAFETY: below `last_v ≤ kv_src.len()` (checked by `block_tile`).
+        unsafe { b.kv_src.as_ptr().add((b.j0 + j) * p.kv_stride + v0) }
+    };
+    let full = hd - hd % 4;
+    for d0 in (0..full).step_by(16) {
+        let nv = ((full - d0) / 4).min(4);
+        for r in 0..nq {
+            let ap = st.acc[r].as_mut_ptr();
+            let mut a = [vdupq_n_f32(0.0); 4];
+            for (i, ai) in a.iter_mut().enumerate().take(nv) {
+                // SAFETY: `d0 + 4i + 4 ≤ full ≤ hd ≤ MAX_HEAD_DIM`.
+                *ai = unsafe { vld1q_f32(ap.add(d0 + 4 * i)) };
+            }
+            for j in 0..nk {
+                let w = st.scores[r][j];
+                let vp = vrow(j);
+                for (i, ai) in a.iter_mut().enumerate().take(nv) {
+                    // SAFETY: channels `d0 + 4i .. + 4 < hd` of value row `j`.
+                    *ai = vfmaq_n_f32(*ai, unsafe { vld1q_f32(vp.add(d0 + 4 * i)) }, w);
+                }
+            }
+            for (i, ai) in a.iter().enumerate().take(nv) {
+                // SAFETY: as for the loads.
+                unsafe { vst1q_f32(ap.add(d0 + 4 * i), *ai) };
+            }
+        }
+    }
+    for r in 0..nq {
+        for j in 0..nk {
+            let w = st.scores[r][j];
+            let vp = vrow(j);
+            for d in full..hd {
+                // SAFETY: channel `d < hd` of value row `j`.
+                let v = unsafe { *vp.add(d) };
+                st.acc[r][d] = w.mul_add(v, st.acc[r][d]);
+            }
+        }
+    }
+}
+
+/// `s[j] = exp_f32(s[j] − m)` with [`exp4`] on whole groups of four, the tail scalar.
+#[target_feature(enable = "neon")]
+fn exp_tile(s: &mut [f32], m: f32) {
+    let full = s.len() - s.len() % 4;
+    let mv = vdupq_n_f32(m);
+    for i in (0..full).step_by(4) {
+        // SAFETY: `i + 4 ≤ full ≤ s.len()`.
+        unsafe {
+            let y = vsubq_f32(vld1q_f32(s.as_ptr().add(i)), mv);
+            vst1q_f32(s.as_mut_ptr().add(i), exp4(y));
+        }
+    }
+    for v in &mut s[full..] {
+        *v = exp_f32(*v - m);
+    }
+}
+
+/// `neon_attention_f32_4q`: the contract of [`edge_kernels::attention`], through the generic
+/// driver with [`NEON`].
 pub(super) fn attention(
-    p: &AttentionParams,
-    q_src: &[f32],
-    kv_src: &[f32],
+    p: &edge_kernels::AttentionParams,
+    q: &[f32],
+    kv: &[f32],
     key_mask: Option<&[f32]>,
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    let hd = p.head_dim;
-    let width = p.heads * hd;
-    edge_kernels::contract::attention(p, q_src, kv_src, key_mask, bias, out);
-    if p.lq == 0 || width == 0 {
-        return;
-    }
-    out.par_chunks_mut(QUERY_TILE * width)
-        .enumerate()
-        .for_each(|(t, rows)| {
-            let i0 = t * QUERY_TILE;
-            for h in 0..p.heads {
-                // SAFETY: NEON is part of the aarch64 baseline, so the target feature is
-                // present.
-                unsafe { attend_rows(p, q_src, kv_src, key_mask, bias, h, i0, rows) };
-            }
-        });
-}
-
-/// Four f32 at `s[i..i + 4]`.
-///
-/// # Safety
-/// `i + 4 <= s.len()`.
-#[inline]
-#[target_feature(enable = "neon")]
-unsafe fn load4(s: &[f32], i: usize) -> float32x4_t {
-    debug_assert!(i + 4 <= s.len());
-    // SAFETY: the caller guarantees `i + 4 <= s.len()`; `ld1` reads unaligned.
-    unsafe { vld1q_f32(s.as_ptr().add(i)) }
-}
-
-/// Stores four f32 at `s[i..i + 4]`.
-///
-/// # Safety
-/// `i + 4 <= s.len()`.
-#[inline]
-#[target_feature(enable = "neon")]
-unsafe fn store4(s: &mut [f32], i: usize, v: float32x4_t) {
-    debug_assert!(i + 4 <= s.len());
-    // SAFETY: the caller guarantees `i + 4 <= s.len()`; `st1` writes unaligned.
-    unsafe { vst1q_f32(s.as_mut_ptr().add(i), v) }
-}
-
-/// `out[r][c] = qs[r] · ks[c]` over `hd` elements in the order of the module doc.
-#[inline]
-#[target_feature(enable = "neon")]
-fn dots<const R: usize, const C: usize>(
-    qs: &[&[f32]; R],
-    ks: &[&[f32]; C],
-    hd: usize,
-) -> [[f32; C]; R] {
-    for s in qs.iter().chain(ks) {
-        assert!(s.len() >= hd);
-    }
-    let full = hd - hd % 4;
-    let zero = vdupq_n_f32(0.0);
-    let mut acc = [[zero; C]; R];
-    let mut base = 0;
-    while base < full {
-        let mut qv = [zero; R];
-        let mut kv = [zero; C];
-        for r in 0..R {
-            // SAFETY: base + 4 <= full <= hd <= qs[r].len() (asserted above).
-            qv[r] = unsafe { load4(qs[r], base) };
-        }
-        for c in 0..C {
-            // SAFETY: base + 4 <= full <= hd <= ks[c].len() (asserted above).
-            kv[c] = unsafe { load4(ks[c], base) };
-        }
-        for r in 0..R {
-            for c in 0..C {
-                acc[r][c] = vfmaq_f32(acc[r][c], qv[r], kv[c]);
-            }
-        }
-        base += 4;
-    }
-    let mut out = [[0.0f32; C]; R];
-    for r in 0..R {
-        for c in 0..C {
-            let mut s = vaddvq_f32(acc[r][c]);
-            for t in full..hd {
-                s = qs[r][t].mul_add(ks[c][t], s);
-            }
-            out[r][c] = s;
-        }
-    }
-    out
-}
-
-/// `scores[r][jj] = q_r · k_{j0 + jj}` for the `R` query rows `qs` and the `nk` keys `ks`.
-#[inline]
-#[target_feature(enable = "neon")]
-fn tile_dots<const R: usize>(
-    qs: &[&[f32]; R],
-    ks: &[&[f32]],
-    hd: usize,
-    scores: &mut [[f32; KEY_TILE]; QUERY_TILE],
-) {
-    let nk = ks.len();
-    let full = nk - nk % KEY_REG;
-    for c0 in (0..full).step_by(KEY_REG) {
-        let kk: [&[f32]; KEY_REG] = std::array::from_fn(|c| ks[c0 + c]);
-        let d = dots::<R, KEY_REG>(qs, &kk, hd);
-        for r in 0..R {
-            scores[r][c0..c0 + KEY_REG].copy_from_slice(&d[r]);
-        }
-    }
-    for c in full..nk {
-        let d = dots::<R, 1>(qs, &[ks[c]], hd);
-        for r in 0..R {
-            scores[r][c] = d[r][0];
-        }
-    }
-}
-
-/// Largest of `s` with `f32::max` semantics (NaN ignored; `−∞` for no elements).
-#[target_feature(enable = "neon")]
-fn max_of(s: &[f32]) -> f32 {
-    let full = s.len() - s.len() % 4;
-    let mut m = f32::NEG_INFINITY;
-    if full > 0 {
-        let mut mv = vdupq_n_f32(f32::NEG_INFINITY);
-        for i in (0..full).step_by(4) {
-            // SAFETY: i + 4 <= full <= s.len().
-            mv = vmaxnmq_f32(mv, unsafe { load4(s, i) });
-        }
-        m = vmaxnmvq_f32(mv);
-    }
-    s[full..].iter().copied().fold(m, f32::max)
-}
-
-/// `exp(y)` per lane with `exp4`, 0 where `y < −87.3` (`exp4` clamps there).
-#[inline]
-#[target_feature(enable = "neon")]
-fn exp4_flush(y: float32x4_t) -> float32x4_t {
-    let under = vcltq_f32(y, vdupq_n_f32(-87.3));
-    vbslq_f32(under, vdupq_n_f32(0.0), exp4(y))
-}
-
-/// `s[j] = exp(s[j] − max)` in place.
-#[target_feature(enable = "neon")]
-fn exp_shifted(s: &mut [f32], max: f32) {
-    let mv = vdupq_n_f32(max);
-    let full = s.len() - s.len() % 4;
-    for i in (0..full).step_by(4) {
-        // SAFETY: i + 4 <= full <= s.len().
-        let y = vsubq_f32(unsafe { load4(s, i) }, mv);
-        // SAFETY: as above.
-        unsafe { store4(s, i, exp4_flush(y)) };
-    }
-    if full < s.len() {
-        let n = s.len() - full;
-        let mut buf = [0.0f32; 4];
-        buf[..n].copy_from_slice(&s[full..]);
-        // SAFETY: `buf` has 4 elements.
-        let y = vsubq_f32(unsafe { load4(&buf, 0) }, mv);
-        // SAFETY: as above.
-        unsafe { store4(&mut buf, 0, exp4_flush(y)) };
-        s[full..].copy_from_slice(&buf[..n]);
-    }
-}
-
-/// `a *= c` element-wise.
-#[target_feature(enable = "neon")]
-fn scale_in_place(a: &mut [f32], c: f32) {
-    let full = a.len() - a.len() % 4;
-    for i in (0..full).step_by(4) {
-        // SAFETY: i + 4 <= full <= a.len().
-        let v = vmulq_n_f32(unsafe { load4(a, i) }, c);
-        // SAFETY: as above.
-        unsafe { store4(a, i, v) };
-    }
-    for x in &mut a[full..] {
-        *x *= c;
-    }
-}
-
-/// `a += Σ_jj w[jj] · vs[jj]`, keys in increasing `jj`, each step one fused multiply-add per
-/// element; `a` is held in registers for 16 elements at a time.
-#[target_feature(enable = "neon")]
-fn accumulate(a: &mut [f32], w: &[f32], vs: &[&[f32]]) {
-    let hd = a.len();
-    for v in vs {
-        assert!(v.len() >= hd);
-    }
-    let full16 = hd - hd % 16;
-    let full4 = hd - hd % 4;
-    for base in (0..full16).step_by(16) {
-        // SAFETY: base + 16 <= full16 <= hd = a.len().
-        let mut r: [float32x4_t; 4] = std::array::from_fn(|k| unsafe { load4(a, base + 4 * k) });
-        for (&wj, v) in w.iter().zip(vs) {
-            for k in 0..4 {
-                // SAFETY: base + 4k + 4 <= full16 <= hd <= v.len() (asserted above).
-                r[k] = vfmaq_n_f32(r[k], unsafe { load4(v, base + 4 * k) }, wj);
-            }
-        }
-        for k in 0..4 {
-            // SAFETY: as the load above.
-            unsafe { store4(a, base + 4 * k, r[k]) };
-        }
-    }
-    for base in (full16..full4).step_by(4) {
-        // SAFETY: base + 4 <= full4 <= hd = a.len().
-        let mut r = unsafe { load4(a, base) };
-        for (&wj, v) in w.iter().zip(vs) {
-            // SAFETY: base + 4 <= hd <= v.len().
-            r = vfmaq_n_f32(r, unsafe { load4(v, base) }, wj);
-        }
-        // SAFETY: as the load above.
-        unsafe { store4(a, base, r) };
-    }
-    for t in full4..hd {
-        let mut x = a[t];
-        for (&wj, v) in w.iter().zip(vs) {
-            x = wj.mul_add(v[t], x);
-        }
-        a[t] = x;
-    }
-}
-
-/// `a / d` element-wise into `dst`.
-#[target_feature(enable = "neon")]
-fn divide_into(dst: &mut [f32], a: &[f32], d: f32) {
-    let n = dst.len();
-    assert!(a.len() >= n);
-    let dv = vdupq_n_f32(d);
-    let full = n - n % 4;
-    for i in (0..full).step_by(4) {
-        // SAFETY: i + 4 <= full <= n <= a.len(), dst.len().
-        let v = vdivq_f32(unsafe { load4(a, i) }, dv);
-        // SAFETY: as above.
-        unsafe { store4(dst, i, v) };
-    }
-    for i in full..n {
-        dst[i] = a[i] / d;
-    }
-}
-
-/// Computes head `h` of the query rows `i0 .. i0 + rows.len() / width` into `rows`.
-#[target_feature(enable = "neon")]
-fn attend_rows(
-    p: &AttentionParams,
-    q_src: &[f32],
-    kv_src: &[f32],
-    key_mask: Option<&[f32]>,
-    bias: Option<&[f32]>,
-    h: usize,
-    i0: usize,
-    rows: &mut [f32],
-) {
-    let hd = p.head_dim;
-    let width = p.heads * hd;
-    let nq = rows.len() / width;
-    let mut acc = [[0.0f32; MAX_HEAD_DIM]; QUERY_TILE];
-    let mut run_max = [f32::NEG_INFINITY; QUERY_TILE];
-    let mut run_sum = [0.0f32; QUERY_TILE];
-    let mut scores = [[0.0f32; KEY_TILE]; QUERY_TILE];
-    let q_at = |i: usize| &q_src[i * p.q_stride + p.q_offset + h * hd..][..hd];
-    let k_at = |j: usize| &kv_src[j * p.kv_stride + p.k_offset + h * hd..][..hd];
-    let v_at = |j: usize| &kv_src[j * p.kv_stride + p.v_offset + h * hd..][..hd];
-    let qs: [&[f32]; QUERY_TILE] = std::array::from_fn(|r| q_at(i0 + r.min(nq - 1)));
-    let mut ks: [&[f32]; KEY_TILE] = [&[]; KEY_TILE];
-    let mut vs: [&[f32]; KEY_TILE] = [&[]; KEY_TILE];
-
-    for j0 in (0..p.lk).step_by(KEY_TILE) {
-        let nk = KEY_TILE.min(p.lk - j0);
-        for jj in 0..nk {
-            ks[jj] = k_at(j0 + jj);
-            vs[jj] = v_at(j0 + jj);
-        }
-        match nq {
-            1 => tile_dots::<1>(&[qs[0]], &ks[..nk], hd, &mut scores),
-            2 => tile_dots::<2>(&[qs[0], qs[1]], &ks[..nk], hd, &mut scores),
-            3 => tile_dots::<3>(&[qs[0], qs[1], qs[2]], &ks[..nk], hd, &mut scores),
-            _ => tile_dots::<4>(&qs, &ks[..nk], hd, &mut scores),
-        }
-        for r in 0..nq {
-            let i = i0 + r;
-            let s = &mut scores[r][..nk];
-            for (jj, sj) in s.iter_mut().enumerate() {
-                let j = j0 + jj;
-                let mut v = p.scale * *sj;
-                if let Some(b) = bias {
-                    v += b[(h * p.lq + i) * p.lk + j];
-                }
-                if let Some(m) = key_mask {
-                    v += (1.0 - m[j]) * p.masked_value;
-                }
-                *sj = v;
-            }
-            let new_max = run_max[r].max(max_of(s));
-            let correction = (run_max[r] - new_max).exp();
-            let a = &mut acc[r][..hd];
-            if correction != 1.0 {
-                scale_in_place(a, correction);
-            }
-            exp_shifted(s, new_max);
-            let mut sum = run_sum[r] * correction;
-            for &w in s.iter() {
-                sum += w;
-            }
-            accumulate(a, s, &vs[..nk]);
-            run_sum[r] = sum;
-            run_max[r] = new_max;
-        }
-    }
-    for r in 0..nq {
-        divide_into(
-            &mut rows[r * width + h * hd..][..hd],
-            &acc[r][..hd],
-            run_sum[r],
-        );
-    }
+    edge_kernels::attention_with(&NEON, p, q, kv, key_mask, bias, out)
 }

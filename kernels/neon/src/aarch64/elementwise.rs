@@ -2,92 +2,74 @@
 //! activations, four lanes at a time.
 //!
 //! ReLU is a compare and select (`x < 0 ? 0 : x`, so −0 and NaN pass as in the generic
-//! kernel: bit-identical). tanh is the generic kernel's formula, `1 − 2/(exp(2|u|) + 1)` with
-//! the sign of `u` copied on, over the `exp` below.
-//!
-//! Both are written as `x · sigmoid(t) = x / (1 + exp(−t))`: SiLU with `t = x` (torch
-//! `nn.SiLU`), GELU-tanh with `t = 2·√(2/π)·(x + 0.044715·x³)`, since
-//! `0.5·(1 + tanh(u)) = sigmoid(2u)` (torch `GELU(approximate="tanh")`). `exp` is evaluated
-//! with the usual range reduction `exp(y) = 2ⁿ·exp(r)`, `n = round(y·log₂e)`,
-//! `r = y − n·ln2` (ln2 split in a high and a low part, fused), and the degree-7 Taylor
-//! polynomial of `exp(r)` on `|r| ≤ ln2/2` (truncation error below 1e-8 relative); `y` is
-//! clamped to `[−87.3, 88.3]` so that `2ⁿ` is a normal f32 (`+inf` above the clamp, as libm). Results differ from the generic
-//! kernels (libm `exp`/`tanh`) by a few f32 ulps; every lane is independent, so any work split
-//! gives identical results.
+//! kernel). SiLU (`x / (1 + exp(−x))`), GELU-tanh (`(0.5·x)·(1 + tanh(√(2/π)·(x + κ·x³)))`) and
+//! tanh (`1 − 2/(exp(2|u|) + 1)` with the sign of `u` copied on) are the generic formulas
+//! ([`edge_kernels::silu_f32`], [`edge_kernels::gelu_tanh_f32`], [`edge_kernels::expf`]) with
+//! every lane performing the scalar operations in their order (no fused multiply-add) and
+//! [`exp4`] the generic polynomial `exp`: all four kernels are bit-identical to the generic ones.
 
 use std::arch::aarch64::{
-    float32x4_t, vabsq_f32, vaddq_f32, vaddq_s32, vbslq_f32, vcgtq_f32, vcltq_f32, vcvtq_s32_f32,
-    vdivq_f32, vdupq_n_f32, vdupq_n_s32, vdupq_n_u32, vfmaq_f32, vfmsq_f32, vld1q_f32, vmaxq_f32,
-    vminq_f32, vmulq_f32, vnegq_f32, vreinterpretq_f32_s32, vrndnq_f32, vshlq_n_s32, vst1q_f32,
-    vsubq_f32,
+    float32x4_t, vabsq_f32, vaddq_f32, vaddq_s32, vbslq_f32, vceqq_f32, vcgtq_f32, vcltq_f32,
+    vcvtq_s32_f32, vdivq_f32, vdupq_n_f32, vdupq_n_s32, vdupq_n_u32, vld1q_f32, vmulq_f32,
+    vmvnq_u32, vnegq_f32, vreinterpretq_f32_s32, vrndnq_f32, vshlq_n_s32, vshrq_n_s32, vst1q_f32,
+    vsubq_f32, vsubq_s32,
 };
 
+use edge_kernels::expf::{EXP_HI, EXP_LO, EXP_POLY, LN2_HI, LN2_LO, LOG2E};
+use edge_kernels::{GELU_KAPPA, GELU_SQRT_2_OVER_PI};
 use rayon::prelude::*;
 
 /// Elements per task (as the generic kernels).
 const CHUNK: usize = 1 << 14;
 
-/// `exp(y)` per lane, see the module doc.
+/// [`edge_kernels::expf::exp_f32`] on four lanes: the same operations in the same order
+/// (`n = round_ties_even(x·log₂e)`, `r = (x − n·ln2_hi) − n·ln2_lo`, Horner unfused, two exact
+/// power-of-two factors; 0 below `EXP_LO`, +∞ above `EXP_HI`, NaN kept).
 #[inline]
 #[target_feature(enable = "neon")]
-pub(super) fn exp4(y: float32x4_t) -> float32x4_t {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    // ln 2 = LN2_HI + LN2_LO, LN2_HI with 8 trailing zero bits (n·LN2_HI is exact for |n| < 2⁸).
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    let overflow = vcgtq_f32(y, vdupq_n_f32(88.3));
-    let y = vminq_f32(vmaxq_f32(y, vdupq_n_f32(-87.3)), vdupq_n_f32(88.3));
-    let n = vrndnq_f32(vmulq_f32(y, vdupq_n_f32(LOG2E)));
-    let r = vfmsq_f32(vfmsq_f32(y, n, vdupq_n_f32(LN2_HI)), n, vdupq_n_f32(LN2_LO));
-    // Horner, 1/7! … 1/1!, 1.
-    let c = [
-        1.0 / 5040.0,
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ];
-    let mut p = vdupq_n_f32(c[0]);
-    for &ci in &c[1..] {
-        p = vfmaq_f32(vdupq_n_f32(ci), p, r);
+pub(super) fn exp4(x: float32x4_t) -> float32x4_t {
+    let n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(LOG2E)));
+    let r = vsubq_f32(
+        vsubq_f32(x, vmulq_f32(n, vdupq_n_f32(LN2_HI))),
+        vmulq_f32(n, vdupq_n_f32(LN2_LO)),
+    );
+    let mut p = vdupq_n_f32(EXP_POLY[0]);
+    for &c in &EXP_POLY[1..] {
+        p = vaddq_f32(vmulq_f32(p, r), vdupq_n_f32(c));
     }
-    // 2ⁿ from the exponent bits; n ∈ [−126, 127] after the clamp.
-    let e = vshlq_n_s32::<23>(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)));
-    let v = vmulq_f32(p, vreinterpretq_f32_s32(e));
-    // Above the clamp exp overflows: +inf, as libm (so x·sigmoid(t) → ±0 for t → −∞).
-    vbslq_f32(overflow, vdupq_n_f32(f32::INFINITY), v)
+    let one = vdupq_n_f32(1.0);
+    p = vaddq_f32(vmulq_f32(p, r), one);
+    p = vaddq_f32(vmulq_f32(p, r), one);
+    let ni = vcvtq_s32_f32(n);
+    let n1 = vshrq_n_s32::<1>(ni);
+    let n2 = vsubq_s32(ni, n1);
+    let bias = vdupq_n_s32(127);
+    let s1 = vreinterpretq_f32_s32(vshlq_n_s32::<23>(vaddq_s32(n1, bias)));
+    let s2 = vreinterpretq_f32_s32(vshlq_n_s32::<23>(vaddq_s32(n2, bias)));
+    let y = vmulq_f32(vmulq_f32(p, s1), s2);
+    let y = vbslq_f32(vcltq_f32(x, vdupq_n_f32(EXP_LO)), vdupq_n_f32(0.0), y);
+    let y = vbslq_f32(vcgtq_f32(x, vdupq_n_f32(EXP_HI)), vdupq_n_f32(f32::INFINITY), y);
+    vbslq_f32(vmvnq_u32(vceqq_f32(x, x)), x, y)
 }
 
-/// `x / (1 + exp(−t))` per lane.
-#[inline]
-#[target_feature(enable = "neon")]
-fn x_sigmoid(x: float32x4_t, t: float32x4_t) -> float32x4_t {
-    vdivq_f32(x, vaddq_f32(vdupq_n_f32(1.0), exp4(vnegq_f32(t))))
-}
-
-/// SiLU of four lanes.
+/// SiLU of four lanes: `x / (1 + exp(−x))`.
 #[inline]
 #[target_feature(enable = "neon")]
 fn silu4(x: float32x4_t) -> float32x4_t {
-    x_sigmoid(x, x)
+    vdivq_f32(x, vaddq_f32(vdupq_n_f32(1.0), exp4(vnegq_f32(x))))
 }
 
-/// GELU-tanh of four lanes: `t = 2·√(2/π)·(x + 0.044715·x³)`.
+/// GELU-tanh of four lanes: `(0.5·x)·(1 + tanh(√(2/π)·(x + κ·((x·x)·x))))`.
 #[inline]
 #[target_feature(enable = "neon")]
 fn gelu4(x: float32x4_t) -> float32x4_t {
-    // 2·√(2/π), from the generic kernel's f32 constant (doubling is exact).
-    const TWO_SQRT_2_OVER_PI: f32 = 2.0 * 0.797_884_6;
-    const KAPPA: f32 = 0.044715;
-    let x3 = vmulq_f32(vmulq_f32(x, x), x);
-    let t = vmulq_f32(
-        vdupq_n_f32(TWO_SQRT_2_OVER_PI),
-        vfmaq_f32(x, vdupq_n_f32(KAPPA), x3),
+    let cube = vmulq_f32(vmulq_f32(x, x), x);
+    let inner = vmulq_f32(
+        vdupq_n_f32(GELU_SQRT_2_OVER_PI),
+        vaddq_f32(x, vmulq_f32(vdupq_n_f32(GELU_KAPPA), cube)),
     );
-    x_sigmoid(x, t)
+    let half_x = vmulq_f32(vdupq_n_f32(0.5), x);
+    vmulq_f32(half_x, vaddq_f32(vdupq_n_f32(1.0), tanh4(inner)))
 }
 
 /// ReLU of four lanes: `x < 0 ? 0 : x`.

@@ -72,7 +72,7 @@ fn base_table() -> KernelTable {
         run: upsample::upsample_nearest2x,
     };
     t.attention = Kernel {
-        name: "neon_attention_f32_x4",
+        name: "neon_attention_f32_4q",
         run: attention::attention,
     };
     t.add = Kernel {
@@ -160,7 +160,9 @@ pub(crate) fn linear_variant_name(table: &KernelTable, dtype: DType) -> &'static
         _ => return "generic_linear_f32",
     };
     match (dtype, path) {
-        (DType::F32 | DType::F16 | DType::BF16, _) => tile::NEON.name,
+        (DType::F32, _) => "neon_linear_f32_6x16",
+        (DType::F16, _) => "neon_linear_f16_6x16",
+        (DType::BF16, _) => "neon_linear_bf16_6x16",
         (DType::Q8_0, IntPath::Base) => "neon_linear_q8_0_base",
         (DType::Q8_0, IntPath::DotProd) => "neon_linear_q8_0_dotprod",
         (DType::Q8_0, IntPath::I8mm) => "neon_linear_q8_0_i8mm_2x4",

@@ -5,24 +5,21 @@
 //! As the generic kernels (`edge_kernels::{layer_norm, rms_norm}`: torch `nn.LayerNorm`,
 //! transformers `T5LayerNorm`), the statistics are computed in f64: the f32 inputs are widened
 //! (`fcvtl`/`fcvtl2`) and summed in four f64 lanes (two `float64x2_t` accumulators, combined in
-//! a fixed order, then the `d % 4` tail in order). LayerNorm normalizes in f64 and rounds once;
-//! RMSNorm computes `weight · (x · r)` in f32 as torch does. The summation order differs from the
-//! generic sequential f64 sum, so the f64 statistics differ in their last bits and an output can
-//! differ from the generic one by one f32 rounding (tests allow 2 ulps). Every row is computed by
-//! one task in a fixed order: results do not depend on the thread count.
+//! a fixed order, then the `d % 4` tail in order; squares unfused): the order of the generic
+//! [`edge_kernels::lane_sum`], so statistics and outputs are bit-identical. LayerNorm normalizes
+//! in f64 and rounds once; RMSNorm computes `weight · (x · r)` in f32 as torch does. Every row
+//! is computed by one task in a fixed order: results do not depend on the thread count.
 //!
 //! GroupNorm (torch `nn.GroupNorm`, generic twin `edge_kernels::group_norm`): each group's
 //! `c/groups · hw` values are contiguous; its mean and biased variance are two-pass f64 sums in
 //! the same four lanes (one task per group, fixed order), and each output is
 //! `((x − mean) · rstd) · weight + bias` in f64 in the generic kernel's operation order, rounded
-//! once. Only the f64 summation order differs from the generic kernel: the statistics differ by
-//! a relative ~`n·2⁻⁵³` at most, so an output can differ by one f32 rounding (tests allow 2 ulps
-//! plus `1e-7` absolute). The normalization (`group_norm_apply`) is bit-identical to the generic
-//! one for the same statistics and parallel over channels.
+//! once: bit-identical to the generic kernel. The normalization (`group_norm_apply`) is parallel
+//! over channels.
 
 use std::arch::aarch64::{
     float64x2_t, vaddq_f64, vaddvq_f64, vcvt_f32_f64, vcvt_f64_f32, vcvt_high_f32_f64,
-    vcvt_high_f64_f32, vdupq_n_f32, vdupq_n_f64, vfmaq_f64, vget_low_f32, vld1q_f32, vmulq_f32,
+    vcvt_high_f64_f32, vdupq_n_f32, vdupq_n_f64, vget_low_f32, vld1q_f32, vmulq_f32,
     vmulq_f64, vst1q_f32, vsubq_f64,
 };
 
@@ -53,8 +50,8 @@ fn lane_sum<const SQUARE: bool>(x: &[f32], shift: f64) -> f64 {
         let (lo, hi) = widen(c);
         let (lo, hi) = (vsubq_f64(lo, s), vsubq_f64(hi, s));
         if SQUARE {
-            a0 = vfmaq_f64(a0, lo, lo);
-            a1 = vfmaq_f64(a1, hi, hi);
+            a0 = vaddq_f64(a0, vmulq_f64(lo, lo));
+            a1 = vaddq_f64(a1, vmulq_f64(hi, hi));
         } else {
             a0 = vaddq_f64(a0, lo);
             a1 = vaddq_f64(a1, hi);
