@@ -4,7 +4,7 @@ use edge_schema::DType;
 use rayon::prelude::*;
 
 use crate::contract;
-use crate::gemm::{gemm, Bias, F32Tile, Operand, GENERIC_TILE, MAX_TILE_COLS};
+use crate::gemm::{gemm, Bias, F32Tile, GENERIC_TILE, MAX_TILE_COLS};
 use crate::weights::{convert_row, f32_view, f32_view_mut, WeightRef};
 
 /// Geometry of one 2-D convolution (torch `nn.Conv2d`, groups = 1, dilation = 1) with
@@ -172,18 +172,7 @@ pub fn conv2d_with(
             .for_each(|(pi, panel)| {
                 im2col_panel(p, x, p0 + pi * tc, (np - pi * tc).min(tc), panel, tc)
             });
-        gemm(
-            tile,
-            wf,
-            p.cout,
-            kk,
-            Operand::Panels(panels),
-            np,
-            p0,
-            npix,
-            b,
-            out,
-        );
+        gemm(tile, wf, p.cout, kk, panels, np, p0, npix, b, out);
     }
 }
 

@@ -5,12 +5,12 @@ use rayon::prelude::*;
 
 use edge_schema::plan::PackLayout;
 
-use crate::gemm::{gemm, Bias, F32Tile, Operand, GENERIC_TILE};
+use crate::gemm::{gemm, Bias, F32Tile, GENERIC_TILE, MAX_TILE_COLS};
 use crate::weights::{convert_row, f32_view, f32_view_mut, WeightRef};
 use crate::{contract, pack, quant};
 
-/// Weight rows converted to f32 at a time for `F16`/`BF16` weights.
-const PANEL: usize = 64;
+/// Weight rows (output columns) packed to f32 panels at a time for `F32`/`F16`/`BF16` weights.
+const PANEL: usize = MAX_TILE_COLS;
 
 /// Weight columns (rows of `w`) that a blocked quantized `linear` kernel repacks at a time for
 /// the 32-element block types (`Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`): the scratch of
@@ -22,15 +22,14 @@ pub const QUANT_PANEL_COLS: usize = 64;
 pub const QUANT_PANEL_BLOCK_BYTES: usize = 44;
 
 /// Scratch bytes [`linear`] needs for weights of type `w_dtype`, `m` activation rows and `k`
-/// input features: 0 for `F32`; `64·k·4` for `F16`/`BF16` (a panel of 64 weight rows converted
-/// to f32); `m · quant::activation_row_bytes(w_dtype, k)` for quantized types (each activation
+/// input features: `64·k·4` for `F32`/`F16`/`BF16` (64 weight rows converted to f32 and packed
+/// in the GEMM driver's panels); `m · quant::activation_row_bytes(w_dtype, k)` for quantized types (each activation
 /// row quantized once, ggml's `vec_dot_type`), plus, for the 32-element block types,
 /// [`quant_panel_bytes`]`(k)` for the repacked weight panel that the SIMD twins use (the
 /// generic kernel leaves it unused; the planner sizes every plan for the fastest twin).
 pub fn linear_scratch_bytes(w_dtype: DType, m: usize, k: usize) -> usize {
     match w_dtype {
-        DType::F32 => 0,
-        DType::F16 | DType::BF16 => PANEL * k * 4,
+        DType::F32 | DType::F16 | DType::BF16 => PANEL * k * 4,
         d if d.is_quantized() => {
             let (acts, panel) = quant_scratch_layout(d, m, k);
             acts + panel
@@ -126,6 +125,8 @@ pub fn linear_plain(
     plain(tile, x, w, wrow, bias, out, m, k, n, scratch);
 }
 
+/// `F32`/`F16`/`BF16`: packs [`PANEL`] weight rows at a time into the tile's panels in
+/// `scratch` (converted exactly to f32), then runs the GEMM driver on them.
 fn plain(
     tile: &F32Tile,
     x: &[f32],
@@ -139,41 +140,48 @@ fn plain(
     scratch: &mut [u8],
 ) {
     if w.dtype == DType::F32 {
-        let wf = f32_view(w.bytes, "linear weight (F32)");
-        let b = bias.map_or(Bias::None, Bias::PerCol);
-        gemm(tile, x, m, k, Operand::Rows(wf), n, 0, n, b, out);
-    } else {
-        linear_panels(tile, x, w, wrow, bias, out, m, k, n, scratch);
+        // F32 weights are viewed in place everywhere else: keep their alignment contract.
+        f32_view(w.bytes, "linear weight (F32)");
+    }
+    let panel = f32_view_mut(&mut scratch[..PANEL * k * 4], "linear scratch");
+    let tc = tile.cols;
+    let esz = wrow / k.max(1);
+    for j0 in (0..n).step_by(PANEL) {
+        let nb = PANEL.min(n - j0);
+        let np = nb.div_ceil(tc);
+        let panels = &mut panel[..np * k * tc];
+        if k > 0 {
+            for (p, dst) in panels.chunks_mut(k * tc).enumerate() {
+                dst.par_chunks_mut(PACK_FEATURES * tc)
+                    .enumerate()
+                    .for_each(|(ci, chunk)| {
+                        let t0 = ci * PACK_FEATURES;
+                        let kc = chunk.len() / tc;
+                        let mut row = [0f32; PACK_FEATURES];
+                        for c in 0..tc {
+                            let j = j0 + p * tc + c;
+                            if j < j0 + nb {
+                                let src = &w.bytes[j * wrow + t0 * esz..][..kc * esz];
+                                convert_row(w.dtype, src, &mut row[..kc]);
+                                for (t, &v) in row[..kc].iter().enumerate() {
+                                    chunk[t * tc + c] = v;
+                                }
+                            } else {
+                                for t in 0..kc {
+                                    chunk[t * tc + c] = 0.0;
+                                }
+                            }
+                        }
+                    });
+            }
+        }
+        let b = bias.map_or(Bias::None, |b| Bias::PerCol(&b[j0..j0 + nb]));
+        gemm(tile, x, m, k, panels, nb, j0, n, b, out);
     }
 }
 
-/// F16/BF16: converts `PANEL` weight rows at a time to f32 in `scratch`, then runs the f32 tile.
-fn linear_panels(
-    tile: &F32Tile,
-    x: &[f32],
-    w: WeightRef<'_>,
-    wrow: usize,
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-    m: usize,
-    k: usize,
-    n: usize,
-    scratch: &mut [u8],
-) {
-    let panel = f32_view_mut(&mut scratch[..PANEL * k * 4], "linear scratch");
-    for j0 in (0..n).step_by(PANEL) {
-        let nb = PANEL.min(n - j0);
-        let wp = &mut panel[..nb * k];
-        if k > 0 {
-            wp.par_chunks_mut(k).enumerate().for_each(|(r, dst)| {
-                let src = &w.bytes[(j0 + r) * wrow..(j0 + r + 1) * wrow];
-                convert_row(w.dtype, src, dst);
-            });
-        }
-        let b = bias.map_or(Bias::None, |b| Bias::PerCol(&b[j0..j0 + nb]));
-        gemm(tile, x, m, k, Operand::Rows(wp), nb, j0, n, b, out);
-    }
-}
+/// Input features per packing task of [`plain`].
+const PACK_FEATURES: usize = 256;
 
 /// Columns of one output row per task in the quantized path.
 const QUANT_COLS: usize = 64;

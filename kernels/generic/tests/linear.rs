@@ -273,7 +273,7 @@ fn quantized_identical_for_any_thread_count() {
 
 #[test]
 fn scratch_sizes() {
-    assert_eq!(linear_scratch_bytes(DType::F32, 100, 64), 0);
+    assert_eq!(linear_scratch_bytes(DType::F32, 100, 64), 64 * 64 * 4);
     assert_eq!(linear_scratch_bytes(DType::F16, 100, 64), 64 * 64 * 4);
     // Quantized activations (rounded up to 64 bytes), then one repacked panel of 64 weight
     // columns for the 32-element block types (used by the SIMD twins).

@@ -739,7 +739,10 @@ fn reports_and_checks_the_chosen_path() {
                 format!("neon_linear_{name}_{kq}")
             );
         }
-        assert_eq!(linear_variant_name(&t, DType::BF16), "neon_linear_bf16_6x16");
+        assert_eq!(
+            linear_variant_name(&t, DType::BF16),
+            "neon_linear_bf16_6x16"
+        );
     } else {
         assert_eq!(t.linear.name, generic.linear.name);
     }

@@ -30,7 +30,10 @@ fn block_tile(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
     assert!((1..=QUERY_TILE).contains(&b.nq) && (1..=KEY_TILE).contains(&b.nk));
     assert!(hd <= MAX_HEAD_DIM && keys.len() >= hd * KEY_TILE);
     let last_v = (b.j0 + b.nk - 1) * p.kv_stride + p.v_offset + b.h * hd + hd;
-    assert!(last_v <= b.kv_src.len(), "attention: value rows outside kv_src");
+    assert!(
+        last_v <= b.kv_src.len(),
+        "attention: value rows outside kv_src"
+    );
     // SAFETY: Advanced SIMD is part of every aarch64 target; the packed keys hold
     // `hd · KEY_TILE` f32 and the tile's value rows end at or below `last_v ≤ kv_src.len()`
     // (asserted; rows grow with the key index); query rows are bounds-checked slices and the

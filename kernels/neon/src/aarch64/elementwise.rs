@@ -48,7 +48,11 @@ pub(super) fn exp4(x: float32x4_t) -> float32x4_t {
     let s2 = vreinterpretq_f32_s32(vshlq_n_s32::<23>(vaddq_s32(n2, bias)));
     let y = vmulq_f32(vmulq_f32(p, s1), s2);
     let y = vbslq_f32(vcltq_f32(x, vdupq_n_f32(EXP_LO)), vdupq_n_f32(0.0), y);
-    let y = vbslq_f32(vcgtq_f32(x, vdupq_n_f32(EXP_HI)), vdupq_n_f32(f32::INFINITY), y);
+    let y = vbslq_f32(
+        vcgtq_f32(x, vdupq_n_f32(EXP_HI)),
+        vdupq_n_f32(f32::INFINITY),
+        y,
+    );
     vbslq_f32(vmvnq_u32(vceqq_f32(x, x)), x, y)
 }
 

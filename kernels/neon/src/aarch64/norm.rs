@@ -19,8 +19,8 @@
 
 use std::arch::aarch64::{
     float64x2_t, vaddq_f64, vaddvq_f64, vcvt_f32_f64, vcvt_f64_f32, vcvt_high_f32_f64,
-    vcvt_high_f64_f32, vdupq_n_f32, vdupq_n_f64, vget_low_f32, vld1q_f32, vmulq_f32,
-    vmulq_f64, vst1q_f32, vsubq_f64,
+    vcvt_high_f64_f32, vdupq_n_f32, vdupq_n_f64, vget_low_f32, vld1q_f32, vmulq_f32, vmulq_f64,
+    vst1q_f32, vsubq_f64,
 };
 
 use rayon::prelude::*;

@@ -18,33 +18,33 @@ pub(super) const NEON: F32Tile = F32Tile {
     run: neon_tile,
 };
 
-fn neon_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32]) {
+fn neon_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {
     const C: usize = 16;
-    assert!((xs.len() == 6 || xs.len() == 1) && acc.len() >= xs.len() * C);
+    assert!((xs.len() == 6 || xs.len() == 1) && ld >= C && acc.len() >= (xs.len() - 1) * ld + C);
     assert!(panel.len() >= kc * C && xs.iter().all(|s| s.len() >= kc));
     // SAFETY: Advanced SIMD is part of every aarch64 target; every slice is as long as asserted
     // above and the accesses below stay inside those lengths.
     unsafe {
         if xs.len() == 6 {
-            rc::<6>(xs, panel, kc, acc)
+            rc::<6>(xs, panel, kc, acc, ld)
         } else {
-            rc::<1>(xs, panel, kc, acc)
+            rc::<1>(xs, panel, kc, acc, ld)
         }
     }
 }
 
 /// # Safety
-/// `xs` has `R` rows of ≥ `kc` f32, `panel` ≥ `16·kc`, `acc` ≥ `16·R`.
+/// `xs` has `R` rows of ≥ `kc` f32, `panel` ≥ `16·kc`, `acc` ≥ `(R − 1)·ld + 16`.
 #[inline]
 #[target_feature(enable = "neon")]
-unsafe fn rc<const R: usize>(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32]) {
+unsafe fn rc<const R: usize>(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {
     const C: usize = 4;
     let ap = acc.as_mut_ptr();
     let mut a: [[float32x4_t; C]; R] = [[vdupq_n_f32(0.0); C]; R];
     for (r, ar) in a.iter_mut().enumerate() {
         for (c, v) in ar.iter_mut().enumerate() {
-            // SAFETY: `16r + 4c + 4 ≤ 16·R ≤ acc.len()`.
-            *v = unsafe { vld1q_f32(ap.add(r * 16 + 4 * c)) };
+            // SAFETY: `r·ld + 4c + 4 ≤ (R − 1)·ld + 16 ≤ acc.len()`.
+            *v = unsafe { vld1q_f32(ap.add(r * ld + 4 * c)) };
         }
     }
     let xp: [*const f32; R] = std::array::from_fn(|r| xs[r].as_ptr());
@@ -65,7 +65,7 @@ unsafe fn rc<const R: usize>(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut 
     for (r, ar) in a.iter().enumerate() {
         for (c, v) in ar.iter().enumerate() {
             // SAFETY: as for the loads.
-            unsafe { vst1q_f32(ap.add(r * 16 + 4 * c), *v) };
+            unsafe { vst1q_f32(ap.add(r * ld + 4 * c), *v) };
         }
     }
 }

@@ -25,33 +25,39 @@ pub(crate) const AVX512: F32Tile = F32Tile {
     run: avx512_tile,
 };
 
-fn avx2_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32]) {
+fn avx2_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {
     const C: usize = 16;
-    assert!((xs.len() == 6 || xs.len() == 1) && acc.len() >= xs.len() * C);
+    assert!((xs.len() == 6 || xs.len() == 1) && ld >= C && acc.len() >= (xs.len() - 1) * ld + C);
     assert!(panel.len() >= kc * C && xs.iter().all(|s| s.len() >= kc));
     // SAFETY: AVX2 and FMA are the features these functions enable; this tile is put in a kernel
     // table only by `crate::x86_64` after `edge_kernels::cpu::features()` reported both. Every
     // slice is as long as asserted above and the accesses stay below those lengths.
     unsafe {
         if xs.len() == 6 {
-            avx2_rc::<6>(xs, panel, kc, acc)
+            avx2_rc::<6>(xs, panel, kc, acc, ld)
         } else {
-            avx2_rc::<1>(xs, panel, kc, acc)
+            avx2_rc::<1>(xs, panel, kc, acc, ld)
         }
     }
 }
 
 /// # Safety
-/// AVX2 and FMA present; `xs` has `R` rows of ≥ `kc` f32, `panel` ≥ `16·kc`, `acc` ≥ `16·R`.
+/// AVX2 and FMA present; `xs` has `R` rows of ≥ `kc` f32, `panel` ≥ `16·kc`, `acc` ≥ `(R − 1)·ld + 16`.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn avx2_rc<const R: usize>(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32]) {
+unsafe fn avx2_rc<const R: usize>(
+    xs: &[&[f32]],
+    panel: &[f32],
+    kc: usize,
+    acc: &mut [f32],
+    ld: usize,
+) {
     const C: usize = 2;
     let mut a = [[_mm256_setzero_ps(); C]; R];
     let ap = acc.as_mut_ptr();
     for (r, ar) in a.iter_mut().enumerate() {
         for (c, v) in ar.iter_mut().enumerate() {
-            // SAFETY: `16r + 8c + 8 ≤ 16·R ≤ acc.len()` (the caller's guarantee).
-            *v = unsafe { _mm256_loadu_ps(ap.add(r * 16 + 8 * c)) };
+            // SAFETY: `r·ld + 8c + 8 ≤ (R − 1)·ld + 16 ≤ acc.len()` (the caller's guarantee).
+            *v = unsafe { _mm256_loadu_ps(ap.add(r * ld + 8 * c)) };
         }
     }
     let xp: [*const f32; R] = std::array::from_fn(|r| xs[r].as_ptr());
@@ -72,14 +78,14 @@ unsafe fn avx2_rc<const R: usize>(xs: &[&[f32]], panel: &[f32], kc: usize, acc: 
     for (r, ar) in a.iter().enumerate() {
         for (c, v) in ar.iter().enumerate() {
             // SAFETY: as for the loads.
-            unsafe { _mm256_storeu_ps(ap.add(r * 16 + 8 * c), *v) };
+            unsafe { _mm256_storeu_ps(ap.add(r * ld + 8 * c), *v) };
         }
     }
 }
 
-fn avx512_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32]) {
+fn avx512_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {
     const C: usize = 64;
-    assert!((xs.len() == 6 || xs.len() == 1) && acc.len() >= xs.len() * C);
+    assert!((xs.len() == 6 || xs.len() == 1) && ld >= C && acc.len() >= (xs.len() - 1) * ld + C);
     assert!(panel.len() >= kc * C && xs.iter().all(|s| s.len() >= kc));
     // SAFETY: AVX-512F is the only feature these functions enable (its `vfmadd` forms are part
     // of the foundation); this tile is put in a kernel table only by `crate::x86_64` after
@@ -87,24 +93,30 @@ fn avx512_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32]) {
     // above and the accesses stay below those lengths.
     unsafe {
         if xs.len() == 6 {
-            avx512_rc::<6>(xs, panel, kc, acc)
+            avx512_rc::<6>(xs, panel, kc, acc, ld)
         } else {
-            avx512_rc::<1>(xs, panel, kc, acc)
+            avx512_rc::<1>(xs, panel, kc, acc, ld)
         }
     }
 }
 
 /// # Safety
-/// AVX-512F present; `xs` has `R` rows of ≥ `kc` f32, `panel` ≥ `64·kc`, `acc` ≥ `64·R`.
+/// AVX-512F present; `xs` has `R` rows of ≥ `kc` f32, `panel` ≥ `64·kc`, `acc` ≥ `(R − 1)·ld + 64`.
 #[target_feature(enable = "avx512f")]
-unsafe fn avx512_rc<const R: usize>(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32]) {
+unsafe fn avx512_rc<const R: usize>(
+    xs: &[&[f32]],
+    panel: &[f32],
+    kc: usize,
+    acc: &mut [f32],
+    ld: usize,
+) {
     const C: usize = 4;
     let mut a = [[_mm512_setzero_ps(); C]; R];
     let ap = acc.as_mut_ptr();
     for (r, ar) in a.iter_mut().enumerate() {
         for (c, v) in ar.iter_mut().enumerate() {
-            // SAFETY: `64r + 16c + 16 ≤ 64·R ≤ acc.len()` (the caller's guarantee).
-            *v = unsafe { _mm512_loadu_ps(ap.add(r * 64 + 16 * c)) };
+            // SAFETY: `r·ld + 16c + 16 ≤ (R − 1)·ld + 64 ≤ acc.len()` (the caller's guarantee).
+            *v = unsafe { _mm512_loadu_ps(ap.add(r * ld + 16 * c)) };
         }
     }
     let xp: [*const f32; R] = std::array::from_fn(|r| xs[r].as_ptr());
@@ -125,7 +137,7 @@ unsafe fn avx512_rc<const R: usize>(xs: &[&[f32]], panel: &[f32], kc: usize, acc
     for (r, ar) in a.iter().enumerate() {
         for (c, v) in ar.iter().enumerate() {
             // SAFETY: as for the loads.
-            unsafe { _mm512_storeu_ps(ap.add(r * 64 + 16 * c), *v) };
+            unsafe { _mm512_storeu_ps(ap.add(r * ld + 16 * c), *v) };
         }
     }
 }
