@@ -322,7 +322,7 @@ fn misaligned_f32_weight_panics_with_message() {
         1,
         2,
         1,
-        &mut [],
+        AlignedBytes::zeroed(linear_scratch_bytes(DType::F32, 1, 2)).bytes_mut(),
     );
 }
 
