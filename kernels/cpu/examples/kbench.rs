@@ -275,7 +275,16 @@ fn main() {
         rayon::current_num_threads(),
         edge_kernels_cpu::features().summary()
     );
-    let tables = edge_kernels_cpu::variants();
+    // `KBENCH_TABLES=avx512,avx512+vnni` keeps only those tables (the speed-up column is then
+    // relative to the first one kept), e.g. to profile one table with `perf record`.
+    let keep = std::env::var("KBENCH_TABLES").ok();
+    let tables: Vec<_> = edge_kernels_cpu::variants()
+        .into_iter()
+        .filter(|(l, _)| {
+            keep.as_deref()
+                .is_none_or(|k| k.split(',').any(|x| x == *l))
+        })
+        .collect();
     bench_other(&tables);
     for (m, k, n) in [
         (16, 192, 768),

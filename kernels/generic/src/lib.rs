@@ -49,8 +49,8 @@ pub use embed::{embedding, t5_position_bias, t5_relative_position_bucket, timest
 pub use gemm::{F32Tile, TileFn, GENERIC_TILE, KC, MAX_TILE, MAX_TILE_COLS, MAX_TILE_ROWS};
 pub use layout::{concat_axis, permute, slice_axis, upsample_nearest2x, MAX_RANK};
 pub use linear::{
-    linear, linear_plain, linear_scratch_bytes, quant_panel_bytes, quant_scratch_layout,
-    QUANT_PANEL_BLOCK_BYTES, QUANT_PANEL_COLS,
+    linear, linear_plain, linear_scratch_bytes, quant_panel_bytes, quant_panel_cols,
+    quant_scratch_layout, QUANT_PANEL_BLOCK_BYTES, QUANT_PANEL_COLS, QUANT_PANEL_MAX_BYTES,
 };
 pub use norm::{
     group_norm, group_norm_apply, group_norm_stats, lane_sum, layer_norm, rms_norm, GroupStats,

@@ -12,10 +12,21 @@ use crate::{contract, pack, quant};
 /// Weight rows (output columns) packed to f32 panels at a time for `F32`/`F16`/`BF16` weights.
 const PANEL: usize = MAX_TILE_COLS;
 
-/// Weight columns (rows of `w`) that a blocked quantized `linear` kernel repacks at a time for
-/// the 32-element block types (`Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`): the scratch of
-/// [`linear_scratch_bytes`] holds one such panel after the quantized activations.
+/// Granularity of the weight columns (rows of `w`) that a blocked quantized `linear` kernel
+/// repacks at a time for the 32-element block types (`Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`):
+/// the scratch of [`linear_scratch_bytes`] holds one panel of [`quant_panel_cols`] columns
+/// after the quantized activations.
 pub const QUANT_PANEL_COLS: usize = 64;
+
+/// Largest repacked panel in bytes (more columns per panel: fewer pack/compute phases per op).
+pub const QUANT_PANEL_MAX_BYTES: usize = 2 << 20;
+
+/// Columns of one repacked panel for `k` input features: as many multiples of
+/// [`QUANT_PANEL_COLS`] as fit [`QUANT_PANEL_MAX_BYTES`], at least one.
+pub fn quant_panel_cols(k: usize) -> usize {
+    let per_col = (k / 32).max(1) * QUANT_PANEL_BLOCK_BYTES;
+    (QUANT_PANEL_MAX_BYTES / per_col / QUANT_PANEL_COLS * QUANT_PANEL_COLS).max(QUANT_PANEL_COLS)
+}
 
 /// Bytes per weight column and 32-element block of a repacked quantized panel: 32 bytes of
 /// signed 8-bit values, the f32 block scale, an i32 correction term and the f32 block minimum.
@@ -52,10 +63,10 @@ pub fn quant_scratch_layout(w_dtype: DType, m: usize, k: usize) -> (usize, usize
     (acts, panel)
 }
 
-/// Bytes of one repacked panel of [`QUANT_PANEL_COLS`] weight columns of `k` elements
+/// Bytes of one repacked panel of [`quant_panel_cols`]`(k)` weight columns of `k` elements
 /// (`k / 32` blocks of [`QUANT_PANEL_BLOCK_BYTES`] per column).
 pub fn quant_panel_bytes(k: usize) -> usize {
-    QUANT_PANEL_COLS * (k / 32) * QUANT_PANEL_BLOCK_BYTES
+    quant_panel_cols(k) * (k / 32) * QUANT_PANEL_BLOCK_BYTES
 }
 
 /// `generic_linear_f32`: `out[i, j] = Σ_c x[i, c] · w[j, c] + bias[j]` (torch `nn.Linear`).

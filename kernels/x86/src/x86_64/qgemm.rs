@@ -7,7 +7,7 @@
 //! - Each activation row is quantized with the generic `quantize_activation_row` (`Q8_0` for
 //!   `Q8_0`/`Q4_0`/`Q5_0` weights, `Q8_1` for `Q4_1`/`Q5_1`), then its quants are biased to
 //!   unsigned, `u = q + 128` (one XOR with 0x80), which `vpdpbusd` needs in its first operand.
-//! - Weights are repacked [`QUANT_PANEL_COLS`] columns at a time into scratch: per group of 16
+//! - Weights are repacked [`quant_panel_cols`] columns at a time into scratch: per group of 16
 //!   columns and block, eight k-steps of `16 columns × 4 bytes` of signed values (the values
 //!   ggml's generic dot multiplies, [`quant::block32_values`]), then 16 f32 scales, 16 i32
 //!   corrections `−128 · Σ w` and 16 f32 minimums. One block-group is 704 bytes.
@@ -23,7 +23,7 @@
 
 use std::arch::x86_64::*;
 
-use edge_kernels::{quant, WeightRef, QUANT_PANEL_BLOCK_BYTES, QUANT_PANEL_COLS};
+use edge_kernels::{quant, quant_panel_cols, WeightRef, QUANT_PANEL_BLOCK_BYTES};
 use edge_schema::DType;
 use rayon::prelude::*;
 
@@ -93,9 +93,17 @@ pub(crate) fn linear(
     let (acts, rest) = scratch.split_at_mut(act_len);
     let panel = &mut rest[..panel_len];
     let acts = &mut acts[..m * arow];
+    let q8_0 = quant::activation_type(w.dtype) == quant::ActFormat::Q8_0;
     acts.par_chunks_mut(arow)
         .zip(x.par_chunks(k))
         .for_each(|(dst, src)| {
+            if q8_0 {
+                // SAFETY: AVX-512F/BW were detected before this kernel was put in a table;
+                // `dst` holds `k / 32` blocks of 34 bytes for the `k` values of `src` (the
+                // scratch layout of `quant_scratch_layout`).
+                unsafe { quantize_q8_0_biased(src, dst) };
+                return;
+            }
             quant::quantize_activation_row(w.dtype, src, dst);
             for blk in dst.chunks_exact_mut(ablock) {
                 for q in &mut blk[qoff..] {
@@ -105,8 +113,9 @@ pub(crate) fn linear(
         });
     let acts = &*acts;
     let rows_per_task = (m / 8).next_multiple_of(R).clamp(R, 10 * R);
-    for p0 in (0..n).step_by(QUANT_PANEL_COLS) {
-        let ncols = QUANT_PANEL_COLS.min(n - p0);
+    let pcols = quant_panel_cols(k);
+    for p0 in (0..n).step_by(pcols) {
+        let ncols = pcols.min(n - p0);
         let groups = ncols.div_ceil(GROUP);
         let panel = &mut panel[..groups * nb * GROUP_BLOCK];
         panel
@@ -143,6 +152,78 @@ pub(crate) fn linear(
                     }
                 }
             });
+    }
+}
+
+/// ggml's `quantize_row_q8_0_ref` (the generic [`quant::quantize_activation_row`] for `Q8_0`),
+/// 32 values per block in two zmm, with the quants stored biased (`q ^ 0x80 = q + 128`, as the
+/// VNNI tile reads them): `amax` of `|x|` (a maximum: order-free without NaN), `d = amax / 127`,
+/// `id = 1/d` (0 for `d = 0`) and the f16 scale in the generic scalar code, `round(x·id)` half
+/// away from zero as `t + (|x·id − t| ≥ ½ ? ±1 : 0)` with `t = trunc(x·id)` (both steps exact).
+/// A block holding NaN or ±∞ takes the generic scalar path (its fold and `as i8` saturation).
+///
+/// # Safety
+/// AVX-512F and BW present; `dst.len() == src.len() / 32 · 34`, `src.len()` a multiple of 32.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn quantize_q8_0_biased(src: &[f32], dst: &mut [u8]) {
+    assert!(src.len().is_multiple_of(32) && dst.len() == src.len() / 32 * 34);
+    let sign = _mm512_set1_epi32(i32::MIN);
+    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
+        // SAFETY: `x` holds 32 f32.
+        let (v0, v1) = unsafe {
+            (
+                _mm512_loadu_ps(x.as_ptr()),
+                _mm512_loadu_ps(x.as_ptr().add(16)),
+            )
+        };
+        let abs =
+            |v: __m512| _mm512_castsi512_ps(_mm512_andnot_si512(sign, _mm512_castps_si512(v)));
+        let (a0, a1) = (abs(v0), abs(v1));
+        let inf = _mm512_set1_ps(f32::INFINITY);
+        // Not finite: NaN (unordered) or |x| = ∞.
+        let bad =
+            _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(a0, inf) | _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(a1, inf);
+        if bad != 0 {
+            let mut blk = [edge_schema::blocks::BlockQ8_0 { d: 0, qs: [0; 32] }];
+            quant::quantize_row_q8_0(x, &mut blk);
+            b[..2].copy_from_slice(&blk[0].d.to_le_bytes());
+            for (o, &q) in b[2..].iter_mut().zip(&blk[0].qs) {
+                *o = (q as u8) ^ 0x80;
+            }
+            continue;
+        }
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        b[..2].copy_from_slice(&quant::fp32_to_fp16(d).to_le_bytes());
+        let idv = _mm512_set1_ps(id);
+        let half = _mm512_set1_ps(0.5);
+        let one = _mm512_set1_epi32(1f32.to_bits() as i32);
+        let round = |v: __m512| {
+            let y = _mm512_mul_ps(v, idv);
+            let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
+            let frac = abs(_mm512_sub_ps(y, t));
+            let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, half);
+            // ±1 with the sign of y.
+            let step = _mm512_castsi512_ps(_mm512_or_si512(
+                one,
+                _mm512_and_si512(sign, _mm512_castps_si512(y)),
+            ));
+            let r = _mm512_mask_add_ps(t, up, t, step);
+            _mm512_xor_si512(_mm512_cvtps_epi32(r), _mm512_set1_epi32(0x80))
+        };
+        let (q0, q1) = (round(v0), round(v1));
+        // SAFETY: bytes `2..34` of the block: two stores of 16 bytes.
+        unsafe {
+            _mm_storeu_si128(
+                b.as_mut_ptr().add(2) as *mut __m128i,
+                _mm512_cvtepi32_epi8(q0),
+            );
+            _mm_storeu_si128(
+                b.as_mut_ptr().add(18) as *mut __m128i,
+                _mm512_cvtepi32_epi8(q1),
+            );
+        }
     }
 }
 
