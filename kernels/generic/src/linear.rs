@@ -21,11 +21,16 @@ pub const QUANT_PANEL_COLS: usize = 64;
 /// Largest repacked panel in bytes (more columns per panel: fewer pack/compute phases per op).
 pub const QUANT_PANEL_MAX_BYTES: usize = 2 << 20;
 
+/// Most columns of one repacked panel.
+pub const QUANT_PANEL_MAX_COLS: usize = 512;
+
 /// Columns of one repacked panel for `k` input features: as many multiples of
-/// [`QUANT_PANEL_COLS`] as fit [`QUANT_PANEL_MAX_BYTES`], at least one.
+/// [`QUANT_PANEL_COLS`] as fit [`QUANT_PANEL_MAX_BYTES`], at least one and at most
+/// [`QUANT_PANEL_MAX_COLS`].
 pub fn quant_panel_cols(k: usize) -> usize {
     let per_col = (k / 32).max(1) * QUANT_PANEL_BLOCK_BYTES;
-    (QUANT_PANEL_MAX_BYTES / per_col / QUANT_PANEL_COLS * QUANT_PANEL_COLS).max(QUANT_PANEL_COLS)
+    (QUANT_PANEL_MAX_BYTES / per_col / QUANT_PANEL_COLS * QUANT_PANEL_COLS)
+        .clamp(QUANT_PANEL_COLS, QUANT_PANEL_MAX_COLS)
 }
 
 /// Bytes per weight column and 32-element block of a repacked quantized panel: 32 bytes of

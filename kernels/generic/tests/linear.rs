@@ -275,12 +275,16 @@ fn quantized_identical_for_any_thread_count() {
 fn scratch_sizes() {
     assert_eq!(linear_scratch_bytes(DType::F32, 100, 64), 64 * 64 * 4);
     assert_eq!(linear_scratch_bytes(DType::F16, 100, 64), 64 * 64 * 4);
-    // Quantized activations (rounded up to 64 bytes), then one repacked panel of 64 weight
-    // columns for the 32-element block types (used by the SIMD twins).
+    // Quantized activations (rounded up to 64 bytes), then one repacked panel of up to 512
+    // weight columns (at most 2 MiB, at least 64 columns) for the 32-element block types (used
+    // by the SIMD twins).
     assert_eq!(
         linear_scratch_bytes(DType::Q8_0, 3, 64),
-        (3 * quant::activation_row_bytes(DType::Q8_0, 64)).next_multiple_of(64) + 64 * 2 * 44
+        (3 * quant::activation_row_bytes(DType::Q8_0, 64)).next_multiple_of(64) + 512 * 2 * 44
     );
+    assert_eq!(edge_kernels::quant_panel_cols(1152), 512);
+    assert_eq!(edge_kernels::quant_panel_cols(4608), 320);
+    assert_eq!(edge_kernels::quant_panel_cols(1 << 20), 64);
     assert_eq!(
         linear_scratch_bytes(DType::Q4K, 3, 256),
         (3 * quant::activation_row_bytes(DType::Q4K, 256)).next_multiple_of(64)

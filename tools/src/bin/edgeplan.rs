@@ -59,8 +59,9 @@ enum Cmd {
         resign: bool,
     },
     /// Verify every digest of a plan (and, with --trusted-key, its signature); with
-    /// --reference, also run it here with the generic kernels (which understand every pack,
-    /// whatever the plan's target) and compare its final latents with a reference run.
+    /// --reference, also run it here with this CPU's best kernel table (every table gives the
+    /// generic kernels' bytes and understands every pack, whatever the plan's target) and
+    /// compare its final latents with a reference run.
     Verify {
         /// The plan file.
         plan: PathBuf,
@@ -763,8 +764,8 @@ fn read_f32(
     Ok((t.shape().to_vec(), v))
 }
 
-/// Runs `plan` with the generic kernels from the reference's initial noise and compares the
-/// final latents.
+/// Runs `plan` with the best kernel table of this CPU (the generic kernels' bytes, faster) from
+/// the reference's initial noise and compares the final latents.
 fn compare_with_reference(
     plan: &edge_runtime::Plan,
     path: &std::path::Path,
@@ -789,7 +790,7 @@ fn compare_with_reference(
         .sampling_method
         .parse()
         .map_err(|e| anyhow::anyhow!("--sampling-method: {e}"))?;
-    let mut session = edge_runtime::Session::new(plan, edge_kernels::generic(), None)?;
+    let mut session = edge_runtime::Session::new(plan, edge_kernels_cpu::best(), None)?;
     let params = edge_runtime::GenerateParams {
         prompt: r.prompt.clone(),
         negative_prompt: r.negative_prompt.clone(),
