@@ -72,14 +72,17 @@ impl Conv2dParams {
         self.pixel_tile().next_multiple_of(MAX_TILE_COLS) * self.patch_len() * 4
     }
 
-    /// Output pixels per im2col tile: about 256 Ki floats (1 MiB) of scratch, a multiple of 4,
-    /// at most 256 and at most the number of output pixels. Depends on the shapes only. (64 Ki
+    /// Output pixels per im2col tile: about 256 Ki floats (1 MiB) of scratch, a multiple of 64
+    /// (the widest panel), at least 64, at most 256 and at most the number of output pixels. Depends on the shapes only. (64 Ki
     /// floats until 2026-12: the larger tile halves the driver's per-tile synchronisation and
     /// made the 3×3 VAE convolutions 20–30 % faster, `kbench` in BENCHMARKS.md.)
     fn pixel_tile(&self) -> usize {
         let (oh, ow) = self.out_hw();
         let kk = self.patch_len().max(1);
-        ((262_144 / kk) / 4 * 4).clamp(4, 256).min(oh * ow).max(1)
+        ((262_144 / kk) / MAX_TILE_COLS * MAX_TILE_COLS)
+            .clamp(MAX_TILE_COLS, 256)
+            .min(oh * ow)
+            .max(1)
     }
 }
 
@@ -166,44 +169,59 @@ pub fn conv2d_with(
     for p0 in (0..npix).step_by(pt) {
         let np = pt.min(npix - p0);
         let panels = &mut col[..np.div_ceil(tc) * kk * tc];
-        panels
-            .par_chunks_mut(kk * tc)
-            .enumerate()
-            .for_each(|(pi, panel)| {
-                im2col_panel(p, x, p0 + pi * tc, (np - pi * tc).min(tc), panel, tc)
-            });
+        for (pi, panel) in panels.chunks_mut(kk * tc).enumerate() {
+            let (pix0, nl) = (p0 + pi * tc, (np - pi * tc).min(tc));
+            panel
+                .par_chunks_mut(IM2COL_ELEMS * tc)
+                .enumerate()
+                .for_each(|(ei, rows)| im2col_panel(p, x, pix0, nl, ei * IM2COL_ELEMS, rows, tc));
+        }
         gemm(tile, wf, p.cout, kk, panels, np, p0, npix, b, out);
     }
 }
 
-/// Writes the patches of output pixels `pix0 .. pix0 + nl` into a packed panel of `tc` lanes:
-/// `panel[e·tc + l]` is patch element `e` (in `(ci, ky, kx)` order) of pixel `pix0 + l`, zero
-/// outside the input and in the lanes `nl..tc`.
-fn im2col_panel(p: &Conv2dParams, x: &[f32], pix0: usize, nl: usize, panel: &mut [f32], tc: usize) {
-    debug_assert_eq!(panel.len(), p.patch_len() * tc);
+/// Patch elements per im2col task.
+const IM2COL_ELEMS: usize = 128;
+
+/// Writes patch elements `e0 ..` (as many as `rows` holds rows of `tc` lanes) of output pixels
+/// `pix0 .. pix0 + nl` into rows of a packed panel: `rows[(e − e0)·tc + l]` is patch element `e`
+/// (in `(ci, ky, kx)` order) of pixel `pix0 + l`, zero outside the input and in the lanes
+/// `nl..tc`.
+fn im2col_panel(
+    p: &Conv2dParams,
+    x: &[f32],
+    pix0: usize,
+    nl: usize,
+    e0: usize,
+    rows: &mut [f32],
+    tc: usize,
+) {
     let (_, ow) = p.out_hw();
-    let mut e = 0;
-    for ci in 0..p.cin {
+    let khw = p.kh * p.kw;
+    // Top-left input position of each lane's window (may be "negative": offset by the padding).
+    let mut iy0 = [0usize; MAX_TILE_COLS];
+    let mut ix0 = [0usize; MAX_TILE_COLS];
+    for l in 0..nl {
+        let pix = pix0 + l;
+        iy0[l] = (pix / ow) * p.stride_h;
+        ix0[l] = (pix % ow) * p.stride_w;
+    }
+    for (r, dst) in rows.chunks_mut(tc).enumerate() {
+        let e = e0 + r;
+        let (ci, kyx) = (e / khw, e % khw);
+        let (ky, kx) = (kyx / p.kw, kyx % p.kw);
         let plane = &x[ci * p.h * p.w..(ci + 1) * p.h * p.w];
-        for ky in 0..p.kh {
-            for kx in 0..p.kw {
-                let dst = &mut panel[e * tc..(e + 1) * tc];
-                for (l, d) in dst.iter_mut().enumerate() {
-                    *d = if l < nl {
-                        let pix = pix0 + l;
-                        let (oy, ox) = (pix / ow, pix % ow);
-                        let iy = (oy * p.stride_h + ky).checked_sub(p.pad_top);
-                        let ix = (ox * p.stride_w + kx).checked_sub(p.pad_left);
-                        match (iy, ix) {
-                            (Some(iy), Some(ix)) if iy < p.h && ix < p.w => plane[iy * p.w + ix],
-                            _ => 0.0,
-                        }
-                    } else {
-                        0.0
-                    };
+        for (l, d) in dst.iter_mut().enumerate() {
+            *d = if l < nl {
+                let iy = (iy0[l] + ky).checked_sub(p.pad_top);
+                let ix = (ix0[l] + kx).checked_sub(p.pad_left);
+                match (iy, ix) {
+                    (Some(iy), Some(ix)) if iy < p.h && ix < p.w => plane[iy * p.w + ix],
+                    _ => 0.0,
                 }
-                e += 1;
-            }
+            } else {
+                0.0
+            };
         }
     }
 }
