@@ -146,6 +146,21 @@ pub struct QueryBlock<'a> {
 }
 
 impl<'a> QueryBlock<'a> {
+    /// Asserts what an [`AttentionOps::block_tile`] may rely on: `1 ≤ nq ≤ QUERY_TILE`,
+    /// `1 ≤ nk ≤ KEY_TILE`, `head_dim ≤ MAX_HEAD_DIM`, `keys` holding `head_dim · KEY_TILE` f32,
+    /// and every value row of the tile inside `kv_src` (query, bias and mask rows are reached
+    /// through bounds-checked slices). SIMD steps call it before their unchecked loads.
+    pub fn check_step(&self, keys: &[f32]) {
+        let (p, hd) = (self.p, self.p.head_dim);
+        assert!((1..=QUERY_TILE).contains(&self.nq) && (1..=KEY_TILE).contains(&self.nk));
+        assert!(hd <= MAX_HEAD_DIM && keys.len() >= hd * KEY_TILE);
+        let last_v = (self.j0 + self.nk - 1) * p.kv_stride + p.v_offset + self.h * hd + hd;
+        assert!(
+            last_v <= self.kv_src.len(),
+            "attention: value rows outside kv_src"
+        );
+    }
+
     /// Row `r` (`< nq`) as a [`KeyTile`].
     pub fn row(&self, r: usize) -> KeyTile<'a> {
         let p = self.p;

@@ -57,6 +57,24 @@ pub struct F32Tile {
 }
 
 impl F32Tile {
+    /// Asserts what [`F32Tile::run`] may rely on, for a tile of `self.cols` columns whose
+    /// implementation takes `xs.len()` of `self.rows` or 1: every row of `xs` holds `kc` f32,
+    /// the panel `kc · cols`, `ld ≥ cols` and `acc` the `(xs.len() − 1)·ld + cols` elements it
+    /// writes. SIMD tiles call it before their unchecked loads.
+    pub fn check_args(&self, xs: &[&[f32]], panel: &[f32], kc: usize, acc: &[f32], ld: usize) {
+        let c = self.cols;
+        assert!(
+            (xs.len() == self.rows || xs.len() == 1)
+                && ld >= c
+                && acc.len() >= (xs.len() - 1) * ld + c,
+            "{}: {} rows, ld {ld}, {} accumulators",
+            self.name,
+            xs.len(),
+            acc.len()
+        );
+        assert!(panel.len() >= kc * c && xs.iter().all(|s| s.len() >= kc));
+    }
+
     fn check(&self) {
         assert!(
             (1..=MAX_TILE_ROWS).contains(&self.rows)

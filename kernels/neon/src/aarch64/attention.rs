@@ -13,7 +13,7 @@ use std::arch::aarch64::{float32x4_t, vdupq_n_f32, vfmaq_n_f32, vld1q_f32, vst1q
 
 use edge_kernels::expf::exp_f32;
 use edge_kernels::{
-    tile_max, tile_sum, AttentionOps, BlockState, QueryBlock, KEY_TILE, MAX_HEAD_DIM, QUERY_TILE,
+    tile_max, tile_sum, AttentionOps, BlockState, QueryBlock, KEY_TILE, QUERY_TILE,
 };
 
 use super::elementwise::exp4;
@@ -26,17 +26,10 @@ pub(super) const NEON: AttentionOps = AttentionOps {
 };
 
 fn block_tile(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
-    let (p, hd) = (b.p, b.p.head_dim);
-    assert!((1..=QUERY_TILE).contains(&b.nq) && (1..=KEY_TILE).contains(&b.nk));
-    assert!(hd <= MAX_HEAD_DIM && keys.len() >= hd * KEY_TILE);
-    let last_v = (b.j0 + b.nk - 1) * p.kv_stride + p.v_offset + b.h * hd + hd;
-    assert!(
-        last_v <= b.kv_src.len(),
-        "attention: value rows outside kv_src"
-    );
+    b.check_step(keys);
     // SAFETY: Advanced SIMD is part of every aarch64 target; the packed keys hold
-    // `hd · KEY_TILE` f32 and the tile's value rows end at or below `last_v ≤ kv_src.len()`
-    // (asserted; rows grow with the key index); query rows are bounds-checked slices and the
+    // `hd · KEY_TILE` f32 and the tile's value rows lie inside `kv_src` (both checked by
+    // `QueryBlock::check_step`); query rows are bounds-checked slices and the
     // state arrays are sized by the constants asserted above.
     unsafe { block(b, keys, st) }
 }
@@ -93,7 +86,7 @@ unsafe fn block(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
     // acc[r][d] = fma(w[r][j], v[j][d], acc[r][d]), keys in order, 16 channels at a time.
     let v0 = p.v_offset + b.h * hd;
     let vrow = |j: usize| -> *const f32 {
-        // SAFETY: below `last_v ≤ kv_src.len()` (checked by `block_tile`).
+        // SAFETY: inside `kv_src` (`QueryBlock::check_step`).
         unsafe { b.kv_src.as_ptr().add((b.j0 + j) * p.kv_stride + v0) }
     };
     let full = hd - hd % 4;

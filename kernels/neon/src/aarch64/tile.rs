@@ -19,11 +19,9 @@ pub(super) const NEON: F32Tile = F32Tile {
 };
 
 fn neon_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {
-    const C: usize = 16;
-    assert!((xs.len() == 6 || xs.len() == 1) && ld >= C && acc.len() >= (xs.len() - 1) * ld + C);
-    assert!(panel.len() >= kc * C && xs.iter().all(|s| s.len() >= kc));
-    // SAFETY: Advanced SIMD is part of every aarch64 target; every slice is as long as asserted
-    // above and the accesses below stay inside those lengths.
+    NEON.check_args(xs, panel, kc, acc, ld);
+    // SAFETY: Advanced SIMD is part of every aarch64 target; every slice is as long as `F32Tile::check_args`
+    // asserted and the accesses below stay inside those lengths.
     unsafe {
         if xs.len() == 6 {
             rc::<6>(xs, panel, kc, acc, ld)

@@ -10,7 +10,7 @@ use std::arch::x86_64::*;
 use edge_kernels::expf::exp_f32;
 use edge_kernels::{
     tile_max, tile_sum, AttentionOps, BlockState, KeyTile, QueryBlock, RowState, KEY_TILE,
-    MAX_HEAD_DIM, QUERY_TILE,
+    QUERY_TILE,
 };
 
 use super::vmath::{exp16, exp8};
@@ -129,18 +129,10 @@ fn block_tile_avx2(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
 }
 
 fn block_tile_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
-    let (p, hd) = (b.p, b.p.head_dim);
-    assert!((1..=QUERY_TILE).contains(&b.nq) && (1..=KEY_TILE).contains(&b.nk));
-    assert!(hd <= MAX_HEAD_DIM && keys.len() >= hd * KEY_TILE);
-    let last_v = (b.j0 + b.nk - 1) * p.kv_stride + p.v_offset + b.h * hd + hd;
-    assert!(
-        last_v <= b.kv_src.len(),
-        "attention: value rows outside kv_src"
-    );
+    b.check_step(keys);
     // SAFETY: AVX-512F was detected before this step was put in a table
     // (`crate::x86_64::avx512_table`); the packed keys hold `hd · KEY_TILE` f32 (asserted), the
-    // value rows of the tile end at or below `last_v ≤ kv_src.len()` (asserted; rows grow with
-    // the key index), query, bias and mask rows are bounds-checked slices, and the state arrays
+    // value rows of the tile lie inside `kv_src` (both checked by `QueryBlock::check_step`), query, bias and mask rows are bounds-checked slices, and the state arrays
     // are sized by the constants asserted above.
     unsafe { block_avx512(b, keys, st) }
 }
@@ -263,7 +255,7 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
     let mut vp = [std::ptr::null::<f32>(); KEY_TILE];
     let v0 = p.v_offset + b.h * hd;
     for (jj, v) in vp.iter_mut().enumerate().take(nk) {
-        // SAFETY: below `last_v ≤ kv_src.len()` (checked by `block_tile_avx512`).
+        // SAFETY: inside `kv_src` (`QueryBlock::check_step`).
         *v = unsafe { b.kv_src.as_ptr().add((b.j0 + jj) * p.kv_stride + v0) };
     }
     let vp = &vp[..nk];

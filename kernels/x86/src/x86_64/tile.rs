@@ -26,12 +26,10 @@ pub(crate) const AVX512: F32Tile = F32Tile {
 };
 
 fn avx2_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {
-    const C: usize = 16;
-    assert!((xs.len() == 6 || xs.len() == 1) && ld >= C && acc.len() >= (xs.len() - 1) * ld + C);
-    assert!(panel.len() >= kc * C && xs.iter().all(|s| s.len() >= kc));
+    AVX2.check_args(xs, panel, kc, acc, ld);
     // SAFETY: AVX2 and FMA are the features these functions enable; this tile is put in a kernel
     // table only by `crate::x86_64` after `edge_kernels::cpu::features()` reported both. Every
-    // slice is as long as asserted above and the accesses stay below those lengths.
+    // slice is as long as `F32Tile::check_args` asserted and the accesses stay below those lengths.
     unsafe {
         if xs.len() == 6 {
             avx2_rc::<6>(xs, panel, kc, acc, ld)
@@ -84,9 +82,7 @@ unsafe fn avx2_rc<const R: usize>(
 }
 
 fn avx512_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {
-    const C: usize = 64;
-    assert!((xs.len() == 6 || xs.len() == 1) && ld >= C && acc.len() >= (xs.len() - 1) * ld + C);
-    assert!(panel.len() >= kc * C && xs.iter().all(|s| s.len() >= kc));
+    AVX512.check_args(xs, panel, kc, acc, ld);
     // SAFETY: AVX-512F is the only feature these functions enable (its `vfmadd` forms are part
     // of the foundation); this tile is put in a kernel table only by `crate::x86_64` after
     // `edge_kernels::cpu::features()` reported AVX-512F. Every slice is as long as asserted
