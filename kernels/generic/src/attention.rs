@@ -60,7 +60,7 @@ pub struct AttentionParams {
 /// multiply-add per key in increasing order, and `exp` is [`crate::expf::exp_f32`], so SIMD
 /// twins (keys or channels in lanes) match it bit for bit. The order of every sum is fixed by
 /// the key tile size, so the result is identical for any thread count. Parallel over blocks of
-/// up to 64 query rows (all heads of a row are in the same task because `out` rows interleave
+/// up to 128 query rows (all heads of a row are in the same task because `out` rows interleave
 /// heads); per head, each key tile is packed once per task (keys side by side, [`pack_keys`])
 /// and met by the task's blocks of 4 rows.
 pub fn attention(
@@ -392,7 +392,7 @@ pub fn attention_with(
     if p.lq == 0 || width == 0 {
         return;
     }
-    // A task takes up to 64 query rows and walks the heads outermost; per head, each key tile
+    // A task takes up to 128 query rows and walks the heads outermost; per head, each key tile
     // is packed once and met by the task's blocks of QUERY_TILE rows while it is in cache.
     let task_rows = (p.lq / 8)
         .next_multiple_of(QUERY_TILE)
@@ -445,4 +445,4 @@ pub fn attention_with(
 }
 
 /// Most query rows per task of [`attention_with`].
-const TASK_ROWS: usize = 64;
+const TASK_ROWS: usize = 128;
