@@ -27,8 +27,8 @@ impl ValueId {
     }
 }
 
-/// What role a weight plays; the planner's packing rules depend on it (only matrices and
-/// convolution kernels are ever quantized).
+/// What role a weight plays; the planner's packing rules depend on it (only matrices are ever
+/// quantized; convolution kernels keep their stored float type).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WeightKind {
     /// A Linear weight `[out, in]`: may be quantized.

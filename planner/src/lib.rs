@@ -1,5 +1,6 @@
-//! The offline planner: reads published model files, builds each stage's graph, folds,
-//! orders, cuts into segments, lays out the arena, packs weights and writes a `.plan`.
+//! The offline planner: reads published model files, builds each stage's graph, folds, cuts
+//! into segments, lays out the arena, packs weights and writes a `.plan` (steps run in the
+//! order the model builders emit them).
 //!
 //! Pipeline: [`load`] (safetensors, sharded index, GGUF, diffusers folder) → `edge_models`
 //! graph builders → [`lower`] (weights into the tensor table, liveness and the [`arena`]

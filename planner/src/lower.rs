@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use edge_graph::{Graph, Source, WeightKind, WeightSpec};
+use edge_graph::{Graph, Source, WeightSpec};
 use edge_kernels::Conv2dParams;
 use edge_schema::op::Op;
 use edge_schema::plan::{
@@ -456,9 +456,4 @@ pub fn skeleton_stage(graph: &Graph, kind: StageKind, weight_dtype: DType) -> Re
 /// decisions such as the VAE tile size, before any weight is loaded).
 pub fn arena_estimate(graph: &Graph, weight_dtype: DType) -> Result<u64> {
     Ok(skeleton_stage(graph, StageKind::VaeDecoder, weight_dtype)?.arena_size)
-}
-
-/// The kinds of weight whose values are matrices (for `inspect`).
-pub fn is_matrix(kind: WeightKind) -> bool {
-    matches!(kind, WeightKind::Matrix)
 }

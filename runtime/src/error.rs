@@ -43,6 +43,16 @@ pub enum Error {
         expected: usize,
         shape: Vec<u64>,
     },
+    #[error(
+        "stage {stage}: called with {inputs} inputs and {outputs} outputs, expected {want_inputs} and {want_outputs}"
+    )]
+    StageArity {
+        stage: String,
+        inputs: usize,
+        outputs: usize,
+        want_inputs: usize,
+        want_outputs: usize,
+    },
     #[error("token id {id} is outside the embedding table ({rows} rows)")]
     TokenId { id: i64, rows: u32 },
     #[error("tokenizer in plan: {0}")]

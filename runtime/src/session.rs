@@ -277,12 +277,12 @@ impl<'p> Session<'p> {
         let stage = &plan.meta().stages[index as usize];
         let arena = self.arena.as_mut_bytes();
         if inputs.len() != stage.inputs.len() || outputs.len() != stage.outputs.len() {
-            return Err(Error::InputSize {
+            return Err(Error::StageArity {
                 stage: stage.name.clone(),
-                index: inputs.len(),
-                got: outputs.len(),
-                expected: stage.inputs.len(),
-                shape: vec![],
+                inputs: inputs.len(),
+                outputs: outputs.len(),
+                want_inputs: stage.inputs.len(),
+                want_outputs: stage.outputs.len(),
             });
         }
         for (i, (&vid, input)) in stage.inputs.iter().zip(inputs).enumerate() {

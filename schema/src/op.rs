@@ -174,16 +174,6 @@ impl Op {
             Op::T5PositionBias { .. } => (1, 1),
         }
     }
-
-    /// Inputs at these positions are weights (packed tensors) for matmul-like ops: the
-    /// planner may store them in a quantized format.
-    pub fn packable_inputs(&self) -> &'static [usize] {
-        match self {
-            Op::Linear { .. } => &[1],
-            Op::Conv2d { .. } => &[1],
-            _ => &[],
-        }
-    }
 }
 
 /// Maximum rank of any tensor in a plan.

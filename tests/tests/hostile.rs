@@ -937,3 +937,52 @@ fn bound_inputs_must_be_the_stage_inputs_they_claim() {
         },
     );
 }
+
+/// A caller that passes a stage the wrong number of inputs or outputs gets an error naming the
+/// stage and both counts (it used to be reported as an input of the wrong size).
+#[test]
+fn wrong_input_and_output_counts_are_named() {
+    let good = good_plan();
+    let plan = open("good", &good).expect("the demo plan opens");
+    let dec = plan
+        .meta()
+        .stages
+        .iter()
+        .position(|s| s.kind == StageKind::VaeDecoder)
+        .expect("decoder stage");
+    let stage = &plan.meta().stages[dec];
+    let n_in = stage.values[stage.inputs[0] as usize]
+        .shape
+        .iter()
+        .product::<u64>() as usize;
+    let input = vec![0f32; n_in];
+    let mut out = vec![0f32; 4];
+    let mut session = edge_runtime::Session::new(&plan, edge_kernels::generic(), None).unwrap();
+    let e = session
+        .run_stage(
+            dec as u32,
+            &[
+                edge_runtime::StageInput::F32(&input),
+                edge_runtime::StageInput::F32(&input),
+            ],
+            &mut [&mut out],
+        )
+        .expect_err("two inputs for a one-input stage");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("called with 2 inputs and 1 outputs, expected 1 and 1"),
+        "{msg}"
+    );
+    let e = session
+        .run_stage(
+            dec as u32,
+            &[edge_runtime::StageInput::F32(&input)],
+            &mut [],
+        )
+        .expect_err("no output buffer");
+    assert!(
+        e.to_string()
+            .contains("called with 1 inputs and 0 outputs, expected 1 and 1"),
+        "{e}"
+    );
+}
