@@ -73,9 +73,9 @@ impl Conv2dParams {
     }
 
     /// Output pixels per im2col tile: about 256 Ki floats (1 MiB) of scratch, a multiple of 64
-    /// (the widest panel), at least 64, at most 256 and at most the number of output pixels. Depends on the shapes only. (64 Ki
-    /// floats until 2026-12: the larger tile halves the driver's per-tile synchronisation and
-    /// made the 3×3 VAE convolutions 20–30 % faster, `kbench` in BENCHMARKS.md.)
+    /// (the widest panel), at least 64, at most 256 and at most the number of output pixels.
+    /// Depends on the shapes only. (64 Ki floats until 2026-12-01: the larger tile halves the
+    /// driver's per-tile synchronisation, `kbench` in BENCHMARKS.md.)
     fn pixel_tile(&self) -> usize {
         let (oh, ow) = self.out_hw();
         let kk = self.patch_len().max(1);

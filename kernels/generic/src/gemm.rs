@@ -27,8 +27,6 @@ pub const KC: usize = 256;
 pub const MAX_TILE_ROWS: usize = 8;
 /// Largest number of output columns a [`F32Tile`] may declare; `cols` must divide it.
 pub const MAX_TILE_COLS: usize = 64;
-/// Kept for callers of the previous interface: the largest tile side.
-pub const MAX_TILE: usize = MAX_TILE_COLS;
 
 /// [`F32Tile::run`]'s signature: `(xs, panel, kc, acc, ld)`.
 pub type TileFn = fn(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize);

@@ -176,6 +176,63 @@ fn linear_extremes_match_generic() {
     }
 }
 
+/// The VNNI kernel's own Q8_0 activation quantizer against ggml's reference rounding: exact
+/// halves (`x·id = ±0.5, ±2.5, …` round away from zero), blocks whose scale is exactly 1, and
+/// blocks holding ±∞ or NaN (which take the generic path).
+#[test]
+fn q8_0_activation_rounding_and_non_finite_blocks_match_generic() {
+    let generic = edge_kernels::generic();
+    let (m, k, n) = (6, 128, 20);
+    let mut x = vec![0f32; m * k];
+    for (i, v) in x.iter_mut().enumerate() {
+        let (row, e) = (i / k, i % k);
+        *v = match (row, e % 32) {
+            // amax 127 gives d = 1 and id = 1: every half is an exact tie.
+            (0 | 1, 0) => 127.0,
+            (0 | 1, j) => (j as f32 - 16.0) + 0.5 * if row == 0 { 1.0 } else { -1.0 },
+            (2, j) if e < 32 => {
+                if j == 3 {
+                    f32::INFINITY
+                } else {
+                    j as f32
+                }
+            }
+            (3, j) if e < 32 => {
+                if j == 5 {
+                    f32::NEG_INFINITY
+                } else {
+                    -(j as f32)
+                }
+            }
+            (4, j) if e >= 96 => {
+                if j == 7 {
+                    f32::NAN
+                } else {
+                    j as f32 * 0.25
+                }
+            }
+            _ => ((i * 7919) % 1000) as f32 / 37.0 - 13.0,
+        };
+    }
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0)
+        .collect();
+    for (label, t) in tables() {
+        let (buf, len) = weights(DType::Q8_0, &w, n, k);
+        let wr = WeightRef::row_major(DType::Q8_0, &buf.as_bytes()[..len]);
+        let want = run_linear(&generic, &x, wr, None, m, k, n);
+        let got = run_linear(&t, &x, wr, None, m, k, n);
+        for (i, (g, r)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                g.to_bits() == r.to_bits() || (g.is_nan() && r.is_nan()),
+                "{label} linear Q8_0 activation quantizer: element {i}: {g} vs generic {r}"
+            );
+        }
+        // Rows without non-finite values are plain numbers, equal bit for bit.
+        assert_bits(label, "finite rows", &got[..2 * n], &want[..2 * n]);
+    }
+}
+
 #[test]
 fn conv2d_matches_generic_bit_for_bit() {
     let generic = edge_kernels::generic();
