@@ -49,7 +49,8 @@ pub struct RunBudget {
     pub session: Option<u64>,
     /// The budget of the whole process, bytes.
     pub whole: Option<u64>,
-    /// What the process held when the budget was set (code, metadata, heap), bytes.
+    /// What the process held when the budget was set (code, metadata, heap, the kernel
+    /// threads' stacks), bytes.
     pub rss_start: u64,
 }
 
@@ -81,6 +82,10 @@ pub fn resolve(meta: &PlanMeta, sizes: &[&ImageSize], max_ram: Option<u64>) -> R
         Some(b) => Some(meta.budget.map_or(b, |p| p.min(b))),
         None => meta.budget,
     };
+    // The kernels' worker threads keep the stack pages of their deepest task resident (an
+    // attention task holds ~420 KiB there): touch them now so that what the process holds
+    // includes them.
+    edge_kernels::touch_worker_stacks();
     let rss_start = peak_rss_bytes().unwrap_or(0);
     if let Some(b) = max_ram {
         if floor + rss_start > b {

@@ -33,9 +33,10 @@ mod table;
 mod weights;
 
 pub use attention::{
-    attention, attention_with, generic_row_tile, pack_keys, tile_max, tile_sum, AttentionOps,
-    AttentionParams, BlockState, BlockTileFn, KeyTile, PackKeysFn, QueryBlock, RowState,
-    GENERIC_ATTENTION, KEY_TILE, MAX_HEAD_DIM, QUERY_TILE, SUM_LANES,
+    attention, attention_with, generic_row_tile, pack_keys, tile_max, tile_sum,
+    touch_worker_stacks, AttentionOps, AttentionParams, BlockState, BlockTileFn, KeyTile,
+    PackKeysFn, QueryBlock, RowState, GENERIC_ATTENTION, KEY_TILE, MAX_HEAD_DIM, QUERY_TILE,
+    SUM_LANES,
 };
 pub use conv::{conv2d, conv2d_scratch_bytes, conv2d_with, Conv2dParams};
 /// Elements per task of the element-wise kernels (each output element depends only on its own
