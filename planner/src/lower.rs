@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use edge_graph::{Graph, Source, WeightSpec};
-use edge_kernels::Conv2dParams;
+use edge_kernels::Call;
 use edge_schema::op::Op;
 use edge_schema::plan::{
     ArenaSlice, PackLayout, Segment, Stage, StageKind, Step, Storage, TensorEntry, ValueEntry,
@@ -119,36 +119,6 @@ impl TensorTable {
 
 fn f32_bytes(shape: &[u64], dtype: DType) -> u64 {
     dtype.bytes_for(shape.iter().product()).unwrap_or(0)
-}
-
-fn scratch_bytes(op: &Op, ins: &[(&[u64], DType)]) -> u64 {
-    match op {
-        Op::Linear { .. } => {
-            let x = ins[0].0;
-            let k = *x.last().unwrap_or(&1) as usize;
-            let m = (x.iter().product::<u64>() as usize) / k.max(1);
-            edge_kernels::linear_scratch_bytes(ins[1].1, m, k) as u64
-        }
-        Op::Conv2d { stride, pad, .. } => {
-            let (x, w) = (ins[0].0, ins[1].0);
-            let p = Conv2dParams {
-                cin: x[0] as usize,
-                h: x[1] as usize,
-                w: x[2] as usize,
-                cout: w[0] as usize,
-                kh: w[2] as usize,
-                kw: w[3] as usize,
-                stride_h: stride[0] as usize,
-                stride_w: stride[1] as usize,
-                pad_top: pad[0] as usize,
-                pad_bottom: pad[1] as usize,
-                pad_left: pad[2] as usize,
-                pad_right: pad[3] as usize,
-            };
-            edge_kernels::conv2d_scratch_bytes(&p, ins[1].1) as u64
-        }
-        _ => 0,
-    }
 }
 
 /// Lowers `graph` into a stage of `kind` for an image of `width × height` pixels (0 × 0 for
@@ -277,7 +247,9 @@ fn plan_memory(graph: &Graph, values: &mut [ValueEntry]) -> Result<(Vec<Step>, u
             .iter()
             .map(|i| (values[i.idx()].shape.as_slice(), values[i.idx()].dtype))
             .collect();
-        scratch_sizes.push(scratch_bytes(&node.op, &ins));
+        let out = values[node.output.idx()].shape.as_slice();
+        let call = Call::decode(&node.op, &ins, out).map_err(PlanError::Internal)?;
+        scratch_sizes.push(call.scratch_bytes() as u64);
         steps.push(Step {
             op: node.op.clone(),
             inputs: node.inputs.iter().map(|i| i.0).collect(),

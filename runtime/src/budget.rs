@@ -50,7 +50,8 @@ pub struct RunBudget {
     /// The budget of the whole process, bytes.
     pub whole: Option<u64>,
     /// What the process held when the budget was set (code, metadata, heap, the kernel
-    /// threads' stacks), bytes.
+    /// threads' stacks) and the heap the session's decoded steps will take
+    /// ([`crate::session::decoded_bytes`]), bytes.
     pub rss_start: u64,
 }
 
@@ -86,7 +87,8 @@ pub fn resolve(meta: &PlanMeta, sizes: &[&ImageSize], max_ram: Option<u64>) -> R
     // attention task holds ~420 KiB there): touch them now so that what the process holds
     // includes them.
     edge_kernels::touch_worker_stacks();
-    let rss_start = peak_rss_bytes().unwrap_or(0);
+    // The session, created after this, decodes every step once: count that heap too.
+    let rss_start = peak_rss_bytes().unwrap_or(0) + crate::session::decoded_bytes(meta);
     if let Some(b) = max_ram {
         if floor + rss_start > b {
             return Err(Error::BudgetTooSmall {

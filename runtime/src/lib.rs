@@ -12,6 +12,7 @@
 pub mod alloc;
 pub mod budget;
 pub mod error;
+pub mod executor;
 #[allow(unsafe_code)]
 mod guard;
 mod held;
@@ -31,6 +32,7 @@ pub mod tiling;
 pub mod tokenizer;
 
 pub use error::{Error, Result};
+pub use executor::Executor;
 pub use pipeline::{
     generate, generate_previewing, generate_with, Decoder, Flow, GenerateParams, Generated,
     InitImage, Preview, PreviewSpec, Progress,

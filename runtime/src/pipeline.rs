@@ -14,9 +14,10 @@ use zerocopy::IntoBytes;
 pub use crate::host::HostBytes;
 
 use crate::error::{Error, Result};
+use crate::executor::Executor;
 pub use crate::rng::NoiseRng;
 use crate::sampler::{Sampler, SamplingMethod};
-use crate::session::{Session, StageInput};
+use crate::session::StageInput;
 use crate::tokenizer::Tokenizer;
 
 /// What to generate.
@@ -121,7 +122,7 @@ fn numel(s: &Stage, value: u32) -> usize {
 
 /// Encodes `text` with the plan's text-encoder stage: returns `(hidden [l, d], mask [l], truncated)`.
 pub fn encode_text(
-    session: &mut Session<'_>,
+    session: &mut dyn Executor<'_>,
     tokenizer: &Tokenizer,
     text: &str,
 ) -> Result<(Vec<f32>, Vec<f32>, bool)> {
@@ -163,7 +164,11 @@ pub struct Condition {
 }
 
 /// Turns T5 states `[l, d]` and their mask into a [`Condition`].
-pub fn condition(session: &mut Session<'_>, hidden: Vec<f32>, mask: Vec<f32>) -> Result<Condition> {
+pub fn condition(
+    session: &mut dyn Executor<'_>,
+    hidden: Vec<f32>,
+    mask: Vec<f32>,
+) -> Result<Condition> {
     let meta = session.plan().meta();
     let Some(k) = meta.cross_kv_stage else {
         return Ok(Condition {
@@ -185,7 +190,7 @@ pub fn condition(session: &mut Session<'_>, hidden: Vec<f32>, mask: Vec<f32>) ->
 
 /// One denoiser forward for `size`: `latent [c, h, w]` at timestep `t` → `eps` (same shape).
 pub fn denoise(
-    session: &mut Session<'_>,
+    session: &mut dyn Executor<'_>,
     size: &edge_schema::plan::ImageSize,
     latent: &[f32],
     t: f32,
@@ -217,7 +222,7 @@ pub fn available_sizes(meta: &PlanMeta) -> String {
 /// Decodes final latents `[c, h, w]` into an image `[3, H, W]` with the size's VAE decoder,
 /// tile by tile when the plan says so.
 pub fn decode_latents(
-    session: &mut Session<'_>,
+    session: &mut dyn Executor<'_>,
     size: &edge_schema::plan::ImageSize,
     latents: &[f32],
 ) -> Result<Vec<f32>> {
@@ -226,7 +231,7 @@ pub fn decode_latents(
 
 /// [`decode_latents`], also returning what an exact tiled decode did.
 pub fn decode_latents_reported(
-    session: &mut Session<'_>,
+    session: &mut dyn Executor<'_>,
     size: &edge_schema::plan::ImageSize,
     latents: &[f32],
 ) -> Result<(Vec<f32>, Option<crate::tiling::ExactReport>)> {
@@ -312,7 +317,7 @@ fn encoder_of(size: &edge_schema::plan::ImageSize, rgb: &[u8]) -> Result<u32> {
 /// [`Error::Argument`] when the plan has no encoder for `size` or `rgb` has the wrong length;
 /// the session's errors.
 pub fn encode_image(
-    session: &mut Session<'_>,
+    session: &mut dyn Executor<'_>,
     size: &edge_schema::plan::ImageSize,
     rgb: &[u8],
 ) -> Result<Vec<f32>> {
@@ -348,7 +353,7 @@ pub enum Flow {
 /// # Errors
 /// [`Error::Argument`] (`decoder`) when the plan has no tiny decoder; the session's errors.
 pub fn decode_tiny(
-    session: &mut Session<'_>,
+    session: &mut dyn Executor<'_>,
     size: &edge_schema::plan::ImageSize,
     latents: &[f32],
 ) -> Result<Vec<f32>> {
@@ -366,7 +371,7 @@ pub fn decode_tiny(
 
 /// Decodes `latents` with `decoder`.
 fn decode_with(
-    session: &mut Session<'_>,
+    session: &mut dyn Executor<'_>,
     size: &edge_schema::plan::ImageSize,
     decoder: Decoder,
     latents: &[f32],
@@ -379,7 +384,7 @@ fn decode_with(
 
 /// Runs the whole pipeline. `progress` is called after each phase and step.
 pub fn generate(
-    session: &mut Session<'_>,
+    session: &mut dyn Executor<'_>,
     params: &GenerateParams,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Generated> {
@@ -396,7 +401,7 @@ pub fn generate(
 /// # Errors
 /// Those of [`generate`], and [`Error::Interrupted`].
 pub fn generate_with(
-    session: &mut Session<'_>,
+    session: &mut dyn Executor<'_>,
     params: &GenerateParams,
     progress: &mut dyn FnMut(Progress) -> Flow,
 ) -> Result<Generated> {
@@ -420,7 +425,7 @@ pub struct Preview<'a> {
 /// Those of [`generate_with`]; [`Error::Argument`] (`preview`) for an interval of 0 or a
 /// decoder the plan lacks; `preview`'s.
 pub fn generate_previewing(
-    session: &mut Session<'_>,
+    session: &mut dyn Executor<'_>,
     params: &GenerateParams,
     progress: &mut dyn FnMut(Progress) -> Flow,
     preview: &mut dyn FnMut(Preview<'_>) -> Result<()>,

@@ -6,7 +6,7 @@
 //! read from the remaining immutable pieces (an input that is not found whole in one of them
 //! is refused, never read).
 
-use edge_kernels::{AttentionParams, Conv2dParams, KernelTable, WeightRef};
+use edge_kernels::{Call, KernelTable, WeightRef};
 use edge_schema::op::Op;
 use edge_schema::plan::{ArenaSlice, PackLayout, Stage, Storage};
 use edge_schema::DType;
@@ -35,6 +35,8 @@ pub struct Session<'p> {
     /// release).
     touched: u64,
     kernels: KernelTable,
+    /// Every step of every stage decoded once ([`decode_stage`]), indexed like the plan's.
+    decoded: Vec<Vec<Decoded>>,
     streamer: crate::stream::Streamer,
     profile: Option<crate::profile::Profile>,
     spill_dir: Option<std::path::PathBuf>,
@@ -146,40 +148,145 @@ fn as_f32_mut(b: &mut [u8]) -> Result<&mut [f32]> {
         .map_err(|_| Error::Plan(edge_schema::Error::Invalid("misaligned f32 tensor".into())))
 }
 
-/// Refuses a step whose planned scratch slot is smaller than its kernel needs (the schema
-/// verifier does not know kernel scratch sizes; a short scratch would make the kernel panic).
-/// Plans from a release whose kernels needed less scratch are refused here, by name.
-fn check_scratch(op: &Op, have: usize, need: usize) -> Result<()> {
-    if have < need {
-        return Err(Error::Plan(edge_schema::Error::Invalid(format!(
-            "{} step has {have} bytes of scratch, its kernel needs {need} (the plan was sized for \
-             other kernels: compile it again with the edgeplan of this release)",
-            op.name()
-        ))));
-    }
-    Ok(())
+/// Where a decoded step reads one input.
+#[derive(Clone, Copy, Debug)]
+enum Operand {
+    Arena(ArenaSlice),
+    Weight {
+        tensor: u32,
+        dtype: DType,
+        layout: PackLayout,
+    },
+    /// A stage input read in place from what [`Session::run_stage`] was given.
+    Input(u32),
 }
 
-/// A shape (rank ≤ 6, verified) as `usize`s on the stack: no allocation in the step loop.
-struct Dims {
-    d: [usize; edge_schema::op::MAX_RANK],
-    n: usize,
+/// One plan step decoded when the session is created: the kernel call with its parameters
+/// ([`Call::decode`], the function the planner sizes scratch with), where its operands live,
+/// and whether it has anything to do. The step loop only dispatches on it.
+#[derive(Clone, Debug)]
+struct Decoded {
+    call: Call,
+    out: ArenaSlice,
+    /// The output's type: f32, or a cache type written as bytes.
+    out_dtype: DType,
+    scratch: Option<ArenaSlice>,
+    ins: Vec<Operand>,
+    /// A reshape into its input's own slot, or a concatenation whose inputs the planner placed
+    /// inside its output.
+    noop: bool,
 }
 
-impl std::ops::Deref for Dims {
-    type Target = [usize];
-    fn deref(&self) -> &[usize] {
-        &self.d[..self.n]
-    }
+/// An upper bound of the heap bytes [`decode_stage`] allocates for `meta`'s stages (the
+/// allocator's per-block overhead counted as 32 bytes), so that the memory policy can count
+/// them before the session exists ([`crate::budget::resolve`]).
+pub fn decoded_bytes(meta: &edge_schema::plan::PlanMeta) -> u64 {
+    let per_vec = 32u64;
+    meta.stages
+        .iter()
+        .map(|st| {
+            per_vec
+                + st.steps
+                    .iter()
+                    .map(|step| {
+                        let chunks = if matches!(step.op, Op::Concat { .. }) {
+                            per_vec + 8 * step.inputs.len() as u64
+                        } else {
+                            0
+                        };
+                        std::mem::size_of::<Decoded>() as u64
+                            + per_vec
+                            + (std::mem::size_of::<Operand>() * step.inputs.len()) as u64
+                            + chunks
+                    })
+                    .sum::<u64>()
+        })
+        .sum::<u64>()
+        + per_vec
 }
 
-fn dims(s: &[u64]) -> Dims {
-    let mut d = [0usize; edge_schema::op::MAX_RANK];
-    let n = s.len().min(d.len());
-    for (o, &x) in d.iter_mut().zip(s) {
-        *o = x as usize;
-    }
-    Dims { d, n }
+/// Decodes every step of `stage` (a verified stage of `plan`), refusing by name a step whose
+/// planned scratch slot is smaller than its kernel needs (the schema verifier does not know
+/// kernel scratch sizes; plans from a release whose kernels needed less are refused here).
+fn decode_stage(plan: &Plan, stage: &Stage) -> Result<Vec<Decoded>> {
+    let invalid = |i: usize, what: String| {
+        Error::Plan(edge_schema::Error::Invalid(format!(
+            "stage {}: step {i}: {what}",
+            stage.name
+        )))
+    };
+    let value = |i: usize, id: u32| {
+        stage
+            .values
+            .get(id as usize)
+            .ok_or_else(|| invalid(i, format!("no value {id}")))
+    };
+    stage
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(i, step)| {
+            let out_id = *step
+                .outputs
+                .first()
+                .ok_or_else(|| invalid(i, "no output".into()))?;
+            let out_v = value(i, out_id)?;
+            let Storage::Arena(out) = out_v.storage else {
+                return Err(invalid(i, "output is not in the arena".into()));
+            };
+            let mut ins = Vec::with_capacity(step.inputs.len());
+            let mut shapes = Vec::with_capacity(step.inputs.len());
+            for &id in &step.inputs {
+                let v = value(i, id)?;
+                ins.push(match v.storage {
+                    Storage::Arena(a) => Operand::Arena(a),
+                    Storage::Input(k) => Operand::Input(k),
+                    Storage::Weight(t) => Operand::Weight {
+                        tensor: t,
+                        dtype: v.dtype,
+                        layout: plan
+                            .meta()
+                            .tensors
+                            .get(t as usize)
+                            .map_or(PackLayout::RowMajor, |e| e.layout),
+                    },
+                });
+                shapes.push((v.shape.as_slice(), v.dtype));
+            }
+            let call = Call::decode(&step.op, &shapes, &out_v.shape).map_err(|e| invalid(i, e))?;
+            let need = call.scratch_bytes();
+            let have = step.scratch.map_or(0, |s| s.len) as usize;
+            if have < need {
+                return Err(Error::Plan(edge_schema::Error::Invalid(format!(
+                    "{} step has {have} bytes of scratch, its kernel needs {need} (the plan was \
+                     sized for other kernels: compile it again with the edgeplan of this release)",
+                    step.op.name()
+                ))));
+            }
+            if let Call::Concat { outer, chunks } = &call {
+                let total: usize = chunks.iter().sum();
+                if outer.checked_mul(total) != Some(out.len as usize) {
+                    return Err(invalid(
+                        i,
+                        format!("concatenation of {outer}×{total} bytes into {}", out.len),
+                    ));
+                }
+            }
+            let noop = (matches!(step.op, Op::Reshape)
+                && ins
+                    .first()
+                    .is_some_and(|o| matches!(o, Operand::Arena(a) if *a == out)))
+                || edge_schema::verify::in_place_concat(stage, step);
+            Ok(Decoded {
+                call,
+                out,
+                out_dtype: out_v.dtype,
+                scratch: step.scratch,
+                ins,
+                noop,
+            })
+        })
+        .collect()
 }
 
 impl<'p> Session<'p> {
@@ -200,11 +307,18 @@ impl<'p> Session<'p> {
             path: format!("the {needed}-byte arena (anonymous memory)"),
             source,
         })?;
+        let decoded = plan
+            .meta()
+            .stages
+            .iter()
+            .map(|st| decode_stage(plan, st))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Session {
             plan,
             arena,
             touched: 0,
             kernels,
+            decoded,
             streamer: crate::stream::Streamer::new(
                 plan.meta(),
                 plan.meta()
@@ -243,31 +357,8 @@ impl<'p> Session<'p> {
         self.touched
     }
 
-    /// Weight streaming figures so far.
-    pub fn streamer(&self) -> &crate::stream::Streamer {
-        &self.streamer
-    }
-
-    /// The plan this session runs.
-    pub fn plan(&self) -> &'p Plan {
-        self.plan
-    }
-
-    /// Runs stage `index` with `inputs` (in the order [`edge_schema::plan::StageKind`]
-    /// documents) and copies its outputs into `outputs` (each exactly the output's size).
-    pub fn run_stage(
-        &mut self,
-        index: u32,
-        inputs: &[StageInput<'_>],
-        outputs: &mut [&mut [f32]],
-    ) -> Result<()> {
-        let mut raw: Vec<&mut [u8]> = outputs.iter_mut().map(|o| o.as_mut_bytes()).collect();
-        self.run_stage_bytes(index, inputs, &mut raw)
-    }
-
-    /// [`Session::run_stage`] with the outputs as bytes (each exactly the output's byte size:
-    /// `4·n` for f32, [`DType::bytes_for`] for a cache type).
-    pub fn run_stage_bytes(
+    /// [`Executor::run_stage_bytes`](crate::Executor::run_stage_bytes).
+    fn stage_bytes(
         &mut self,
         index: u32,
         inputs: &[StageInput<'_>],
@@ -358,31 +449,12 @@ impl<'p> Session<'p> {
         self.spill_dir = Some(dir);
     }
 
-    /// The folder for spill files ([`Session::set_spill_dir`], else `std::env::temp_dir()`).
-    pub fn spill_dir(&self) -> std::path::PathBuf {
-        self.spill_dir.clone().unwrap_or_else(std::env::temp_dir)
-    }
-
     /// The kernel table this session calls.
     pub fn kernels(&self) -> &KernelTable {
         &self.kernels
     }
 
-    /// Runs steps `first..end` of stage `index` on what the arena holds (values written by
-    /// [`Session::value_mut`] or by earlier steps), paging each segment those steps belong to.
-    /// With `stats`, the step at `first` must be a GroupNorm and normalises with them instead
-    /// of its input's own statistics (tiled VAE decoding with whole-image statistics).
-    pub fn run_steps(
-        &mut self,
-        index: u32,
-        first: usize,
-        end: usize,
-        stats: Option<&[edge_kernels::GroupStats]>,
-    ) -> Result<()> {
-        self.run_steps_bound(index, first, end, stats, &[])
-    }
-
-    /// [`Session::run_steps`] with the stage's inputs, which values stored as
+    /// [`Executor::run_steps`](crate::Executor::run_steps) with the stage's inputs, which values stored as
     /// [`Storage::Input`] are read from.
     fn run_steps_bound(
         &mut self,
@@ -421,16 +493,16 @@ impl<'p> Session<'p> {
             if let Some(sec) = seg.section {
                 plan.section_checked(sec as usize)?;
             }
-            for (i, step) in stage.steps[a..b].iter().enumerate() {
-                let given = if a + i == first { stats } else { None };
+            for i in a..b {
+                let given = if i == first { stats } else { None };
                 if self.profile.is_some() {
                     let t = std::time::Instant::now();
-                    self.run_step(stage, step, given, bound)?;
+                    self.run_step(index as usize, i, given, bound)?;
                     if let Some(p) = self.profile.as_mut() {
-                        p.record(stage, step, t.elapsed());
+                        p.record(stage, &stage.steps[i], t.elapsed());
                     }
                 } else {
-                    self.run_step(stage, step, given, bound)?;
+                    self.run_step(index as usize, i, given, bound)?;
                 }
             }
         }
@@ -460,36 +532,27 @@ impl<'p> Session<'p> {
         as_f32_mut(&mut self.arena.as_mut_bytes()[o..o + l])
     }
 
+    /// Runs step `i` of stage `index` as decoded at session creation. With `stats`, the step
+    /// must be a GroupNorm, which normalises with them.
     fn run_step(
         &mut self,
-        stage: &Stage,
-        step: &edge_schema::plan::Step,
+        index: usize,
+        i: usize,
         stats: Option<&[edge_kernels::GroupStats]>,
         bound: &[StageInput<'_>],
     ) -> Result<()> {
         let plan = self.plan;
-        let k = &self.kernels;
-        let out_v = &stage.values[step.outputs[0] as usize];
-        let Storage::Arena(out_slot) = out_v.storage else {
-            return Err(Error::Plan(edge_schema::Error::Invalid(
-                "output is a weight".into(),
-            )));
-        };
-        // A reshape whose output shares its input's slot is a no-op, and so is a concatenation
-        // whose inputs the planner placed inside its output.
-        if let Op::Reshape = step.op {
-            if stage.values[step.inputs[0] as usize].storage == Storage::Arena(out_slot) {
-                return Ok(());
-            }
-        }
-        if edge_schema::verify::in_place_concat(stage, step) {
+        let stage = &plan.meta().stages[index];
+        let d = &self.decoded[index][i];
+        if d.noop {
             return Ok(());
         }
-        if stats.is_some() && !matches!(step.op, Op::GroupNorm { .. }) {
+        let k = &self.kernels;
+        if stats.is_some() && !matches!(d.call, Call::GroupNorm { .. }) {
             return Err(Error::Plan(edge_schema::Error::Invalid(format!(
                 "stage {}: group statistics given to a {} step",
                 stage.name,
-                step.op.name()
+                stage.steps[i].op.name()
             ))));
         }
         let arena = self.arena.as_mut_bytes();
@@ -497,281 +560,287 @@ impl<'p> Session<'p> {
             pieces,
             out,
             scratch,
-        } = carve(arena, &out_slot, step.scratch.as_ref())?;
-        let bytes_of = |id: u32| -> Result<&[u8]> {
-            match &stage.values[id as usize].storage {
-                Storage::Arena(s) => read(&pieces, s),
-                Storage::Weight(t) => plan.tensor_bytes(*t),
-                Storage::Input(i) => match bound.get(*i as usize) {
+        } = carve(arena, &d.out, d.scratch.as_ref())?;
+        let bytes_of = |j: usize| -> Result<&[u8]> {
+            match d.ins[j] {
+                Operand::Arena(s) => read(&pieces, &s),
+                Operand::Weight { tensor, .. } => plan.tensor_bytes(tensor),
+                Operand::Input(n) => match bound.get(n as usize) {
                     Some(StageInput::F32(x)) => Ok(x.as_bytes()),
                     Some(StageInput::I32(x)) => Ok(x.as_bytes()),
                     Some(StageInput::Bytes(b)) => Ok(b),
                     None => Err(Error::Plan(edge_schema::Error::Invalid(format!(
-                        "stage {}: input {i} is read in place and only run_stage gives it",
+                        "stage {}: input {n} is read in place and only run_stage gives it",
                         stage.name
                     )))),
                 },
             }
         };
-        let f = |id: u32| -> Result<&[f32]> { as_f32(bytes_of(id)?) };
-        let w = |id: u32| -> Result<WeightRef<'_>> {
-            let layout = match &stage.values[id as usize].storage {
-                Storage::Weight(t) => plan
-                    .meta()
-                    .tensors
-                    .get(*t as usize)
-                    .map_or(PackLayout::RowMajor, |e| e.layout),
-                Storage::Arena(_) | Storage::Input(_) => PackLayout::RowMajor,
+        let f = |j: usize| -> Result<&[f32]> { as_f32(bytes_of(j)?) };
+        let w = |j: usize| -> Result<WeightRef<'_>> {
+            let (dtype, layout) = match d.ins[j] {
+                Operand::Weight { dtype, layout, .. } => (dtype, layout),
+                Operand::Arena(_) | Operand::Input(_) => (DType::F32, PackLayout::RowMajor),
             };
             Ok(WeightRef {
-                dtype: stage.values[id as usize].dtype,
-                bytes: bytes_of(id)?,
+                dtype,
+                bytes: bytes_of(j)?,
                 layout,
             })
         };
-        let shape = |id: u32| -> &[u64] { &stage.values[id as usize].shape };
-        let ins = &step.inputs;
         // Steps writing a cache type write bytes; every other step writes f32.
-        match &step.op {
-            Op::Quantize { dtype } => {
-                edge_kernels::quant::quantize_row(*dtype, f(ins[0])?, out);
+        match &d.call {
+            Call::Quantize { dtype } => {
+                edge_kernels::quant::quantize_row(*dtype, f(0)?, out);
                 return Ok(());
             }
-            Op::Concat { .. } if out_v.dtype != DType::F32 => {
-                // Along axis 0 (verified): each input's bytes after the previous one's.
+            Call::Concat { outer, chunks } => {
+                let total: usize = chunks.iter().sum();
                 let mut at = 0;
-                for &i in ins.iter() {
-                    let b = bytes_of(i)?;
-                    out[at..at + b.len()].copy_from_slice(b);
-                    at += b.len();
+                for (j, &chunk) in chunks.iter().enumerate() {
+                    let part = bytes_of(j)?;
+                    if part.len() != outer * chunk {
+                        return Err(Error::Plan(edge_schema::Error::Invalid(format!(
+                            "stage {}: concat input {j} has {} bytes, expected {}",
+                            stage.name,
+                            part.len(),
+                            outer * chunk
+                        ))));
+                    }
+                    edge_kernels::concat_part(part, *outer, at, total, out);
+                    at += chunk;
                 }
+                return Ok(());
+            }
+            Call::Copy => {
+                out.copy_from_slice(bytes_of(0)?);
                 return Ok(());
             }
             _ => {}
         }
+        if d.out_dtype != DType::F32 {
+            return Err(Error::Plan(edge_schema::Error::Invalid(format!(
+                "stage {}: a {} step writes {:?}",
+                stage.name,
+                stage.steps[i].op.name(),
+                d.out_dtype
+            ))));
+        }
         let out = as_f32_mut(out)?;
-        let last = |s: &[u64]| s.last().copied().unwrap_or(1) as usize;
-        match &step.op {
-            Op::Embedding => {
-                let ids = <[i32]>::ref_from_bytes(bytes_of(ins[1])?).map_err(|_| {
+        match &d.call {
+            Call::Embedding { rows, dim } => {
+                let ids = <[i32]>::ref_from_bytes(bytes_of(1)?).map_err(|_| {
                     Error::Plan(edge_schema::Error::Invalid("misaligned ids".into()))
                 })?;
-                let rows = shape(ins[0])[0];
-                if let Some(&bad) = ids.iter().find(|&&i| i < 0 || i as u64 >= rows) {
+                if let Some(&bad) = ids.iter().find(|&&i| i < 0 || i as usize >= *rows) {
                     return Err(Error::TokenId {
                         id: i64::from(bad),
-                        rows: rows as u32,
+                        rows: *rows as u32,
                     });
                 }
-                edge_kernels::embedding(w(ins[0])?, ids, last(shape(ins[0])), out);
+                edge_kernels::embedding(w(0)?, ids, *dim, out);
             }
-            Op::Linear { has_bias } => {
-                let x = f(ins[0])?;
-                let kdim = last(shape(ins[0]));
-                let n = shape(ins[1])[0] as usize;
-                let bias = if *has_bias { Some(f(ins[2])?) } else { None };
-                let wd = stage.values[ins[1] as usize].dtype;
-                let m = x.len() / kdim;
-                let need = edge_kernels::linear_scratch_bytes(wd, m, kdim);
-                check_scratch(&step.op, scratch.len(), need)?;
-                (k.linear.run)(x, w(ins[1])?, bias, out, m, kdim, n, scratch);
+            &Call::Linear {
+                m,
+                k: kdim,
+                n,
+                bias,
+                ..
+            } => {
+                let b = if bias { Some(f(2)?) } else { None };
+                (k.linear.run)(f(0)?, w(1)?, b, out, m, kdim, n, scratch);
             }
-            Op::RmsNorm { eps } => {
-                let x = f(ins[0])?;
-                let d = last(shape(ins[0]));
-                (k.rms_norm.run)(x, x.len() / d, d, *eps, f(ins[1])?, out);
+            &Call::RmsNorm { rows, dim, eps } => {
+                (k.rms_norm.run)(f(0)?, rows, dim, eps, f(1)?, out);
             }
-            Op::LayerNorm { eps, affine } => {
-                let x = f(ins[0])?;
-                let d = last(shape(ins[0]));
-                let (wt, b) = if *affine {
-                    (Some(f(ins[1])?), Some(f(ins[2])?))
+            &Call::LayerNorm {
+                rows,
+                dim,
+                eps,
+                affine,
+            } => {
+                let (wt, b) = if affine {
+                    (Some(f(1)?), Some(f(2)?))
                 } else {
                     (None, None)
                 };
-                (k.layer_norm.run)(x, x.len() / d, d, *eps, wt, b, out);
+                (k.layer_norm.run)(f(0)?, rows, dim, eps, wt, b, out);
             }
-            Op::GroupNorm { groups, eps } => {
-                let s = shape(ins[0]);
-                let (c0, hw) = (s[0] as usize, (s[1] * s[2]) as usize);
-                let (x, g) = (f(ins[0])?, *groups as usize);
+            &Call::GroupNorm {
+                channels,
+                hw,
+                groups,
+                eps,
+            } => {
+                let x = f(0)?;
                 match stats {
-                    Some(st) if st.len() == g => {
-                        (k.group_norm_apply.run)(x, c0, hw, g, st, f(ins[1])?, f(ins[2])?, out)
+                    Some(st) if st.len() == groups => {
+                        (k.group_norm_apply.run)(x, channels, hw, groups, st, f(1)?, f(2)?, out)
                     }
                     Some(st) => {
                         return Err(Error::Plan(edge_schema::Error::Invalid(format!(
-                            "stage {}: {} group statistics for a GroupNorm of {g} groups",
+                            "stage {}: {} group statistics for a GroupNorm of {groups} groups",
                             stage.name,
                             st.len()
                         ))))
                     }
-                    None => k.group_norm(x, c0, hw, g, *eps, f(ins[1])?, f(ins[2])?, out),
+                    None => k.group_norm(x, channels, hw, groups, eps, f(1)?, f(2)?, out),
                 }
             }
-            Op::Modulate {
+            &Call::Modulate {
+                rows,
+                dim,
                 shift_row,
                 scale_row,
             } => {
-                let x = f(ins[0])?;
-                let d = last(shape(ins[0]));
-                let t = f(ins[1])?;
-                let row = |r: u32| &t[r as usize * d..(r as usize + 1) * d];
-                (k.modulate.run)(x, x.len() / d, d, row(*shift_row), row(*scale_row), out);
+                let t = f(1)?;
+                let row = |r: usize| &t[r * dim..(r + 1) * dim];
+                (k.modulate.run)(f(0)?, rows, dim, row(shift_row), row(scale_row), out);
             }
-            Op::GatedResidual { gate_row } => {
-                let x = f(ins[0])?;
-                let d = last(shape(ins[0]));
-                let t = f(ins[2])?;
-                let g = &t[*gate_row as usize * d..(*gate_row as usize + 1) * d];
-                (k.gated_residual.run)(x, f(ins[1])?, x.len() / d, d, g, out);
-            }
-            Op::Add => (k.add.run)(f(ins[0])?, f(ins[1])?, out),
-            Op::Mul => (k.mul.run)(f(ins[0])?, f(ins[1])?, out),
-            Op::Scale { factor } => edge_kernels::scale(f(ins[0])?, *factor, out),
-            Op::Silu => (k.silu.run)(f(ins[0])?, out),
-            Op::Relu => (k.relu.run)(f(ins[0])?, out),
-            Op::Tanh => (k.tanh.run)(f(ins[0])?, out),
-            Op::GeluTanh => (k.gelu_tanh.run)(f(ins[0])?, out),
-            Op::Attention {
-                heads,
-                head_dim,
-                scale,
-                q_offset,
-                k_offset,
-                v_offset,
-                has_mask,
-                masked_value,
-                has_bias,
+            &Call::GatedResidual {
+                rows,
+                dim,
+                gate_row,
             } => {
-                let (qs, kvs) = (shape(ins[0]), shape(ins[1]));
-                let p = AttentionParams {
-                    lq: qs[0] as usize,
-                    lk: kvs[0] as usize,
-                    heads: *heads as usize,
-                    head_dim: *head_dim as usize,
-                    scale: *scale,
-                    q_stride: qs[1] as usize,
-                    q_offset: *q_offset as usize,
-                    kv_stride: kvs[1] as usize,
-                    k_offset: *k_offset as usize,
-                    v_offset: *v_offset as usize,
-                    masked_value: *masked_value,
-                };
-                let mut next = 2;
-                let mask = if *has_mask {
-                    next += 1;
-                    Some(f(ins[2])?)
+                let t = f(2)?;
+                let g = &t[gate_row * dim..(gate_row + 1) * dim];
+                (k.gated_residual.run)(f(0)?, f(1)?, rows, dim, g, out);
+            }
+            Call::Add => (k.add.run)(f(0)?, f(1)?, out),
+            Call::Mul => (k.mul.run)(f(0)?, f(1)?, out),
+            &Call::Scale { factor } => edge_kernels::scale(f(0)?, factor, out),
+            Call::Silu => (k.silu.run)(f(0)?, out),
+            Call::Relu => (k.relu.run)(f(0)?, out),
+            Call::Tanh => (k.tanh.run)(f(0)?, out),
+            Call::GeluTanh => (k.gelu_tanh.run)(f(0)?, out),
+            Call::Attention { p, mask, bias } => {
+                let m = if *mask { Some(f(2)?) } else { None };
+                let b = if *bias {
+                    Some(f(2 + usize::from(*mask))?)
                 } else {
                     None
                 };
-                let bias = if *has_bias { Some(f(ins[next])?) } else { None };
-                (k.attention.run)(&p, f(ins[0])?, f(ins[1])?, mask, bias, out);
+                (k.attention.run)(p, f(0)?, f(1)?, m, b, out);
             }
-            Op::Conv2d {
-                stride,
-                pad,
-                has_bias,
+            Call::Conv2d { p, bias, .. } => {
+                let b = if *bias { Some(f(2)?) } else { None };
+                (k.conv2d.run)(p, f(0)?, w(1)?, b, out, scratch);
+            }
+            &Call::UpsampleNearest2x { channels, h, w } => {
+                (k.upsample_nearest2x.run)(f(0)?, channels, h, w, out);
+            }
+            Call::Permute { shape, perm } => edge_kernels::permute(f(0)?, shape, perm, out),
+            Call::Slice {
+                shape,
+                axis,
+                start,
+                len,
+            } => edge_kernels::slice_axis(f(0)?, shape, *axis, *start, *len, out),
+            &Call::Rows {
+                dtype,
+                row_bytes,
+                start,
+                len,
             } => {
-                let (xs, ws) = (shape(ins[0]), shape(ins[1]));
-                let p = Conv2dParams {
-                    cin: xs[0] as usize,
-                    h: xs[1] as usize,
-                    w: xs[2] as usize,
-                    cout: ws[0] as usize,
-                    kh: ws[2] as usize,
-                    kw: ws[3] as usize,
-                    stride_h: stride[0] as usize,
-                    stride_w: stride[1] as usize,
-                    pad_top: pad[0] as usize,
-                    pad_bottom: pad[1] as usize,
-                    pad_left: pad[2] as usize,
-                    pad_right: pad[3] as usize,
-                };
-                let bias = if *has_bias { Some(f(ins[2])?) } else { None };
-                let wd = stage.values[ins[1] as usize].dtype;
-                let need = edge_kernels::conv2d_scratch_bytes(&p, wd);
-                check_scratch(&step.op, scratch.len(), need)?;
-                (k.conv2d.run)(&p, f(ins[0])?, w(ins[1])?, bias, out, scratch);
+                let rows = bytes_of(0)?
+                    .get(start * row_bytes..(start + len) * row_bytes)
+                    .ok_or_else(|| {
+                        Error::Plan(edge_schema::Error::Invalid(format!(
+                            "stage {}: rows {start}..{} outside their table",
+                            stage.name,
+                            start + len
+                        )))
+                    })?;
+                edge_kernels::quant::dequantize_row(dtype, rows, out);
             }
-            Op::UpsampleNearest2x => {
-                let s = shape(ins[0]);
-                (k.upsample_nearest2x.run)(
-                    f(ins[0])?,
-                    s[0] as usize,
-                    s[1] as usize,
-                    s[2] as usize,
-                    out,
-                );
-            }
-            Op::Permute { perm } => {
-                let mut p = [0usize; edge_schema::op::MAX_RANK];
-                for (o, &x) in p.iter_mut().zip(perm) {
-                    *o = usize::from(x);
-                }
-                edge_kernels::permute(f(ins[0])?, &dims(shape(ins[0])), &p[..perm.len()], out);
-            }
-            Op::Reshape => out.copy_from_slice(f(ins[0])?),
-            Op::Slice { axis, start, len } => {
-                edge_kernels::slice_axis(
-                    f(ins[0])?,
-                    &dims(shape(ins[0])),
-                    usize::from(*axis),
-                    *start as usize,
-                    *len as usize,
-                    out,
-                );
-            }
-            Op::Rows { start, len } => {
-                let x = bytes_of(ins[0])?;
-                let dt = stage.values[ins[0] as usize].dtype;
-                let row = dt
-                    .bytes_for(shape(ins[0])[1])
-                    .ok_or_else(|| Error::Plan(edge_schema::Error::Invalid("rows".into())))?
-                    as usize;
-                let (a, n) = (*start as usize, *len as usize);
-                edge_kernels::quant::dequantize_row(dt, &x[a * row..(a + n) * row], out);
-            }
-            Op::Quantize { .. } => {} // written as bytes above
-            Op::Concat { axis } => {
-                let parts: Vec<&[f32]> = ins.iter().map(|&i| f(i)).collect::<Result<_>>()?;
-                let shapes: Vec<Dims> = ins.iter().map(|&i| dims(shape(i))).collect();
-                let shape_refs: Vec<&[usize]> = shapes.iter().map(|s| &s[..]).collect();
-                edge_kernels::concat_axis(&parts, &shape_refs, usize::from(*axis), out);
-            }
-            Op::TimestepEmbedding {
+            &Call::TimestepEmbedding {
+                dim,
                 flip_sin_to_cos,
                 downscale_freq_shift,
                 max_period,
-            } => {
-                let dim = last(&out_v.shape);
-                edge_kernels::timestep_embedding(
-                    f(ins[0])?,
-                    dim,
-                    *flip_sin_to_cos,
-                    *downscale_freq_shift,
-                    *max_period,
-                    out,
-                );
-            }
-            Op::T5PositionBias {
+            } => edge_kernels::timestep_embedding(
+                f(0)?,
+                dim,
+                flip_sin_to_cos,
+                downscale_freq_shift,
+                max_period,
+                out,
+            ),
+            &Call::T5PositionBias {
+                heads,
+                lq,
+                lk,
                 num_buckets,
                 max_distance,
                 bidirectional,
-            } => {
-                let o = &out_v.shape;
-                edge_kernels::t5_position_bias(
-                    f(ins[0])?,
-                    o[0] as usize,
-                    o[1] as usize,
-                    o[2] as usize,
-                    *num_buckets as usize,
-                    *max_distance as usize,
-                    *bidirectional,
-                    out,
-                );
-            }
+            } => edge_kernels::t5_position_bias(
+                f(0)?,
+                heads,
+                lq,
+                lk,
+                num_buckets,
+                max_distance,
+                bidirectional,
+                out,
+            ),
+            // Written as bytes above.
+            Call::Quantize { .. } | Call::Concat { .. } | Call::Copy => {}
         }
         Ok(())
+    }
+}
+
+impl<'p> crate::executor::Executor<'p> for Session<'p> {
+    fn plan(&self) -> &'p Plan {
+        self.plan
+    }
+
+    fn run_stage_bytes(
+        &mut self,
+        stage: u32,
+        inputs: &[StageInput<'_>],
+        outputs: &mut [&mut [u8]],
+    ) -> Result<()> {
+        self.stage_bytes(stage, inputs, outputs)
+    }
+
+    fn run_steps(
+        &mut self,
+        stage: u32,
+        first: usize,
+        end: usize,
+        stats: Option<&[edge_kernels::GroupStats]>,
+    ) -> Result<()> {
+        self.run_steps_bound(stage, first, end, stats, &[])
+    }
+
+    fn with_value(
+        &self,
+        stage: u32,
+        id: u32,
+        f: &mut dyn FnMut(&[f32]) -> Result<()>,
+    ) -> Result<()> {
+        f(self.value(stage, id)?)
+    }
+
+    fn with_value_mut(
+        &mut self,
+        stage: u32,
+        id: u32,
+        f: &mut dyn FnMut(&mut [f32]) -> Result<()>,
+    ) -> Result<()> {
+        f(self.value_mut(stage, id)?)
+    }
+
+    fn streamer(&self) -> &crate::stream::Streamer {
+        &self.streamer
+    }
+
+    fn spill_dir(&self) -> std::path::PathBuf {
+        self.spill_dir.clone().unwrap_or_else(std::env::temp_dir)
+    }
+
+    fn host_kernels(&self) -> &KernelTable {
+        &self.kernels
     }
 }

@@ -22,8 +22,9 @@ use edge_schema::plan::{GroupNormSync, HeldIn, StageKind, VaeTiling};
 use edge_schema::tiles::{self, AxisWindow};
 
 use crate::error::{Error, Result};
+use crate::executor::Executor;
 use crate::held::{Dims, Held};
-use crate::session::{Session, StageInput};
+use crate::session::StageInput;
 
 /// What an exact tiled decode did, for `edgerun -v`.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -52,7 +53,7 @@ pub fn check_spill_dir(dir: &std::path::Path) -> Result<()> {
 /// image's GroupNorm statistics (see the module doc). Errors name the stage when the plan's
 /// geometry does not hold (the verifier checks it first).
 pub fn decode_exact(
-    session: &mut Session<'_>,
+    session: &mut dyn Executor<'_>,
     size: &edge_schema::plan::ImageSize,
     t: &VaeTiling,
     sync: &GroupNormSync,
@@ -119,7 +120,7 @@ pub fn decode_exact(
         in_file: sync.held == HeldIn::File,
         work_factor: (ys.len() * th * xs.len() * tw) as f64 / (lh * lw) as f64,
     };
-    let kernels = *session.kernels();
+    let kernels = *session.host_kernels();
     for iv in &schedule.intervals {
         // The leading GroupNorm's statistics over the whole held input.
         let stats = match tail.steps.get(iv.first).map(|s| (&s.op, s.inputs.first())) {
@@ -140,25 +141,27 @@ pub fn decode_exact(
             for wx in &xs {
                 for &v in &iv.restore {
                     let (_, f) = geo(v)?;
-                    let win = session.value_mut(t.stage, v)?;
-                    held.crop(
-                        v,
-                        (wy.win_start * f, wx.win_start * f),
-                        (th * f, tw * f),
-                        win,
-                    )?;
+                    session.with_value_mut(t.stage, v, &mut |win| {
+                        held.crop(
+                            v,
+                            (wy.win_start * f, wx.win_start * f),
+                            (th * f, tw * f),
+                            win,
+                        )
+                    })?;
                 }
                 session.run_steps(t.stage, iv.first, iv.end, stats.as_deref())?;
                 for &v in &iv.save {
                     let (_, f) = geo(v)?;
-                    let win = session.value(t.stage, v)?;
-                    held.paste(
-                        v,
-                        win,
-                        (th * f, tw * f),
-                        core_of(wy, wx, f),
-                        (wy.win_start * f, wx.win_start * f),
-                    )?;
+                    session.with_value(t.stage, v, &mut |win| {
+                        held.paste(
+                            v,
+                            win,
+                            (th * f, tw * f),
+                            core_of(wy, wx, f),
+                            (wy.win_start * f, wx.win_start * f),
+                        )
+                    })?;
                 }
             }
         }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use edge_runtime::parameters::GenerationInfo;
-use edge_runtime::{Flow, GenerateParams, Plan, Progress, Session};
+use edge_runtime::{Executor, Flow, GenerateParams, Plan, Progress, Session};
 
 use crate::request::{JobSpec, Limits};
 

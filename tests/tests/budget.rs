@@ -6,6 +6,7 @@ use edge_e2e::*;
 use edge_planner::budget::SegmentMode;
 use edge_planner::tiling::{TileMode, TileRequest};
 use edge_planner::CompileOptions;
+use edge_runtime::Executor;
 use edge_runtime::{Plan, Session, StageInput};
 
 fn compile(

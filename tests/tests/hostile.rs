@@ -3,6 +3,7 @@
 //! kernels. Every mutation must be refused by [`Plan::from_bytes`] with a message naming the
 //! problem, and damaged files (flipped bytes, truncation) must be refused without panicking.
 
+use edge_runtime::Executor;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use edge_e2e::{compiled_plan, demo};
@@ -587,7 +588,7 @@ fn truncated_files_are_refused() {
 /// schema does not know kernel scratch sizes), so the session must refuse the step instead of
 /// letting the kernel panic.
 #[test]
-fn missing_conv_scratch_is_refused_at_run_time() {
+fn missing_conv_scratch_is_refused_before_any_step_runs() {
     let good = good_plan();
     let mut meta = edge_planner::inspect::read_meta(&good).unwrap();
     let dec = meta
@@ -629,7 +630,14 @@ fn missing_conv_scratch_is_refused_at_run_time() {
             .iter()
             .product::<u64>() as usize
     ];
-    let mut session = edge_runtime::Session::new(&plan, edge_kernels::generic(), None).unwrap();
+    // The session decodes every step when it is created: refused there, before any step runs.
+    let mut session = match edge_runtime::Session::new(&plan, edge_kernels::generic(), None) {
+        Ok(s) => s,
+        Err(e) => {
+            assert!(e.to_string().contains("scratch"), "{e}");
+            return;
+        }
+    };
     let r = catch_unwind(AssertUnwindSafe(|| {
         session.run_stage(
             dec as u32,

@@ -3,6 +3,7 @@
 
 use edge_e2e::*;
 use edge_runtime::sampler::SamplingMethod;
+use edge_runtime::Executor;
 use edge_runtime::{GenerateParams, Plan, Session, StageInput};
 
 const SIZES: [(u32, u32); 3] = [(64, 64), (64, 96), (96, 64)];

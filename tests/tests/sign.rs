@@ -1,6 +1,7 @@
 //! Signed plans: signing the demo plan, refusing unsigned, foreign-signed and modified plans
 //! when a key is trusted, and checking weight sections lazily but before first use.
 
+use edge_runtime::Executor;
 use std::collections::BTreeSet;
 
 use edge_e2e::{compiled_plan, demo};

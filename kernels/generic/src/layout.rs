@@ -160,6 +160,32 @@ pub fn slice_axis(
         });
 }
 
+/// One input of a concatenation, as bytes (any element type): `part` is `outer` rows of
+/// `chunk = part.len() / outer` bytes, and row `o` is copied to `out[o·total + at ..][..chunk]`.
+/// With `at` the sum of the earlier inputs' chunks, calling this for every input in order gives
+/// torch `cat(parts, dim=axis)`, where `outer` is the product of the axes before `axis` and a
+/// chunk the bytes of the rest ([`crate::Call::Concat`]).
+pub fn concat_part(part: &[u8], outer: usize, at: usize, total: usize, out: &mut [u8]) {
+    assert!(
+        outer > 0 && part.len().is_multiple_of(outer),
+        "concat_part: {} bytes are not {outer} rows",
+        part.len()
+    );
+    let chunk = part.len() / outer;
+    assert!(
+        at + chunk <= total && out.len() == outer * total,
+        "concat_part: chunk {at}..{} of rows of {total} bytes, out has {} bytes for {outer} rows",
+        at + chunk,
+        out.len()
+    );
+    if chunk == 0 {
+        return;
+    }
+    for (o, src) in part.chunks_exact(chunk).enumerate() {
+        out[o * total + at..][..chunk].copy_from_slice(src);
+    }
+}
+
 /// `generic_concat_axis_f32`: torch `cat(parts, dim=axis)`. `parts[p]` has `shapes[p]`; all
 /// shapes have the same rank and agree except along `axis`; `out` has the common shape with
 /// `axis` extent equal to the sum of the parts' extents.

@@ -1,7 +1,8 @@
 //! The complete generic (portable, safe Rust) kernel table: the oracle for every SIMD and
 //! CUDA kernel.
 //!
-//! Kernels take slices and plain parameter structs; they never see `Op`. Every SIMD or CUDA
+//! Kernels take slices and plain parameter structs; they never see `Op`: [`call`] is the one
+//! place where an op and its shapes become a [`Call`] with those parameters. Every SIMD or CUDA
 //! kernel elsewhere has its twin here, and tests compare them. This crate depends only on
 //! `edge-schema` (for [`DType`](edge_schema::DType)) and never on the graph, planner or runtime.
 //!
@@ -17,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 mod attention;
+pub mod call;
 pub mod contract;
 mod conv;
 pub mod cpu;
@@ -38,6 +40,7 @@ pub use attention::{
     PackKeysFn, QueryBlock, RowState, GENERIC_ATTENTION, KEY_TILE, MAX_HEAD_DIM, QUERY_TILE,
     SUM_LANES,
 };
+pub use call::{Axes, Call};
 pub use conv::{conv2d, conv2d_scratch_bytes, conv2d_with, Conv2dParams};
 /// Elements per task of the element-wise kernels (each output element depends only on its own
 /// inputs, so SIMD twins may split the same way or any other).
@@ -48,7 +51,7 @@ pub use elementwise::{
 };
 pub use embed::{embedding, t5_position_bias, t5_relative_position_bucket, timestep_embedding};
 pub use gemm::{F32Tile, TileFn, GENERIC_TILE, KC, MAX_TILE_COLS, MAX_TILE_ROWS};
-pub use layout::{concat_axis, permute, slice_axis, upsample_nearest2x, MAX_RANK};
+pub use layout::{concat_axis, concat_part, permute, slice_axis, upsample_nearest2x, MAX_RANK};
 pub use linear::{
     linear, linear_plain, linear_scratch_bytes, quant_panel_bytes, quant_panel_cols,
     quant_scratch_layout, QUANT_PANEL_BLOCK_BYTES, QUANT_PANEL_COLS, QUANT_PANEL_MAX_BYTES,

@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use edge_runtime::pipeline::{available_sizes, Progress};
 use edge_runtime::sampler::SamplingMethod;
-use edge_runtime::{GenerateParams, Plan, Session};
+use edge_runtime::{Executor, GenerateParams, Plan, Session};
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
