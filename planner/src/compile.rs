@@ -21,6 +21,7 @@ use crate::load::{scheduler, tokenizer, LoadError, TensorSource};
 use crate::lora::{LoraFile, LoraMerge, LoraRequest};
 use crate::lower::{lower, LoadedWeight, TensorTable, WeightResolver};
 use crate::pack::PackPolicy;
+pub use crate::progress::{CompileProgress, ProgressHook};
 use crate::tiling::TileRequest;
 
 /// What to compile.
@@ -64,38 +65,6 @@ pub struct CompileOptions {
     /// folder (`config.json` + weights) or one weights file with diffusers names
     /// (`decoder.layers.N…`, TAESD's default config).
     pub taesd: Option<PathBuf>,
-}
-
-/// What [`CompileOptions::progress`] is told.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CompileProgress {
-    /// A weight of `bytes` source bytes was read (and will be packed).
-    Read { bytes: u64 },
-    /// `done` of `total` bytes of the plan file are written.
-    Written { done: u64, total: u64 },
-}
-
-/// A progress callback (thread-safe: weights may be read from several threads).
-#[derive(Clone, Default)]
-pub struct ProgressHook(pub Option<std::sync::Arc<dyn Fn(CompileProgress) + Send + Sync>>);
-
-impl ProgressHook {
-    /// Tells the callback, if any.
-    pub fn report(&self, p: CompileProgress) {
-        if let Some(f) = &self.0 {
-            f(p);
-        }
-    }
-}
-
-impl std::fmt::Debug for ProgressHook {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "ProgressHook(set)"
-        } else {
-            "ProgressHook(none)"
-        })
-    }
 }
 
 impl Default for CompileOptions {
@@ -1291,7 +1260,7 @@ fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compile
     let encoder_compiled = meta.sizes.iter().any(|z| z.encoder_stage.is_some());
     meta.notes
         .extend(unused_notes(&t5_src, &dit_src, &vae_src, encoder_compiled));
-    crate::pack::repack_for_target(&mut table, &meta.stages, &meta.target);
+    table.repack_for_target(&meta.stages, &meta.target);
     crate::budget::apply(
         &mut meta,
         &table.entries,

@@ -18,8 +18,10 @@ pub mod load;
 pub mod lora;
 pub mod lower;
 pub mod pack;
+pub mod progress;
 pub mod sign;
 pub mod synth;
+pub mod table;
 pub mod tiling;
 pub mod write;
 

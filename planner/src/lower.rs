@@ -2,120 +2,16 @@
 //! into the arena (liveness → greedy layout, verified), cut markers into segments, and each
 //! segment's first-used weights into one contiguous section.
 
-use std::collections::HashMap;
-
-use edge_graph::{Graph, Source, WeightSpec};
+use edge_graph::{Graph, Source};
 use edge_kernels::Call;
 use edge_schema::op::Op;
-use edge_schema::plan::{
-    ArenaSlice, PackLayout, Segment, Stage, StageKind, Step, Storage, TensorEntry, ValueEntry,
-};
+use edge_schema::plan::{ArenaSlice, Segment, Stage, StageKind, Step, Storage, ValueEntry};
 use edge_schema::DType;
 
 use crate::arena::{self, Lifetime};
 use crate::error::{PlanError, Result};
-use crate::pack::{self, Fallback, PackPolicy};
-
-/// A weight as a checkpoint provides it (parts already concatenated).
-pub struct LoadedWeight {
-    /// The type of `bytes`.
-    pub dtype: DType,
-    /// Shape, outermost-first.
-    pub shape: Vec<u64>,
-    pub bytes: Vec<u8>,
-    /// The checkpoint's type, which the pack policy keeps when no type is asked for; differs
-    /// from `dtype` when the planner changed the values (a LoRA merged in f32).
-    pub checkpoint_dtype: DType,
-}
-
-/// Resolves graph weights to checkpoint data.
-pub trait WeightResolver {
-    /// The tensor for `spec`, which the graph expects to have `shape`. Errors name the tensor
-    /// and the expected shape.
-    fn resolve(&self, spec: &WeightSpec, shape: &[u64]) -> Result<LoadedWeight>;
-}
-
-/// The tensor table and weight sections shared by all stages of a plan under construction.
-#[derive(Default)]
-pub struct TensorTable {
-    pub entries: Vec<TensorEntry>,
-    pub data: Vec<Vec<u8>>,
-    /// Tensor ids per section, in storage order.
-    pub sections: Vec<Vec<u32>>,
-    pub fallbacks: Vec<Fallback>,
-    /// Indices of the [`PackPolicy::rules`] that chose the type of at least one matrix.
-    pub rules_applied: std::collections::BTreeSet<usize>,
-    dedup: HashMap<(Vec<String>, DType), u32>,
-    /// Section of each tensor once assigned.
-    section_of: Vec<Option<u32>>,
-}
-
-impl TensorTable {
-    fn add(&mut self, name: String, dtype: DType, shape: Vec<u64>, bytes: Vec<u8>) -> u32 {
-        self.entries.push(TensorEntry {
-            name,
-            dtype,
-            shape,
-            layout: PackLayout::RowMajor,
-            section: 0,
-            offset: 0,
-            len: bytes.len() as u64,
-        });
-        self.data.push(bytes);
-        self.section_of.push(None);
-        (self.entries.len() - 1) as u32
-    }
-
-    fn weight(
-        &mut self,
-        spec: &WeightSpec,
-        shape: &[u64],
-        resolver: &dyn WeightResolver,
-        policy: &PackPolicy,
-    ) -> Result<u32> {
-        let loaded = resolver.resolve(spec, shape)?;
-        let name = spec.parts.join("+");
-        let row = shape.last().copied().unwrap_or(1);
-        let (dtype, fb) = policy.choose(&name, spec.kind, loaded.checkpoint_dtype, row);
-        if let Some(r) = policy.rule_for(&name, spec.kind) {
-            self.rules_applied.insert(r);
-        }
-        if let Some(&id) = self.dedup.get(&(spec.parts.clone(), dtype)) {
-            return Ok(id);
-        }
-        if let Some(fb) = fb {
-            self.fallbacks.push(fb);
-        }
-        let n: u64 = shape.iter().product();
-        let bytes = pack::convert(&loaded.bytes, loaded.dtype, dtype, n as usize);
-        let id = self.add(name, dtype, shape.to_vec(), bytes);
-        self.dedup.insert((spec.parts.clone(), dtype), id);
-        Ok(id)
-    }
-
-    fn constant(&mut self, name: String, shape: &[u64], data: &[f32]) -> u32 {
-        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
-        self.add(name, DType::F32, shape.to_vec(), bytes)
-    }
-
-    fn assign_section(&mut self, tensors: &[u32]) -> Option<u32> {
-        let fresh: Vec<u32> = tensors
-            .iter()
-            .copied()
-            .filter(|&t| self.section_of[t as usize].is_none())
-            .collect();
-        if fresh.is_empty() {
-            return tensors.first().and_then(|&t| self.section_of[t as usize]);
-        }
-        let sec = self.sections.len() as u32;
-        for &t in &fresh {
-            self.section_of[t as usize] = Some(sec);
-            self.entries[t as usize].section = sec;
-        }
-        self.sections.push(fresh);
-        Some(sec)
-    }
-}
+use crate::pack::PackPolicy;
+pub use crate::table::{LoadedWeight, TensorTable, WeightResolver};
 
 fn f32_bytes(shape: &[u64], dtype: DType) -> u64 {
     dtype.bytes_for(shape.iter().product()).unwrap_or(0)

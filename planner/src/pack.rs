@@ -9,8 +9,6 @@
 //! any quantized GGUF tensor when no type is asked for) pass through without requantization.
 
 use edge_graph::WeightKind;
-use edge_schema::op::Op;
-use edge_schema::plan::{Isa, PackLayout, Stage, Storage, Target};
 use edge_schema::DType;
 
 /// How to choose weight types.
@@ -173,54 +171,6 @@ pub fn convert(data: &[u8], from: DType, to: DType, n: usize) -> Vec<u8> {
     let mut out = vec![0u8; bytes];
     edge_kernels::quant::quantize_row(to, &f, &mut out);
     out
-}
-
-/// Repacks, for an aarch64 target, every `Q8_0`/`Q4_0` matrix `[n, k]` with `n ≥ 4` that the
-/// plan uses only as a `Linear` weight into [`PackLayout::Interleaved4x8`] (the layout the NEON
-/// kernels read 4 rows at a time, `edge_kernels::pack`), and records the layout in its entry.
-/// Other targets keep [`PackLayout::RowMajor`]. The generic kernels read both layouts with
-/// bit-identical results, so a repacked plan still runs (and is checked) on the workstation.
-/// Returns the number of tensors repacked. Must run before sections and digests are built.
-pub fn repack_for_target(
-    table: &mut crate::lower::TensorTable,
-    stages: &[Stage],
-    target: &Target,
-) -> usize {
-    if target.isa != Isa::Aarch64 {
-        return 0;
-    }
-    // Per tensor: Some(true) if every use is a linear weight operand, Some(false) otherwise.
-    let mut linear_only: Vec<Option<bool>> = vec![None; table.entries.len()];
-    for stage in stages {
-        for step in &stage.steps {
-            for (slot, &id) in step.inputs.iter().enumerate() {
-                if let Some(Storage::Weight(t)) = stage.values.get(id as usize).map(|v| &v.storage)
-                {
-                    let ok = matches!(step.op, Op::Linear { .. }) && slot == 1;
-                    if let Some(u) = linear_only.get_mut(*t as usize) {
-                        *u = Some(u.unwrap_or(true) && ok);
-                    }
-                }
-            }
-        }
-    }
-    let mut repacked = 0;
-    for (t, (entry, data)) in table.entries.iter_mut().zip(&mut table.data).enumerate() {
-        let [n, k] = entry.shape[..] else { continue };
-        if linear_only[t] != Some(true)
-            || !edge_kernels::pack::interleaves(entry.dtype)
-            || n < edge_kernels::pack::GROUP_ROWS as u64
-            || entry.layout != PackLayout::RowMajor
-        {
-            continue;
-        }
-        let mut out = vec![0u8; data.len()];
-        edge_kernels::pack::interleave4x8(entry.dtype, data, n as usize, k as usize, &mut out);
-        *data = out;
-        entry.layout = PackLayout::Interleaved4x8;
-        repacked += 1;
-    }
-    repacked
 }
 
 #[cfg(test)]

@@ -131,7 +131,7 @@ pub fn assemble(meta: &mut PlanMeta, table: &TensorTable) -> Result<Vec<u8>> {
 /// # Errors
 /// Layout and verification errors as [`assemble`]; [`PlanError::Write`] naming `path`.
 pub fn write_plan(meta: &mut PlanMeta, table: &TensorTable, path: &Path) -> Result<()> {
-    write_plan_reporting(meta, table, path, &crate::compile::ProgressHook::default())
+    write_plan_reporting(meta, table, path, &crate::progress::ProgressHook::default())
 }
 
 /// [`write_plan`], telling `progress` the bytes written after each tensor.
@@ -139,7 +139,7 @@ pub fn write_plan_reporting(
     meta: &mut PlanMeta,
     table: &TensorTable,
     path: &Path,
-    progress: &crate::compile::ProgressHook,
+    progress: &crate::progress::ProgressHook,
 ) -> Result<()> {
     let layout = lay_out(meta, table)?;
     let total = layout.header.file_len.get();
@@ -152,7 +152,7 @@ pub fn write_plan_reporting(
             reported: 0,
         };
         emit(&mut counting, &layout, meta, table)?;
-        progress.report(crate::compile::CompileProgress::Written { done: total, total });
+        progress.report(crate::progress::CompileProgress::Written { done: total, total });
         Ok(())
     })
     .map_err(|source| PlanError::Write {
@@ -166,7 +166,7 @@ struct Counting<'a> {
     out: &'a mut dyn Write,
     done: u64,
     total: u64,
-    progress: &'a crate::compile::ProgressHook,
+    progress: &'a crate::progress::ProgressHook,
     reported: u64,
 }
 
@@ -177,7 +177,7 @@ impl Write for Counting<'_> {
         if self.done - self.reported >= 4 << 20 {
             self.reported = self.done;
             self.progress
-                .report(crate::compile::CompileProgress::Written {
+                .report(crate::progress::CompileProgress::Written {
                     done: self.done,
                     total: self.total,
                 });

@@ -17,7 +17,16 @@ use zerocopy::IntoBytes;
 
 use crate::error::Result;
 use crate::plan::Plan;
-use crate::session::StageInput;
+
+/// A stage input handed to [`Executor::run_stage`].
+#[derive(Clone, Copy, Debug)]
+pub enum StageInput<'a> {
+    F32(&'a [f32]),
+    I32(&'a [i32]),
+    /// The bytes of an input of a cache type (F16, Q8_0; or F32), as an earlier stage's
+    /// [`Executor::run_stage_bytes`] wrote them.
+    Bytes(&'a [u8]),
+}
 
 /// A backend that runs the stages of one plan, step by step, paging each step's segment.
 ///

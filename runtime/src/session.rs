@@ -13,17 +13,8 @@ use edge_schema::DType;
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::error::{Error, Result};
+pub use crate::executor::StageInput;
 use crate::plan::Plan;
-
-/// A stage input handed to [`Session::run_stage`].
-#[derive(Clone, Copy, Debug)]
-pub enum StageInput<'a> {
-    F32(&'a [f32]),
-    I32(&'a [i32]),
-    /// The bytes of an input of a cache type (F16, Q8_0; or F32), as an earlier stage's
-    /// [`Session::run_stage_bytes`] wrote them.
-    Bytes(&'a [u8]),
-}
 
 /// One plan bound to an arena and a kernel table.
 pub struct Session<'p> {

@@ -3,47 +3,12 @@
 use rayon::prelude::*;
 
 use crate::expf::exp_f32;
+pub use crate::params::{AttentionParams, MAX_HEAD_DIM};
 
-/// Largest supported `head_dim` (the stack accumulator size). The VAE mid-block attention is
-/// single-head with `head_dim = channels` (512 in the SD VAE used by PixArt).
-pub const MAX_HEAD_DIM: usize = 512;
 /// Keys per tile of the online softmax.
 pub const KEY_TILE: usize = 64;
 /// Query rows per task (they share each key/value tile while it is in cache).
 pub const QUERY_TILE: usize = 4;
-
-/// Where queries, keys and values lie in their source buffers, and the score formula.
-///
-/// Query of head `h` at row `i`: `q_src[i·q_stride + q_offset + h·head_dim ..][..head_dim]`;
-/// key of row `j`: `kv_src[j·kv_stride + k_offset + h·head_dim ..]`; value likewise with
-/// `v_offset`. A fused qkv projection `[L, 3D]` is read in place with strides `3D` and offsets
-/// `0, D, 2D`; a fused kv projection `[L, 2D]` with stride `2D` and offsets `0, D`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AttentionParams {
-    /// Query rows.
-    pub lq: usize,
-    /// Key/value rows (≥ 1).
-    pub lk: usize,
-    /// Heads.
-    pub heads: usize,
-    /// Elements per head (1..=[`MAX_HEAD_DIM`]).
-    pub head_dim: usize,
-    /// Multiplier of `q·k` (`1/√head_dim` for PixArt and the VAE, 1.0 for T5).
-    pub scale: f32,
-    /// Elements between consecutive query rows of `q_src`.
-    pub q_stride: usize,
-    /// Offset of head 0 within a query row.
-    pub q_offset: usize,
-    /// Elements between consecutive rows of `kv_src`.
-    pub kv_stride: usize,
-    /// Offset of head 0's key within a `kv_src` row.
-    pub k_offset: usize,
-    /// Offset of head 0's value within a `kv_src` row.
-    pub v_offset: usize,
-    /// Added to the score of a dropped key, times `1 − mask[j]` (−10000 in PixArt's cross
-    /// attention, `f32::MIN` in T5).
-    pub masked_value: f32,
-}
 
 /// `generic_attention_f32`: for every head `h` and query row `i`,
 /// `s_j = scale·(q·k_j) + bias[h, i, j] + (1 − key_mask[j])·masked_value`,

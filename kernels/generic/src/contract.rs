@@ -7,10 +7,9 @@
 
 use edge_schema::plan::PackLayout;
 
-use crate::attention::{AttentionParams, MAX_HEAD_DIM};
-use crate::conv::Conv2dParams;
+use crate::params::{conv2d_scratch_bytes, AttentionParams, Conv2dParams, MAX_HEAD_DIM};
 use crate::weights::{row_bytes, WeightRef};
-use crate::{conv2d_scratch_bytes, linear_scratch_bytes, pack};
+use crate::{linear_scratch_bytes, pack};
 
 /// [`crate::linear`]: `x` `[m, k]`, `out` `[m, n]`, `w` `[n, k]` of `w.dtype` (whole blocks per
 /// row), `bias` `[n]`, at least `linear_scratch_bytes(w.dtype, m, k)` bytes of scratch, and a

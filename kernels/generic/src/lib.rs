@@ -30,6 +30,7 @@ mod layout;
 mod linear;
 mod norm;
 pub mod pack;
+mod params;
 pub mod quant;
 mod table;
 mod weights;
