@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod infer;
 pub mod pixart;
 pub mod t5;
 pub mod taesd;
@@ -52,4 +53,8 @@ pub enum ModelError {
     /// without them.
     #[error("{model}: the config uses additional conditions (resolution, aspect ratio) but none were given")]
     MissingMicroConditions { model: &'static str },
+    /// A config could not be inferred from tensor shapes (the message names the tensor and
+    /// file, or the flag that would supply what shapes cannot say).
+    #[error("{0}")]
+    Infer(String),
 }

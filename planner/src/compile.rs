@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use edge_graph::WeightSpec;
 use edge_models::config::{PixArtConfig, T5Config, VaeConfig};
+use edge_models::infer;
 use edge_models::pixart::MicroConditions;
 use edge_models::t5::build_t5_encoder;
 use edge_schema::plan::{
@@ -23,6 +24,7 @@ use crate::lower::{lower, LoadedWeight, TensorTable, WeightResolver};
 use crate::pack::PackPolicy;
 pub use crate::progress::{CompileProgress, ProgressHook};
 use crate::tiling::TileRequest;
+pub use edge_models::infer::{ALPHA_VAE_SCALE, PIXART_SCHEDULER_CONFIG, SIGMA_VAE_SCALE};
 
 /// What to compile.
 #[derive(Clone, Debug)]
@@ -492,234 +494,25 @@ fn load_tokenizer_file(path: &Path) -> Result<edge_schema::tokenizer::TokenizerS
     Ok(spec.map_err(LoadError::from)?)
 }
 
-/// The `scheduler_config.json` of the PixArt-α / Σ pipelines (DPM-Solver++ 2M, linear betas
-/// 1e-4…0.02 over 1000 steps, epsilon prediction), used when there is no folder.
-pub const PIXART_SCHEDULER_CONFIG: &str = r#"{
-  "_class_name": "DPMSolverMultistepScheduler",
-  "algorithm_type": "dpmsolver++",
-  "beta_end": 0.02,
-  "beta_schedule": "linear",
-  "beta_start": 0.0001,
-  "dynamic_thresholding_ratio": 0.995,
-  "euler_at_final": false,
-  "final_sigmas_type": "zero",
-  "lambda_min_clipped": -Infinity,
-  "lower_order_final": true,
-  "num_train_timesteps": 1000,
-  "prediction_type": "epsilon",
-  "rescale_betas_zero_snr": false,
-  "sample_max_value": 1.0,
-  "solver_order": 2,
-  "solver_type": "midpoint",
-  "steps_offset": 0,
-  "thresholding": false,
-  "timestep_spacing": "linspace",
-  "trained_betas": null,
-  "use_karras_sigmas": false,
-  "use_lu_lambdas": false,
-  "variance_type": null
-}"#;
+/// A [`TensorSource`] as the shape view that config inference reads.
+struct Shapes<'a>(&'a dyn TensorSource);
 
-/// VAE `scaling_factor` of the PixArt-α VAE (SD 1.x/2.x `AutoencoderKL`).
-pub const ALPHA_VAE_SCALE: f32 = 0.18215;
-/// VAE `scaling_factor` of the PixArt-Σ VAE (SDXL `AutoencoderKL`).
-pub const SIGMA_VAE_SCALE: f32 = 0.13025;
-
-fn shape_of(src: &dyn TensorSource, name: &str) -> Result<Vec<usize>> {
-    Ok(src
-        .tensor(name)?
-        .ok_or_else(|| {
-            PlanError::Invalid(format!(
-                "tensor `{name}`{} is missing from {} (needed to infer the model config from shapes)",
-                src.stored_name(name).map(|s| format!(" (stored as `{s}`)")).unwrap_or_default(),
-                src.describe()
-            ))
-        })?
-        .shape)
-}
-
-fn dim(
-    src: &dyn TensorSource,
-    name: &str,
-    shape: &[usize],
-    axis: usize,
-    rank: usize,
-) -> Result<usize> {
-    if shape.len() != rank {
-        return Err(PlanError::Invalid(format!(
-            "tensor `{name}` in {} has shape {shape:?}; expected {rank} dimensions",
-            src.describe()
-        )));
+impl infer::ShapeSource for Shapes<'_> {
+    fn names(&self) -> Vec<String> {
+        self.0.names()
     }
-    Ok(shape[axis])
-}
-
-/// Counts `<prefix>{i}<suffix>` for i = 0, 1, … while present.
-fn count_indexed(names: &[String], prefix: &str, suffix: &str) -> usize {
-    let mut n = 0;
-    while names.iter().any(|x| *x == format!("{prefix}{n}{suffix}")) {
-        n += 1;
-    }
-    n
-}
-
-/// A diffusers `PixArtTransformer2DModel` config inferred from tensor shapes (diffusers
-/// names): hidden `D` and patch `p` from `pos_embed.proj.weight [D, C_in, p, p]`, depth from
-/// the `transformer_blocks.N.scale_shift_table` count, caption channels from
-/// `caption_projection.linear_1.weight [D, C_cap]`, out channels from
-/// `proj_out.weight [p·p·C_out, D]`, α micro-conditions from the presence of
-/// `adaln_single.emb.resolution_embedder`. The head count comes from `files.heads` or the
-/// GGUF key; without either this is an error.
-fn infer_pixart_config(
-    src: &dyn TensorSource,
-    hints: &GgufHints,
-    files: &ComponentFiles,
-) -> Result<serde_json::Value> {
-    let names = src.names();
-    let pe = "pos_embed.proj.weight";
-    let s = shape_of(src, pe)?;
-    let d = dim(src, pe, &s, 0, 4)?;
-    let (cin, p) = (s[1], s[2]);
-    let cap = "caption_projection.linear_1.weight";
-    let caption = dim(src, cap, &shape_of(src, cap)?, 1, 2)?;
-    let po = "proj_out.weight";
-    let rows = dim(src, po, &shape_of(src, po)?, 0, 2)?;
-    if p == 0 || rows % (p * p) != 0 {
-        return Err(PlanError::Invalid(format!(
-            "tensor `{po}` in {} has {rows} rows; expected a multiple of patch² = {}",
-            src.describe(),
-            p * p
-        )));
-    }
-    let depth = count_indexed(&names, "transformer_blocks.", ".scale_shift_table");
-    if depth == 0 {
-        return Err(PlanError::Invalid(format!(
-            "{}: no transformer blocks found (expected `blocks.0.scale_shift_table` or `transformer_blocks.0.scale_shift_table`)",
-            src.describe()
-        )));
-    }
-    let heads = files.heads.or(hints.heads).ok_or_else(|| {
-        PlanError::Invalid(format!(
-            "{}: the attention head count cannot be read from tensor shapes (hidden size {d}); give it with --heads N (PixArt-XL: 16)",
-            src.describe()
-        ))
-    })?;
-    if heads == 0 || d % heads != 0 {
-        return Err(PlanError::Invalid(format!(
-            "--heads {heads}: must divide the hidden size {d}"
-        )));
-    }
-    let alpha = names.iter().any(|n| n.contains("resolution_embedder"));
-    let mut cfg = serde_json::json!({
-        "num_attention_heads": heads,
-        "attention_head_dim": d / heads,
-        "in_channels": cin,
-        "out_channels": rows / (p * p),
-        "num_layers": depth,
-        "cross_attention_dim": d,
-        "attention_bias": true,
-        "sample_size": files.sample_size.or(hints.sample_size).ok_or_else(|| {
-            PlanError::Invalid(format!(
-                "{}: the transformer's native latent size cannot be read from tensor shapes (PixArt models ship 32, 64, 128 and 256 for 256 to 2048 px); give it with --sample-size N (1024-px models: 128)",
-                src.describe()
-            ))
-        })?,
-        "patch_size": p,
-        "caption_channels": caption,
-        "use_additional_conditions": alpha,
-    });
-    if let Some(obj) = cfg.as_object_mut() {
-        if let Some(x) = hints.interpolation_scale {
-            obj.insert("interpolation_scale".into(), serde_json::json!(x));
-        }
-        if let Some(x) = hints.norm_eps {
-            obj.insert("norm_eps".into(), serde_json::json!(x));
+    fn shape(&self, name: &str) -> std::result::Result<Option<Vec<usize>>, String> {
+        match self.0.tensor(name) {
+            Ok(t) => Ok(t.map(|t| t.shape)),
+            Err(e) => Err(e.to_string()),
         }
     }
-    Ok(cfg)
-}
-
-/// A T5 encoder config inferred from shapes (transformers names): `shared.weight
-/// [vocab, d_model]`, `…SelfAttention.relative_attention_bias.weight [buckets, heads]`,
-/// `…SelfAttention.q.weight [heads·d_kv, d_model]`, `…wi_0.weight [d_ff, d_model]`, the
-/// layer count from `encoder.block.N`; `gated-gelu` (T5 v1.1), max distance 128.
-fn infer_t5_config(src: &dyn TensorSource) -> Result<serde_json::Value> {
-    let names = src.names();
-    let sh = "shared.weight";
-    let s = shape_of(src, sh)?;
-    let (vocab, d) = (dim(src, sh, &s, 0, 2)?, s[1]);
-    let rb = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight";
-    let s = shape_of(src, rb)?;
-    let (buckets, heads) = (dim(src, rb, &s, 0, 2)?, s[1]);
-    let q = "encoder.block.0.layer.0.SelfAttention.q.weight";
-    let inner = dim(src, q, &shape_of(src, q)?, 0, 2)?;
-    let wi = "encoder.block.0.layer.1.DenseReluDense.wi_0.weight";
-    let d_ff = dim(src, wi, &shape_of(src, wi)?, 0, 2)?;
-    let layers = count_indexed(&names, "encoder.block.", ".layer.0.layer_norm.weight");
-    if heads == 0 || inner % heads != 0 {
-        return Err(PlanError::Invalid(format!(
-            "{}: `{q}` has {inner} rows, not a multiple of the {heads} heads of `{rb}`",
-            src.describe()
-        )));
+    fn describe(&self) -> String {
+        self.0.describe()
     }
-    Ok(serde_json::json!({
-        "vocab_size": vocab,
-        "d_model": d,
-        "d_kv": inner / heads,
-        "d_ff": d_ff,
-        "num_layers": layers,
-        "num_heads": heads,
-        "relative_attention_num_buckets": buckets,
-        "relative_attention_max_distance": 128,
-        "feed_forward_proj": "gated-gelu",
-        "layer_norm_epsilon": 1e-6,
-    }))
-}
-
-/// A VAE config inferred from shapes (diffusers `AutoencoderKL` names): up block `i` of the
-/// decoder has `block_out_channels[n-1-i]` channels (`decoder.up_blocks.i.resnets.0.conv2.weight`),
-/// `layers_per_block + 1` resnets; latent channels from `decoder.conv_in.weight`, output
-/// channels from `decoder.conv_out.weight`. GroupNorm groups cannot be read from shapes:
-/// `groups`, default 32 (every published SD/SDXL VAE). `scaling_factor` from the model family.
-fn infer_vae_config(
-    src: &dyn TensorSource,
-    scaling_factor: f32,
-    groups: Option<usize>,
-) -> Result<serde_json::Value> {
-    let names = src.names();
-    let n = count_indexed(&names, "decoder.up_blocks.", ".resnets.0.conv2.weight");
-    if n == 0 {
-        return Err(PlanError::Invalid(format!(
-            "{}: no `decoder.up_blocks.0.resnets.0.conv2.weight` (expected a diffusers AutoencoderKL)",
-            src.describe()
-        )));
+    fn stored_name(&self, name: &str) -> Option<String> {
+        self.0.stored_name(name)
     }
-    let mut channels = vec![0usize; n];
-    for (i, c) in channels.iter_mut().rev().enumerate() {
-        let name = format!("decoder.up_blocks.{i}.resnets.0.conv2.weight");
-        *c = dim(src, &name, &shape_of(src, &name)?, 0, 4)?;
-    }
-    let resnets = count_indexed(&names, "decoder.up_blocks.0.resnets.", ".conv1.weight");
-    let ci = "decoder.conv_in.weight";
-    let latent = dim(src, ci, &shape_of(src, ci)?, 1, 4)?;
-    let co = "decoder.conv_out.weight";
-    let out = dim(src, co, &shape_of(src, co)?, 0, 4)?;
-    let has = |p: &str| names.iter().any(|x| x.starts_with(p));
-    Ok(serde_json::json!({
-        "act_fn": "silu",
-        "block_out_channels": channels,
-        "down_block_types": vec!["DownEncoderBlock2D"; n],
-        "up_block_types": vec!["UpDecoderBlock2D"; n],
-        "in_channels": out,
-        "out_channels": out,
-        "latent_channels": latent,
-        "layers_per_block": resnets.saturating_sub(1).max(1),
-        "norm_num_groups": groups.unwrap_or(32),
-        "scaling_factor": scaling_factor,
-        "use_quant_conv": has("quant_conv."),
-        "use_post_quant_conv": has("post_quant_conv."),
-        "mid_block_add_attention": has("decoder.mid_block.attentions.0."),
-    }))
 }
 
 /// Everything a plan is compiled from, whatever the files were.
@@ -855,7 +648,15 @@ pub fn compile_inputs(
             missing.join(", ")
         )));
     }
-    let dit_json = infer_pixart_config(dit.as_ref(), &hints, files)?;
+    let dit_json = infer::pixart_config(
+        &Shapes(dit.as_ref()),
+        &infer::PixArtHints {
+            heads: files.heads.or(hints.heads),
+            sample_size: files.sample_size.or(hints.sample_size),
+            interpolation_scale: hints.interpolation_scale,
+            norm_eps: hints.norm_eps,
+        },
+    )?;
     let micro = dit_json
         .get("use_additional_conditions")
         .and_then(serde_json::Value::as_bool)
@@ -932,8 +733,8 @@ pub fn compile_inputs(
                 .unwrap_or_default()
         ))
     };
-    let t5_json = infer_t5_config(t5.as_ref())?;
-    let vae_json = infer_vae_config(vae.as_ref(), scale, files.vae_norm_groups)?;
+    let t5_json = infer::t5_config(&Shapes(t5.as_ref()))?;
+    let vae_json = infer::vae_config(&Shapes(vae.as_ref()), scale, files.vae_norm_groups)?;
     let dit_path = files.diffusion_model.as_deref().unwrap_or(Path::new(""));
     let inputs = Inputs {
         assumed,

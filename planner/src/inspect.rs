@@ -9,17 +9,7 @@ use edge_schema::DType;
 
 /// Decodes and verifies `file` (a whole plan) and returns its metadata.
 pub fn read_meta(file: &[u8]) -> edge_schema::Result<PlanMeta> {
-    let h = Header::read(file)?;
-    let start = h.meta_offset.get() as usize;
-    let meta_bytes = &file[start..start + h.meta_len.get() as usize];
-    if blake3::hash(meta_bytes).as_bytes() != &h.meta_digest {
-        return Err(edge_schema::Error::ChecksumMismatch {
-            what: "metadata".into(),
-        });
-    }
-    let meta = PlanMeta::decode(meta_bytes)?;
-    edge_schema::verify::verify_meta(&meta, h.weights_len.get())?;
-    Ok(meta)
+    edge_schema::verify::read_meta(file, &Header::read(file)?)
 }
 
 /// The sizes (`WxH, WxH`) for which `has` holds, or `none`.

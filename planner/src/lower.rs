@@ -76,16 +76,7 @@ pub fn lower(
     let mut segments = Vec::with_capacity(bounds.len());
     for (j, (start, label)) in bounds.iter().enumerate() {
         let end = bounds.get(j + 1).map_or(n, |b| b.0);
-        let mut used: Vec<u32> = Vec::new();
-        for step in &steps[*start..end] {
-            for &i in &step.inputs {
-                if let Storage::Weight(t) = values[i as usize].storage {
-                    if !used.contains(&t) {
-                        used.push(t);
-                    }
-                }
-            }
-        }
+        let used = edge_schema::memory::step_tensors(&steps[*start..end], &values);
         segments.push(Segment {
             first_step: *start as u32,
             end_step: end as u32,

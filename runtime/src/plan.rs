@@ -194,17 +194,8 @@ impl Plan {
             sign::verify_header(&h, key)?;
         }
         let signer = h.signature_block()?.map(|b| b.public_key);
-        let meta_start = h.meta_offset.get() as usize;
-        let meta_bytes = &file[meta_start..meta_start + h.meta_len.get() as usize];
-        if blake3::hash(meta_bytes).as_bytes() != &h.meta_digest {
-            return Err(edge_schema::Error::ChecksumMismatch {
-                what: "metadata".into(),
-            }
-            .into());
-        }
-        let meta = PlanMeta::decode(meta_bytes)?;
+        let meta = verify::read_meta(file, &h)?;
         let weights_len = h.weights_len.get();
-        verify::verify_meta(&meta, weights_len)?;
         check_padding(file, &h, &meta)?;
         let plan = Plan {
             guard: None,

@@ -19,7 +19,7 @@
 //! Without a budget nothing is ever released and every section stays resident after its first
 //! use, which is the monolithic behaviour.
 
-use edge_schema::plan::{PlanMeta, Storage};
+use edge_schema::plan::PlanMeta;
 
 use crate::plan::Plan;
 
@@ -79,21 +79,14 @@ impl Streamer {
                     .iter()
                     .map(|seg| {
                         let mut secs: Vec<u32> = Vec::new();
-                        let steps = st
-                            .steps
-                            .get(seg.first_step as usize..seg.end_step as usize)
-                            .unwrap_or(&[]);
-                        for step in steps {
-                            for &i in &step.inputs {
-                                if let Some(Storage::Weight(t)) =
-                                    st.values.get(i as usize).map(|v| &v.storage)
-                                {
-                                    if let Some(e) = meta.tensors.get(*t as usize) {
-                                        if !secs.contains(&e.section) {
-                                            secs.push(e.section);
-                                        }
-                                    }
-                                }
+                        let ts = edge_schema::memory::tensors_of(
+                            st,
+                            seg.first_step as usize,
+                            seg.end_step as usize,
+                        );
+                        for e in ts.iter().filter_map(|&t| meta.tensors.get(t as usize)) {
+                            if !secs.contains(&e.section) {
+                                secs.push(e.section);
                             }
                         }
                         secs

@@ -74,10 +74,17 @@ pub fn section_charges(meta: &PlanMeta) -> Vec<u64> {
 
 /// The weight tensors steps `first..end` of `stage` read, each once, in first-use order.
 pub fn tensors_of(stage: &Stage, first: usize, end: usize) -> Vec<u32> {
+    step_tensors(stage.steps.get(first..end).unwrap_or(&[]), &stage.values)
+}
+
+/// The weight tensors `steps` read (value ids index `values`), each once, in first-use order:
+/// the one walk from steps to weights, used for segment sections (planner), charges (memory
+/// model) and streaming (runtime).
+pub fn step_tensors(steps: &[crate::plan::Step], values: &[crate::plan::ValueEntry]) -> Vec<u32> {
     let mut ts = Vec::new();
-    for step in stage.steps.get(first..end).unwrap_or(&[]) {
+    for step in steps {
         for &i in &step.inputs {
-            if let Some(Storage::Weight(t)) = stage.values.get(i as usize).map(|v| &v.storage) {
+            if let Some(Storage::Weight(t)) = values.get(i as usize).map(|v| &v.storage) {
                 if !ts.contains(t) {
                     ts.push(*t);
                 }

@@ -1,5 +1,5 @@
 //! Hostile plans: a valid plan of the demo model whose metadata is mutated and re-encoded with
-//! correct digests, so that only the verifier (schema/src/verify.rs) stands between it and the
+//! correct digests, so that only the verifier (schema/src/verify/) stands between it and the
 //! kernels. Every mutation must be refused by [`Plan::from_bytes`] with a message naming the
 //! problem, and damaged files (flipped bytes, truncation) must be refused without panicking.
 

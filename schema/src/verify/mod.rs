@@ -13,41 +13,26 @@ use crate::header::{SECTION_ALIGN, TENSOR_ALIGN};
 use crate::op::{numel, Op, MAX_RANK};
 use crate::plan::{ArenaSlice, PackLayout, PlanMeta, Stage, StageKind, Storage};
 
+mod pipeline;
+
 fn invalid(msg: String) -> Error {
     Error::Invalid(msg)
 }
 
-/// Verifies `meta` against a weight region of `weights_len` bytes. Does not hash sections
-/// (see [`verify_section_digest`]).
+/// Verifies `meta` against a weight region of `weights_len` bytes: first the file's integrity
+/// ([`verify_file`]: sections, tensors, every stage's values, steps, arena and segments), then
+/// the rules of the pipeline the runtime runs ([`pipeline::verify_pipeline`]). Does not hash
+/// sections (see [`verify_section_digest`]).
 pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
-    meta.tokenizer
-        .validate()
-        .map_err(|e| invalid(format!("tokenizer: {e}")))?;
-    meta.scheduler
-        .validate()
-        .map_err(|e| invalid(format!("scheduler: {e}")))?;
-    if !(meta.vae.scaling_factor.is_finite() && meta.vae.scaling_factor > 0.0) {
-        return Err(invalid(format!(
-            "vae scaling factor {} is not a positive number",
-            meta.vae.scaling_factor
-        )));
-    }
-    for (i, l) in meta.model.loras.iter().enumerate() {
-        if !l.multiplier.is_finite()
-            || l.file.chars().any(|c| c.is_control() || c == '/')
-            || !matches!(l.format.as_str(), "peft" | "kohya")
-        {
-            return Err(invalid(format!(
-                "LoRA record {i}: multiplier {}, file {:?}, format {:?} (expected a finite multiplier, a file name without directories or control characters, peft or kohya)",
-                l.multiplier, l.file, l.format
-            )));
-        }
-    }
-    if meta.vae.downscale == 0 || meta.vae.latent_channels == 0 {
-        return Err(invalid(
-            "vae downscale and latent channels must be positive".into(),
-        ));
-    }
+    verify_file(meta, weights_len)?;
+    pipeline::verify_pipeline(meta)
+}
+
+/// The integrity of a plan's metadata, whatever pipeline it serves: every weight section lies
+/// inside the `weights_len`-byte weight region, every tensor inside its section with the byte
+/// length its type and shape imply, and every stage is well formed ([`verify_stage`]: values,
+/// op arity and shapes, arena slots and liveness, segments).
+pub fn verify_file(meta: &PlanMeta, weights_len: u64) -> Result<()> {
     for (i, s) in meta.sections.iter().enumerate() {
         let end = s.offset.checked_add(s.len);
         if s.offset % SECTION_ALIGN != 0 || end.is_none_or(|e| e > weights_len) {
@@ -102,195 +87,37 @@ pub fn verify_meta(meta: &PlanMeta, weights_len: u64) -> Result<()> {
             });
         }
     }
-    if meta.stages.get(meta.text_stage as usize).map(|s| s.kind) != Some(StageKind::TextEncoder) {
-        return Err(invalid(format!(
-            "text stage {} is not a text encoder",
-            meta.text_stage
-        )));
-    }
     for (i, s) in meta.stages.iter().enumerate() {
         verify_stage(meta, s).map_err(|e| match e {
             Error::Invalid(m) => invalid(format!("stage {i} ({}): {m}", s.name)),
             other => other,
         })?;
     }
-    if let Some(k) = meta.cross_kv_stage {
-        let Some(kv) = meta
-            .stages
-            .get(k as usize)
-            .filter(|s| s.kind == StageKind::CrossKv)
-        else {
-            return Err(invalid(format!(
-                "cross-attention K/V stage {k} is not a CrossKv stage"
-            )));
-        };
-        // Every denoiser reads the cache as the cross-K/V stage writes it.
-        let fact = |s: &Stage, id: Option<&u32>| {
-            id.and_then(|&i| s.values.get(i as usize))
-                .map(|v| (v.dtype, v.shape.clone()))
-        };
-        let cache = fact(kv, kv.outputs.first());
-        for (i, s) in meta.stages.iter().enumerate() {
-            if s.kind == StageKind::Denoiser && fact(s, s.inputs.get(2)) != cache {
-                return Err(invalid(format!(
-                    "stage {i} ({}) reads a K/V cache {:?} but the cross-K/V stage writes {cache:?}",
-                    s.name,
-                    fact(s, s.inputs.get(2))
-                )));
-            }
-        }
-    }
-    if meta.sizes.is_empty() {
-        return Err(invalid("the plan holds no image size".into()));
-    }
-    for sz in &meta.sizes {
-        let ok = |idx: u32, kind: StageKind| {
-            meta.stages
-                .get(idx as usize)
-                .is_some_and(|s| s.kind == kind && s.width == sz.width && s.height == sz.height)
-        };
-        if let Some(t) = &sz.decoder_tiling {
-            let ds = meta.vae.downscale;
-            let (lw, lh) = (sz.width / ds.max(1), sz.height / ds.max(1));
-            let tile_kind = if t.sync.is_some() {
-                StageKind::VaeDecoderTail
-            } else {
-                StageKind::VaeDecoder
-            };
-            let tile_ok = meta.stages.get(t.stage as usize).is_some_and(|s| {
-                s.kind == tile_kind
-                    && u64::from(s.width) == u64::from(t.tile_latent_w) * u64::from(ds)
-                    && u64::from(s.height) == u64::from(t.tile_latent_h) * u64::from(ds)
-            });
-            if !tile_ok
-                || t.tile_latent_w == 0
-                || t.tile_latent_h == 0
-                || t.tile_latent_w > lw
-                || t.tile_latent_h > lh
-                || t.overlap_latent_w >= t.tile_latent_w
-                || t.overlap_latent_h >= t.tile_latent_h
-            {
-                return Err(invalid(format!(
-                    "size {}x{}: VAE tiling {t:?} does not fit the image or names a wrong stage",
-                    sz.width, sz.height
-                )));
-            }
-            if let Some(sync) = &t.sync {
-                verify_sync(meta, sz, t, sync).map_err(|e| match e {
-                    Error::Invalid(m) => invalid(format!(
-                        "size {}x{}: exact VAE tiling: {m}",
-                        sz.width, sz.height
-                    )),
-                    other => other,
-                })?;
-            }
-        }
-        let decoder_ok = match &sz.decoder_tiling {
-            None => ok(sz.decoder_stage, StageKind::VaeDecoder),
-            Some(t) => sz.decoder_stage == t.stage,
-        };
-        if !ok(sz.denoiser_stage, StageKind::Denoiser) || !decoder_ok {
-            return Err(invalid(format!(
-                "size {}x{} points at stages of the wrong kind or size",
-                sz.width, sz.height
-            )));
-        }
-        if let Some(t) = sz.tiny_decoder_stage {
-            // latent [c, h, w] → image [3, H, W]
-            let ds = meta.vae.downscale.max(1);
-            let io_ok = meta.stages.get(t as usize).is_some_and(|st| {
-                let shape = |id: Option<&u32>| {
-                    id.and_then(|&i| st.values.get(i as usize))
-                        .map(|v| v.shape.clone())
-                };
-                shape(st.inputs.first())
-                    == Some(vec![
-                        u64::from(meta.vae.latent_channels),
-                        u64::from(sz.height / ds),
-                        u64::from(sz.width / ds),
-                    ])
-                    && shape(st.outputs.first())
-                        == Some(vec![3, u64::from(sz.height), u64::from(sz.width)])
-            });
-            if !ok(t, StageKind::TinyDecoder) || !io_ok {
-                return Err(invalid(format!(
-                    "size {}x{}: tiny decoder stage {t} is not a TinyDecoder from the latents to a [3, {}, {}] image",
-                    sz.width, sz.height, sz.height, sz.width
-                )));
-            }
-        }
-        if let Some(e) = sz.encoder_stage {
-            // image [3, H, W] → moments [2c, h, w]
-            let st = meta.stages.get(e as usize);
-            let shape_of = |st: &Stage, id: Option<&u32>| {
-                id.and_then(|&i| st.values.get(i as usize))
-                    .map(|v| v.shape.clone())
-            };
-            let ds = meta.vae.downscale.max(1);
-            let io_ok = st.is_some_and(|st| {
-                shape_of(st, st.inputs.first())
-                    == Some(vec![3, u64::from(sz.height), u64::from(sz.width)])
-                    && shape_of(st, st.outputs.first())
-                        == Some(vec![
-                            2 * u64::from(meta.vae.latent_channels),
-                            u64::from(sz.height / ds),
-                            u64::from(sz.width / ds),
-                        ])
-            });
-            if !ok(e, StageKind::VaeEncoder) || !io_ok {
-                return Err(invalid(format!(
-                    "size {}x{}: encoder stage {e} is not a VAE encoder from [3, {}, {}] to [{}, {}, {}]",
-                    sz.width,
-                    sz.height,
-                    sz.height,
-                    sz.width,
-                    2 * meta.vae.latent_channels,
-                    sz.height / ds,
-                    sz.width / ds
-                )));
-            }
-        }
-    }
-    let mut prev = 0u32;
-    for &(len, idx) in &meta.text_buckets {
-        let st = meta
-            .stages
-            .get(idx as usize)
-            .filter(|s| s.kind == StageKind::TextEncoder)
-            .ok_or_else(|| {
-                invalid(format!(
-                    "text bucket {len} names stage {idx}, not a text encoder"
-                ))
-            })?;
-        let ids = st
-            .values
-            .get(st.inputs[0] as usize)
-            .map(|v| v.shape.clone());
-        if len <= prev || len >= meta.text.max_sequence_length || ids != Some(vec![u64::from(len)])
-        {
-            return Err(invalid(format!(
-                "text bucket {len} (stage {idx}) is not ascending, not shorter than {}, or its input is not [{len}]",
-                meta.text.max_sequence_length
-            )));
-        }
-        prev = len;
-    }
-    let text = &meta.stages[meta.text_stage as usize];
-    let l = u64::from(meta.text.max_sequence_length);
-    let ids_shape = &text.values[text.inputs[0] as usize].shape;
-    if ids_shape != &[l] {
-        return Err(invalid(format!(
-            "text encoder input {ids_shape:?} does not match max sequence length {l}"
-        )));
-    }
-    if meta.tokenizer.vocab_len() as u64 > u64::from(meta.text.vocab_rows) {
-        return Err(invalid(format!(
-            "tokenizer has {} ids but the embedding table has {} rows",
-            meta.tokenizer.vocab_len(),
-            meta.text.vocab_rows
-        )));
-    }
     Ok(())
+}
+
+/// Reads the metadata of a whole plan `file` whose header is `h` (already read with
+/// [`crate::header::Header::read`], which bounds its ranges): checks the metadata digest,
+/// decodes it and verifies it ([`verify_meta`]). The one way the planner (`inspect`) and the
+/// runtime read a plan's metadata.
+pub fn read_meta(file: &[u8], h: &crate::header::Header) -> Result<PlanMeta> {
+    let start = h.meta_offset.get() as usize;
+    let meta_bytes = file
+        .get(start..start.saturating_add(h.meta_len.get() as usize))
+        .ok_or_else(|| Error::Truncated {
+            what: "metadata".into(),
+            start: start as u64,
+            end: start as u64 + h.meta_len.get(),
+            len: file.len() as u64,
+        })?;
+    if blake3::hash(meta_bytes).as_bytes() != &h.meta_digest {
+        return Err(Error::ChecksumMismatch {
+            what: "metadata".into(),
+        });
+    }
+    let meta = PlanMeta::decode(meta_bytes)?;
+    verify_meta(&meta, h.weights_len.get())?;
+    Ok(meta)
 }
 
 /// Checks an exact (GroupNorm-synced) tiling: the head stage decodes the whole latent into what
