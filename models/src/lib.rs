@@ -19,6 +19,7 @@
 
 pub mod config;
 pub mod infer;
+pub mod original;
 pub mod pixart;
 pub mod t5;
 pub mod taesd;

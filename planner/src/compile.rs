@@ -2,9 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use edge_graph::WeightSpec;
 use edge_models::config::{PixArtConfig, T5Config, VaeConfig};
-use edge_models::infer;
 use edge_models::pixart::MicroConditions;
 use edge_models::t5::build_t5_encoder;
 use edge_schema::plan::{
@@ -14,15 +12,16 @@ use edge_schema::DType;
 
 use crate::budget::SegmentMode;
 use crate::error::{PlanError, Result};
+pub use crate::files::{compile_inputs, ComponentFiles};
+use crate::load::file::{load_tokenizer_file, open_weights};
 use crate::load::folder::PipelineFolder;
-use crate::load::gguf::GgufFile;
-use crate::load::original::OriginalLayout;
 use crate::load::safetensors::open_safetensors_any;
 use crate::load::{scheduler, tokenizer, LoadError, TensorSource};
 use crate::lora::{LoraFile, LoraMerge, LoraRequest};
-use crate::lower::{lower, LoadedWeight, TensorTable, WeightResolver};
+use crate::lower::{lower, TensorTable};
 use crate::pack::PackPolicy;
 pub use crate::progress::{CompileProgress, ProgressHook};
+pub use crate::resolve::SourceResolver;
 use crate::tiling::TileRequest;
 pub use edge_models::infer::{ALPHA_VAE_SCALE, PIXART_SCHEDULER_CONFIG, SIGMA_VAE_SCALE};
 
@@ -100,263 +99,8 @@ pub struct Compiled {
     pub table: TensorTable,
 }
 
-/// Resolves graph weights from one component's tensors (diffusers names), remembering which
-/// tensors the graphs used (for [`SourceResolver::unused`]) and checking each once for
-/// non-finite values.
-pub struct SourceResolver<'a> {
-    pub source: &'a dyn TensorSource,
-    used: std::sync::Mutex<std::collections::BTreeSet<String>>,
-    progress: ProgressHook,
-    lora: Option<&'a crate::lora::LoraMerge>,
-}
-
-impl<'a> SourceResolver<'a> {
-    /// A resolver over `source` that has used nothing yet.
-    pub fn new(source: &'a dyn TensorSource) -> SourceResolver<'a> {
-        SourceResolver {
-            source,
-            used: Default::default(),
-            progress: ProgressHook::default(),
-            lora: None,
-        }
-    }
-
-    /// The resolver, merging `lora`'s updates into the weights it adapts.
-    pub fn with_lora(mut self, lora: &'a crate::lora::LoraMerge) -> Self {
-        self.lora = Some(lora);
-        self
-    }
-
-    /// The resolver, reporting every weight it reads to `progress`.
-    pub fn with_progress(mut self, progress: ProgressHook) -> Self {
-        self.progress = progress;
-        self
-    }
-
-    /// The source's tensors no graph asked for, sorted, leaving out those `ignored` accepts
-    /// (parts of the checkpoint the plan does not contain by design).
-    pub fn unused(&self, ignored: impl Fn(&str) -> bool) -> Vec<String> {
-        let used = self.used.lock().map(|u| u.clone()).unwrap_or_default();
-        self.source
-            .names()
-            .into_iter()
-            .filter(|n| !used.contains(n) && !ignored(n))
-            .collect()
-    }
-
-    /// Marks `names` used; true for those not used before (checked for finiteness then).
-    fn first_use(&self, names: &[String]) -> bool {
-        let Ok(mut used) = self.used.lock() else {
-            return true;
-        };
-        let mut fresh = false;
-        for n in names {
-            fresh |= used.insert(n.clone());
-        }
-        fresh
-    }
-
-    /// Refuses a tensor holding NaN or infinity, naming the file, tensor and first index:
-    /// sampling would otherwise diverge and blame the guidance scale.
-    fn check_finite(&self, name: &str, t: &crate::load::RawTensor<'_>) -> Result<()> {
-        let Some((i, v)) = first_non_finite(t) else {
-            return Ok(());
-        };
-        Err(PlanError::Invalid(format!(
-            "{}: tensor `{name}` (shape {:?}, {}) holds {v} at flat index {i}; weights must be finite",
-            self.source.describe(),
-            t.shape,
-            t.dtype.name()
-        )))
-    }
-
-    fn stored(&self, name: &str) -> String {
-        match self.source.stored_name(name) {
-            Some(s) => format!(" (stored as {s})"),
-            None => String::new(),
-        }
-    }
-}
-
-impl WeightResolver for SourceResolver<'_> {
-    /// Fused specs (several parts) are first asked of [`TensorSource::fused`], so a tensor
-    /// stored fused (original PixArt `attn.qkv`) is served whole, in its stored type; else
-    /// the parts are read one by one and concatenated along axis 0.
-    ///
-    /// Errors: [`PlanError::MissingWeight`] naming the missing tensor, the file, its stored
-    /// name when it differs, and the expected shape; [`PlanError::WeightShape`] naming the part whose shape disagrees.
-    fn resolve(&self, spec: &WeightSpec, shape: &[u64]) -> Result<LoadedWeight> {
-        let w = self.resolve_quietly(spec, shape)?;
-        let w = self.merge_lora(spec, w);
-        self.progress.report(CompileProgress::Read {
-            bytes: w.bytes.len() as u64,
-        });
-        Ok(w)
-    }
-}
-
-impl SourceResolver<'_> {
-    /// [`WeightResolver::resolve`] without the progress report.
-    fn resolve_quietly(&self, spec: &WeightSpec, shape: &[u64]) -> Result<LoadedWeight> {
-        let found_of = |t: &crate::load::RawTensor<'_>| -> Vec<u64> {
-            t.shape.iter().map(|&d| d as u64).collect()
-        };
-        let shape_err =
-            |name: String, found: Vec<u64>, expected: Vec<u64>| PlanError::WeightShape {
-                tensor: name,
-                source_desc: self.source.describe(),
-                found,
-                expected,
-            };
-        if spec.parts.is_empty() {
-            return Err(PlanError::Internal("weight spec without parts".into()));
-        }
-        if spec.parts.len() > 1 {
-            if let Some(t) = self.source.fused(&spec.parts)? {
-                let found = found_of(&t);
-                if found != shape {
-                    // The fused tensor is stored whole: drop the part's row range.
-                    let stored = self.stored(&spec.parts[0]);
-                    let stored = match stored.split_once(" (rows part") {
-                        Some((whole, _)) => format!("{whole})"),
-                        None => stored,
-                    };
-                    let name = format!("{}{stored}", spec.parts.join(" + "));
-                    return Err(shape_err(name, found, shape.to_vec()));
-                }
-                if self.first_use(&spec.parts) {
-                    let stored = self.stored(&spec.parts[0]);
-                    let stored = match stored.split_once(" (rows part") {
-                        Some((whole, _)) => format!("{whole})"),
-                        None => stored,
-                    };
-                    self.check_finite(&format!("{}{stored}", spec.parts.join(" + ")), &t)?;
-                }
-                return Ok(LoadedWeight {
-                    dtype: t.dtype,
-                    shape: shape.to_vec(),
-                    bytes: t.data.to_vec(),
-                    checkpoint_dtype: t.dtype,
-                });
-            }
-        }
-        // The parts split the fused tensor along axis 0 into equal pieces (q/k/v, k/v):
-        // each must agree with it on every other axis and hold its share of the rows.
-        let n = spec.parts.len().max(1) as u64;
-        let mut expected = shape.to_vec();
-        if let Some(rows) = expected.first_mut() {
-            *rows /= n;
-        }
-        let mut parts = Vec::with_capacity(spec.parts.len());
-        for name in &spec.parts {
-            let t = self
-                .source
-                .tensor(name)?
-                .ok_or_else(|| PlanError::MissingWeight {
-                    tensor: name.clone(),
-                    source_desc: format!(
-                        "{}{}; expected shape {expected:?}",
-                        self.source.describe(),
-                        self.stored(name)
-                    ),
-                })?;
-            let found = found_of(&t);
-            if found != expected {
-                return Err(shape_err(
-                    format!("{name}{}", self.stored(name)),
-                    found,
-                    expected.clone(),
-                ));
-            }
-            if self.first_use(std::slice::from_ref(name)) {
-                self.check_finite(&format!("{name}{}", self.stored(name)), &t)?;
-            }
-            parts.push(t);
-        }
-        let same_dtype = parts.iter().all(|t| t.dtype == parts[0].dtype);
-        let (dtype, bytes) = if same_dtype {
-            let mut b = Vec::new();
-            for t in &parts {
-                b.extend_from_slice(t.data);
-            }
-            (parts[0].dtype, b)
-        } else {
-            let mut b = Vec::new();
-            for t in &parts {
-                for x in crate::load::to_f32(t) {
-                    b.extend_from_slice(&x.to_le_bytes());
-                }
-            }
-            (DType::F32, b)
-        };
-        Ok(LoadedWeight {
-            dtype,
-            shape: shape.to_vec(),
-            bytes,
-            checkpoint_dtype: dtype,
-        })
-    }
-
-    /// Merges the LoRA updates of `spec`'s parts (each part's rows in turn) into `w`, in f32;
-    /// `w` is returned unchanged when no part is adapted.
-    fn merge_lora(&self, spec: &WeightSpec, w: LoadedWeight) -> LoadedWeight {
-        let Some(lora) = self.lora else {
-            return w;
-        };
-        if !spec.parts.iter().any(|p| lora.touches(p)) {
-            return w;
-        }
-        let dims: Vec<usize> = w.shape.iter().map(|&d| d as usize).collect();
-        let mut f = crate::load::to_f32(&crate::load::RawTensor {
-            dtype: w.dtype,
-            shape: dims,
-            data: &w.bytes,
-        });
-        let part_len = f.len() / spec.parts.len().max(1);
-        for (part, rows) in spec.parts.iter().zip(f.chunks_exact_mut(part_len.max(1))) {
-            lora.apply(part, rows);
-        }
-        LoadedWeight {
-            dtype: DType::F32,
-            shape: w.shape,
-            bytes: f.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            checkpoint_dtype: w.checkpoint_dtype,
-        }
-    }
-}
-
-/// The first value of `t` that is NaN or infinite, with its flat index (row-major); block
-/// types are dequantized to find it (a NaN scale poisons its whole block).
-fn first_non_finite(t: &crate::load::RawTensor<'_>) -> Option<(usize, f32)> {
-    let bits16 = |exp_mask: u16, f: fn(u16) -> f32| {
-        t.data
-            .chunks_exact(2)
-            .map(|c| u16::from_le_bytes([c[0], c[1]]))
-            .position(|h| h & exp_mask == exp_mask)
-            .map(|i| {
-                let c = &t.data[2 * i..2 * i + 2];
-                (i, f(u16::from_le_bytes([c[0], c[1]])))
-            })
-    };
-    match t.dtype {
-        DType::F32 => t
-            .data
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .enumerate()
-            .find(|(_, v)| !v.is_finite()),
-        DType::F16 => bits16(0x7c00, |h| half::f16::from_bits(h).to_f32()),
-        DType::BF16 => bits16(0x7f80, |h| half::bf16::from_bits(h).to_f32()),
-        DType::I32 => None,
-        _ => crate::load::to_f32(t)
-            .into_iter()
-            .enumerate()
-            .find(|(_, v)| !v.is_finite()),
-    }
-}
-
 /// The family's display name.
-fn family_name(f: ModelFamily) -> &'static str {
+pub(crate) fn family_name(f: ModelFamily) -> &'static str {
     match f {
         ModelFamily::PixArtSigma => "PixArt-Σ",
         ModelFamily::PixArtAlpha => "PixArt-α",
@@ -396,140 +140,21 @@ pub fn compile_folder(dir: &Path, opts: &CompileOptions) -> Result<Compiled> {
     compile_pipeline(&folder, opts)
 }
 
-/// Model files given one by one (the `edgeplan compile` flags `--diffusion-model`,
-/// `--t5xxl`, `--vae`, `--tokenizer`), each replacing that component of a pipeline folder,
-/// or, without a folder, making up the whole pipeline.
-#[derive(Clone, Debug, Default)]
-pub struct ComponentFiles {
-    /// PixArt transformer weights: safetensors (file, shard index or folder) or GGUF, in the
-    /// diffusers or the original PixArt layout (detected from the names, see
-    /// [`crate::load::original`]).
-    pub diffusion_model: Option<PathBuf>,
-    /// T5 encoder weights (diffusers / transformers names), safetensors.
-    pub t5xxl: Option<PathBuf>,
-    /// VAE weights (diffusers `AutoencoderKL` names), safetensors.
-    pub vae: Option<PathBuf>,
-    /// `spiece.model`, or an HF `tokenizer.json` (by the `.json` extension).
-    pub tokenizer: Option<PathBuf>,
-    /// Attention heads of the transformer when there is no folder config (shapes cannot tell;
-    /// PixArt-XL has 16). A GGUF `pixart.attention.head_count` key is used when absent.
-    pub heads: Option<usize>,
-    /// The transformer's native latent size (`sample_size`) when there is no folder config;
-    /// default: GGUF `pixart.sample_size`; required otherwise (no tensor reveals it).
-    pub sample_size: Option<usize>,
-    /// GroupNorm groups of the VAE when there is no folder config (shapes cannot tell);
-    /// default 32, as in every published SD / SDXL VAE.
-    pub vae_norm_groups: Option<usize>,
-    /// The model family when there is no folder (`model_index.json` names it otherwise).
-    /// PixArt-α at 1024 px is recognised by its micro-condition embedders; PixArt-Σ and
-    /// PixArt-α at 512 px have the same tensors, and the family sets the VAE scale factor
-    /// ([`SIGMA_VAE_SCALE`] / [`ALPHA_VAE_SCALE`]) and the default token count (300 / 120),
-    /// so without those embedders it must be given.
-    pub family: Option<ModelFamily>,
-}
-
-impl ComponentFiles {
-    /// Whether no file is given.
-    pub fn is_empty(&self) -> bool {
-        self.diffusion_model.is_none()
-            && self.t5xxl.is_none()
-            && self.vae.is_none()
-            && self.tokenizer.is_none()
-    }
-}
-
-/// Whether `path` is a GGUF file (extension `.gguf` or the magic `GGUF`).
-fn is_gguf(path: &Path) -> bool {
-    if path
-        .extension()
-        .is_some_and(|e| e.to_string_lossy().eq_ignore_ascii_case("gguf"))
-    {
-        return true;
-    }
-    let mut magic = [0u8; 4];
-    std::fs::File::open(path)
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
-        .is_ok()
-        && &magic == b"GGUF"
-}
-
-/// What a GGUF file's `pixart.*` metadata says about the transformer config.
-#[derive(Clone, Debug, Default)]
-struct GgufHints {
-    heads: Option<usize>,
-    sample_size: Option<usize>,
-    interpolation_scale: Option<f64>,
-    norm_eps: Option<f64>,
-}
-
-/// Opens one weights file: GGUF ([`GgufFile::open`]) or safetensors
-/// ([`open_safetensors_any`]); original-layout PixArt names are presented under diffusers
-/// names ([`OriginalLayout::wrap_if_original`]).
-fn open_weights(path: &Path) -> Result<(Box<dyn TensorSource>, GgufHints)> {
-    if is_gguf(path) {
-        let f = GgufFile::open(path).map_err(LoadError::from)?;
-        let count = |k: &str| f.get(k).and_then(|v| v.as_u64()).map(|v| v as usize);
-        let hints = GgufHints {
-            heads: count("pixart.attention.head_count"),
-            sample_size: count("pixart.sample_size"),
-            interpolation_scale: f.get("pixart.interpolation_scale").and_then(|v| v.as_f64()),
-            norm_eps: f.get("pixart.norm_eps").and_then(|v| v.as_f64()),
-        };
-        Ok((OriginalLayout::wrap_if_original(Box::new(f)), hints))
-    } else {
-        let src = open_safetensors_any(path)?;
-        Ok((OriginalLayout::wrap_if_original(src), GgufHints::default()))
-    }
-}
-
-fn load_tokenizer_file(path: &Path) -> Result<edge_schema::tokenizer::TokenizerSpec> {
-    let json = path
-        .extension()
-        .is_some_and(|e| e.to_string_lossy().eq_ignore_ascii_case("json"));
-    let spec = if json {
-        tokenizer::load_tokenizer_json(path)
-    } else {
-        tokenizer::load_spiece_model(path)
-    };
-    Ok(spec.map_err(LoadError::from)?)
-}
-
-/// A [`TensorSource`] as the shape view that config inference reads.
-struct Shapes<'a>(&'a dyn TensorSource);
-
-impl infer::ShapeSource for Shapes<'_> {
-    fn names(&self) -> Vec<String> {
-        self.0.names()
-    }
-    fn shape(&self, name: &str) -> std::result::Result<Option<Vec<usize>>, String> {
-        match self.0.tensor(name) {
-            Ok(t) => Ok(t.map(|t| t.shape)),
-            Err(e) => Err(e.to_string()),
-        }
-    }
-    fn describe(&self) -> String {
-        self.0.describe()
-    }
-    fn stored_name(&self, name: &str) -> Option<String> {
-        self.0.stored_name(name)
-    }
-}
-
 /// Everything a plan is compiled from, whatever the files were.
-struct Inputs<'a> {
+pub(crate) struct Inputs<'a> {
     /// Values no file stated (folderless compiles), for the plan's notes.
-    assumed: Vec<String>,
-    name: String,
-    pipeline_class: String,
-    family: ModelFamily,
-    tok: edge_schema::tokenizer::TokenizerSpec,
-    sched: edge_schema::scheduler::SchedulerConfig,
-    t5_cfg: T5Config,
-    dit_cfg: PixArtConfig,
-    vae_cfg: VaeConfig,
-    t5: &'a dyn TensorSource,
-    dit: &'a dyn TensorSource,
-    vae: &'a dyn TensorSource,
+    pub(crate) assumed: Vec<String>,
+    pub(crate) name: String,
+    pub(crate) pipeline_class: String,
+    pub(crate) family: ModelFamily,
+    pub(crate) tok: edge_schema::tokenizer::TokenizerSpec,
+    pub(crate) sched: edge_schema::scheduler::SchedulerConfig,
+    pub(crate) t5_cfg: T5Config,
+    pub(crate) dit_cfg: PixArtConfig,
+    pub(crate) vae_cfg: VaeConfig,
+    pub(crate) t5: &'a dyn TensorSource,
+    pub(crate) dit: &'a dyn TensorSource,
+    pub(crate) vae: &'a dyn TensorSource,
 }
 
 fn cfg_err(dir: &Path, e: edge_models::config::ConfigError) -> PlanError {
@@ -542,7 +167,7 @@ pub fn compile_pipeline(folder: &PipelineFolder, opts: &CompileOptions) -> Resul
 }
 
 /// The inputs of a pipeline folder; `tokenizer_file` replaces its tokenizer folder.
-fn folder_inputs<'a>(
+pub(crate) fn folder_inputs<'a>(
     folder: &'a PipelineFolder,
     tokenizer_file: Option<&Path>,
 ) -> Result<Inputs<'a>> {
@@ -577,191 +202,7 @@ fn folder_name(root: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// Compiles from a pipeline folder `dir` whose components `files` replace (any subset), or,
-/// with `dir = None`, from `files` alone.
-///
-/// Without a folder every file is needed (diffusion model, T5, VAE, tokenizer); the
-/// scheduler is [`PIXART_SCHEDULER_CONFIG`]; the configs are inferred from tensor shapes
-/// (see [`ComponentFiles::heads`]); PixArt-α is recognised by its micro-condition embedders,
-/// which also set the default VAE scale ([`ALPHA_VAE_SCALE`], else [`SIGMA_VAE_SCALE`]).
-/// With a folder, its configs (transformer, T5, VAE) are kept and only weights/tokenizer are
-/// replaced. [`CompileOptions::vae_scale_factor`] overrides the scale either way.
-///
-/// Errors: those of [`compile_pipeline`], of opening each file, and [`PlanError::Invalid`]
-/// for a missing file or a config that cannot be inferred (naming the tensor or flag).
-pub fn compile_inputs(
-    dir: Option<&Path>,
-    files: &ComponentFiles,
-    opts: &CompileOptions,
-) -> Result<Compiled> {
-    let open_opt = |p: &Option<PathBuf>| -> Result<Option<(Box<dyn TensorSource>, GgufHints)>> {
-        p.as_deref().map(open_weights).transpose()
-    };
-    let dit_file = open_opt(&files.diffusion_model)?;
-    let t5_file = open_opt(&files.t5xxl)?;
-    let vae_file = open_opt(&files.vae)?;
-    if let Some(dir) = dir {
-        let folder = PipelineFolder::open(dir)?;
-        let mut inputs = folder_inputs(&folder, files.tokenizer.as_deref())?;
-        if let Some((s, _)) = &dit_file {
-            inputs.dit = s.as_ref();
-        }
-        if let Some((s, _)) = &t5_file {
-            inputs.t5 = s.as_ref();
-        }
-        if let Some((s, _)) = &vae_file {
-            inputs.vae = s.as_ref();
-        }
-        return compile_inputs_impl(inputs, opts);
-    }
-    let need = |what: &str, flag: &str| {
-        PlanError::Invalid(format!(
-            "no {what}: without a pipeline folder give {flag} FILE (and --diffusion-model, --t5xxl, --vae, --tokenizer)"
-        ))
-    };
-    let (dit, hints) = dit_file.ok_or_else(|| need("diffusion model", "--diffusion-model"))?;
-    let (t5, _) = t5_file.ok_or_else(|| need("text encoder", "--t5xxl"))?;
-    let (vae, _) = vae_file.ok_or_else(|| need("VAE", "--vae"))?;
-    let tok_path = files
-        .tokenizer
-        .as_deref()
-        .ok_or_else(|| need("tokenizer", "--tokenizer"))?;
-    // Everything the weights cannot tell, asked for at once rather than one run at a time.
-    let mut missing: Vec<&str> = Vec::new();
-    if files.heads.or(hints.heads).is_none() {
-        missing.push("--heads N (attention heads; PixArt-XL: 16)");
-    }
-    if files.sample_size.or(hints.sample_size).is_none() {
-        missing.push("--sample-size N (native latent size; 1024-px models: 128, 512-px: 64)");
-    }
-    let has_micro = dit
-        .names()
-        .iter()
-        .any(|n| n.contains("resolution_embedder"));
-    if files.family.is_none() && !has_micro {
-        missing.push("--family sigma|alpha (PixArt-Σ: SDXL VAE, scale 0.13025, 300 tokens; PixArt-α: SD VAE, scale 0.18215, 120 tokens)");
-    }
-    if missing.len() > 1 {
-        return Err(PlanError::Invalid(format!(
-            "{}: without a pipeline folder these cannot be read from the weights; give {}",
-            dit.describe(),
-            missing.join(", ")
-        )));
-    }
-    let dit_json = infer::pixart_config(
-        &Shapes(dit.as_ref()),
-        &infer::PixArtHints {
-            heads: files.heads.or(hints.heads),
-            sample_size: files.sample_size.or(hints.sample_size),
-            interpolation_scale: hints.interpolation_scale,
-            norm_eps: hints.norm_eps,
-        },
-    )?;
-    let micro = dit_json
-        .get("use_additional_conditions")
-        .and_then(serde_json::Value::as_bool)
-        .unwrap_or(false);
-    // Every value no file states is recorded in the plan's notes (and printed by edgeplan).
-    let mut assumed: Vec<String> = Vec::new();
-    let family = match (files.family, micro) {
-        (Some(ModelFamily::PixArtSigma), true) => {
-            return Err(PlanError::Invalid(format!(
-                "--family sigma: {} has PixArt-α's micro-condition embedders (adaln_single.emb.resolution_embedder); it is a PixArt-α transformer",
-                dit.describe()
-            )))
-        }
-        (Some(f), _) => f,
-        (None, true) => {
-            assumed.push("assumed family PixArt-α: the transformer has micro-condition embedders (resolution, aspect ratio)".into());
-            ModelFamily::PixArtAlpha
-        }
-        (None, false) => {
-            return Err(PlanError::Invalid(format!(
-                "{}: without a pipeline folder the family cannot be told from the weights (PixArt-Σ and PixArt-α 512 px have the same tensors); give --family sigma (SDXL VAE, scale 0.13025, 300 tokens) or --family alpha (SD VAE, scale 0.18215, 120 tokens)",
-                dit.describe()
-            )))
-        }
-    };
-    let (pipeline_class, scale, vae_name) = match family {
-        ModelFamily::PixArtAlpha => ("PixArtAlphaPipeline", ALPHA_VAE_SCALE, "SD"),
-        ModelFamily::PixArtSigma => ("PixArtSigmaPipeline", SIGMA_VAE_SCALE, "SDXL"),
-    };
-    let src_of = |flag: Option<usize>, gguf: Option<usize>, flag_name: &str, key: &str| {
-        if flag.is_some() {
-            flag_name.to_string()
-        } else if gguf.is_some() {
-            format!("GGUF {key}")
-        } else {
-            "default".to_string()
-        }
-    };
-    assumed.push(format!(
-        "transformer config from tensor shapes: {} attention heads ({}), sample size {} ({}), interpolation scale {}, norm eps {} ({})",
-        dit_json["num_attention_heads"],
-        src_of(files.heads, hints.heads, "--heads", "pixart.attention.head_count"),
-        dit_json["sample_size"],
-        src_of(files.sample_size, hints.sample_size, "--sample-size", "pixart.sample_size"),
-        hints.interpolation_scale.map_or("sample size / 64".to_string(), |x| x.to_string()),
-        hints.norm_eps.map_or("1e-6".to_string(), |x| x.to_string()),
-        if hints.interpolation_scale.is_some() || hints.norm_eps.is_some() { "GGUF pixart.*" } else { "diffusers defaults" }
-    ));
-    assumed.push("assumed T5 config (T5 v1.1, as PixArt's T5-XXL): gated-gelu feed-forward, relative attention max distance 128, layer norm eps 1e-6".into());
-    assumed.push(format!(
-        "assumed VAE config: GroupNorm groups {} ({}), scaling factor {} ({})",
-        files.vae_norm_groups.unwrap_or(32),
-        if files.vae_norm_groups.is_some() {
-            "--vae-norm-groups"
-        } else {
-            "every published SD/SDXL VAE; --vae-norm-groups to change"
-        },
-        opts.vae_scale_factor.unwrap_or(scale),
-        if opts.vae_scale_factor.is_some() {
-            "--vae-scale-factor".to_string()
-        } else {
-            format!(
-                "the {vae_name} VAE of {}; --vae-scale-factor to change",
-                family_name(family)
-            )
-        }
-    ));
-    assumed.push("assumed scheduler: the PixArt pipelines' DPMSolverMultistepScheduler config (no scheduler_config.json)".into());
-    let file_err = |p: &Option<PathBuf>, e: edge_models::config::ConfigError| {
-        PlanError::Invalid(format!(
-            "{} (config inferred from tensor shapes): {e}",
-            p.as_deref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default()
-        ))
-    };
-    let t5_json = infer::t5_config(&Shapes(t5.as_ref()))?;
-    let vae_json = infer::vae_config(&Shapes(vae.as_ref()), scale, files.vae_norm_groups)?;
-    let dit_path = files.diffusion_model.as_deref().unwrap_or(Path::new(""));
-    let inputs = Inputs {
-        assumed,
-        name: dit_path
-            .file_stem()
-            .map(|n| n.to_string_lossy().to_string())
-            .unwrap_or_default(),
-        pipeline_class: pipeline_class.to_string(),
-        family,
-        tok: load_tokenizer_file(tok_path)?,
-        sched: scheduler::parse_scheduler_config(
-            PIXART_SCHEDULER_CONFIG,
-            "built-in PixArt scheduler config",
-        )
-        .map_err(LoadError::from)?,
-        t5_cfg: T5Config::from_json(&t5_json).map_err(|e| file_err(&files.t5xxl, e))?,
-        dit_cfg: PixArtConfig::from_json(&dit_json)
-            .map_err(|e| file_err(&files.diffusion_model, e))?,
-        vae_cfg: VaeConfig::from_json(&vae_json).map_err(|e| file_err(&files.vae, e))?,
-        t5: t5.as_ref(),
-        dit: dit.as_ref(),
-        vae: vae.as_ref(),
-    };
-    compile_inputs_impl(inputs, opts)
-}
-
-fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compiled> {
+pub(crate) fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Result<Compiled> {
     if opts.sizes.is_empty() {
         return Err(PlanError::Invalid("no image size given (-W/-H)".into()));
     }
@@ -1175,7 +616,7 @@ fn unused_notes(
     vae: &SourceResolver<'_>,
     encoder_compiled: bool,
 ) -> Vec<String> {
-    let t5_used = |n: &str| t5.used.lock().is_ok_and(|u| u.contains(n));
+    let t5_used = |n: &str| t5.was_used(n);
     let tied = ["shared.weight", "encoder.embed_tokens.weight"];
     let lists = [
         (

@@ -105,3 +105,44 @@ pub fn resolve(meta: &PlanMeta, sizes: &[&ImageSize], max_ram: Option<u64>) -> R
         rss_start,
     })
 }
+
+/// The session for runs of `plan` at `sizes` under `rb` ([`resolve`]): its arena refused when
+/// it exceeds the budget, weights streamed within it, exact VAE tiles spilling into
+/// `spill_dir` (default: the system's temporary folder), which is checked now when a size's
+/// decode spills, so a missing or read-only folder is found before any work. The one setup of
+/// `edgerun generate` and `edgerun serve`.
+///
+/// # Errors
+/// [`Error::ArenaTooLarge`]; [`Error::Argument`] (`spill-dir`) naming the folder, the size and
+/// the bytes its decode would hold there.
+pub fn open_session<'p>(
+    plan: &'p crate::Plan,
+    kernels: edge_kernels::KernelTable,
+    rb: &RunBudget,
+    spill_dir: Option<std::path::PathBuf>,
+    sizes: &[&ImageSize],
+) -> Result<crate::Session<'p>> {
+    use crate::Executor;
+    let mut session = crate::Session::new(plan, kernels, rb.session)?;
+    if let Some(b) = rb.session {
+        session.limit_budget(b);
+    }
+    if let Some(d) = spill_dir {
+        session.set_spill_dir(d);
+    }
+    for z in sizes {
+        if let Some(bytes) = edge_schema::tiles::spilled_bytes(plan.meta(), z) {
+            let dir = session.spill_dir();
+            crate::tiling::check_spill_dir(&dir).map_err(|e| Error::Argument {
+                flag: "spill-dir",
+                reason: format!(
+                    "{}: this plan's VAE decode at {}x{} holds {bytes} bytes in a spill file there: {e}",
+                    dir.display(),
+                    z.width,
+                    z.height
+                ),
+            })?;
+        }
+    }
+    Ok(session)
+}

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use edge_runtime::parameters::GenerationInfo;
-use edge_runtime::{Executor, Flow, GenerateParams, Plan, Progress, Session};
+use edge_runtime::{Flow, GenerateParams, Plan, Progress, Session};
 
 use crate::request::{JobSpec, Limits};
 
@@ -360,25 +360,13 @@ fn worker(
                 cfg.max_ram.map_or(String::new(), |b| b.to_string())
             )
         })?;
-        let mut session = Session::new(&plan, cfg.kernels, rb.session)?;
-        if let Some(b) = rb.session {
-            session.limit_budget(b);
-        }
-        if let Some(d) = &cfg.spill_dir {
-            session.set_spill_dir(d.clone());
-        }
-        for z in &meta.sizes {
-            if let Some(bytes) = edge_schema::tiles::spilled_bytes(meta, z) {
-                edge_runtime::tiling::check_spill_dir(&session.spill_dir()).with_context(|| {
-                    format!(
-                        "--spill-dir {}: this plan's VAE decode at {}x{} holds {bytes} bytes in a spill file there",
-                        session.spill_dir().display(),
-                        z.width,
-                        z.height,
-                    )
-                })?;
-            }
-        }
+        let session = edge_runtime::budget::open_session(
+            &plan,
+            cfg.kernels,
+            &rb,
+            cfg.spill_dir.clone(),
+            &sizes,
+        )?;
         Ok((session, rb.whole))
     };
     let (mut session, budget) = match setup() {

@@ -2,8 +2,8 @@
 //! the real presets' tensor lists have the parameter counts of the released models.
 
 use edge_e2e::*;
-use edge_planner::synth::{self, SynthOptions, WeightDType};
 use edge_runtime::{GenerateParams, Plan, Session};
+use edge_synth::{self as synth, SynthOptions, WeightDType};
 
 fn spread(v: impl Iterator<Item = f32>) -> (f32, f32) {
     v.fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), x| {

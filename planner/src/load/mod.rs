@@ -5,6 +5,7 @@
 //! a [`DType`], a shape written **outermost-first** (PyTorch order; GGUF's `ne` is reversed on
 //! read) and the raw little-endian bytes.
 
+pub(crate) mod file;
 pub mod folder;
 pub mod gguf;
 pub mod original;
@@ -46,6 +47,12 @@ pub trait TensorSource: Send + Sync {
     fn stored_name(&self, name: &str) -> Option<String> {
         let _ = name;
         None
+    }
+    /// The name of the whole stored tensor that holds `name` (the fused tensor, without a row
+    /// range, when `name` is rows of one), when it differs from `name`. Default:
+    /// [`TensorSource::stored_name`].
+    fn stored_whole_name(&self, name: &str) -> Option<String> {
+        self.stored_name(name)
     }
 }
 

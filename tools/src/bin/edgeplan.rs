@@ -622,7 +622,7 @@ fn inspect(plan: PathBuf) -> Result<()> {
 }
 
 fn synth(a: SynthArgs) -> Result<()> {
-    use edge_planner::synth;
+    use edge_synth as synth;
     let preset = synth::preset(&a.preset)?;
     let opts = synth::SynthOptions {
         seed: a.seed,

@@ -870,22 +870,8 @@ fn generate(a: GenArgs) -> Result<()> {
             .collect();
         say!("matrix kernels: {}", per_pack.join(", "));
     }
-    let mut session = Session::new(&plan, kernels, budget)?;
-    if let Some(b) = budget {
-        session.limit_budget(b);
-    }
-    if let Some(d) = &a.spill_dir {
-        session.set_spill_dir(d.clone());
-    }
-    // A decode that spills needs its folder: check it before any work.
-    if let Some(bytes) = edge_schema::tiles::spilled_bytes(meta, size) {
-        edge_runtime::tiling::check_spill_dir(&session.spill_dir()).with_context(|| {
-            format!(
-                "--spill-dir {}: this plan's VAE decode holds {bytes} bytes in a spill file there",
-                session.spill_dir().display(),
-            )
-        })?;
-    }
+    let mut session =
+        edge_runtime::budget::open_session(&plan, kernels, &rb, a.spill_dir.clone(), &[size])?;
     let mut timings: HashMap<&str, f64> = HashMap::new();
     // With -v, the resident-set peak of each phase (VmHWM reset at each phase's start).
     let mut phase_peak: HashMap<&str, u64> = HashMap::new();

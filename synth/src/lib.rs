@@ -3,7 +3,7 @@
 //! [`preset`] describes a pipeline (the three `config.json` documents as diffusers 0.42 and
 //! transformers 5 write them, and every weight tensor with its shape and initialisation);
 //! [`synthesize`] writes it as a diffusers pipeline folder (the layout
-//! [`crate::load::folder::PipelineFolder`] reads):
+//! [`edge_planner::load::folder::PipelineFolder`] reads):
 //!
 //! ```text
 //! <dir>/model_index.json                          PixArtSigmaPipeline
@@ -26,6 +26,8 @@
 //! Shapes follow the graph builders in `edge_models` (`pixart.rs`, `t5.rs`, `vae.rs`), which
 //! follow diffusers `PixArtTransformer2DModel` / `AutoencoderKL` and transformers
 //! `T5EncoderModel`.
+
+#![forbid(unsafe_code)]
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -1381,7 +1383,7 @@ mod tests {
             }
         }
         // The folder opens with the loader; configs hold what the preset says.
-        let pf = crate::load::folder::PipelineFolder::open(&a).unwrap();
+        let pf = edge_planner::load::folder::PipelineFolder::open(&a).unwrap();
         assert_eq!(pf.pipeline_class, "PixArtSigmaPipeline");
         assert_eq!(pf.text_encoder.config["dtype"], json!("float16"));
         assert_eq!(pf.text_encoder.tensors.names().len(), te.tensors.len());
@@ -1409,7 +1411,7 @@ mod tests {
         }
         let rel = "scheduler/scheduler_config.json";
         assert_eq!(read(&out, rel), read(&demo, rel));
-        crate::load::folder::PipelineFolder::open(&out).unwrap();
+        edge_planner::load::folder::PipelineFolder::open(&out).unwrap();
     }
 
     #[test]
