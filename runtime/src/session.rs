@@ -481,8 +481,13 @@ impl<'p> Session<'p> {
             }
             let next = (j + 1 < stage.segments.len()).then_some(j + 1);
             self.streamer.before_segment(plan, index as usize, j, next);
-            if let Some(sec) = seg.section {
-                plan.section_checked(sec as usize)?;
+            if let Some(sec) = seg.section.map(|s| s as usize) {
+                // A section read whole was just populated by the streamer: hash it in place.
+                if self.streamer.is_gathered(sec) {
+                    plan.section_checked(sec)?;
+                } else {
+                    plan.section_checked_resident(sec)?;
+                }
             }
             for i in a..b {
                 let given = if i == first { stats } else { None };

@@ -29,6 +29,11 @@ pub trait Pager {
     fn release_section(&self, s: usize);
     /// Starts reading section `s` ahead of its use.
     fn prefetch_section(&self, s: usize);
+    /// Maps section `s` into this process now, before a segment reads all of it (one system
+    /// call instead of a page fault per few pages). Default: nothing (the pages fault in).
+    fn populate_section(&self, s: usize) {
+        let _ = s;
+    }
 }
 
 impl Pager for Plan {
@@ -37,6 +42,9 @@ impl Pager for Plan {
     }
     fn prefetch_section(&self, s: usize) {
         Plan::prefetch_section(self, s);
+    }
+    fn populate_section(&self, s: usize) {
+        Plan::populate_section(self, s);
     }
 }
 
@@ -159,6 +167,10 @@ impl Streamer {
                 st.resident[s] = true;
                 st.resident_bytes += self.section_len[s];
                 st.streamed_bytes += self.section_len[s];
+                // The segment reads a whole section (a gathered one only in rows).
+                if !self.gathered[s] {
+                    pager.populate_section(s);
+                }
             }
         }
         if let Some(budget) = self.budget {
@@ -198,6 +210,12 @@ impl Streamer {
                 pager.prefetch_section(s as usize);
             }
         }
+    }
+
+    /// Whether section `s` is read in part only (gathered embedding rows): never made resident
+    /// whole, so hashed through the file rather than the mapping.
+    pub fn is_gathered(&self, s: usize) -> bool {
+        self.gathered.get(s).copied().unwrap_or(true)
     }
 
     /// Bytes of weight sections made resident that were not resident before (first loads and

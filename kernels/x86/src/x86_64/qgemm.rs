@@ -37,6 +37,8 @@ const CORR_AT: usize = 576;
 const MIN_AT: usize = 640;
 /// Activation rows per register tile.
 const R: usize = 6;
+/// Blocks ahead of the packing that each weight row is prefetched.
+const PREFETCH_BLOCKS: usize = 8;
 
 /// How the f32 term of a block is formed (the generic `vec_dot` of each type).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -232,13 +234,9 @@ unsafe fn quantize_q8_0_biased(src: &[f32], dst: &mut [u8]) {
 fn pack_group(w: WeightRef<'_>, wrow: usize, bb: usize, n: usize, j0: usize, dst: &mut [u8]) {
     if w.dtype == DType::Q8_0 {
         assert!(dst.len().is_multiple_of(GROUP_BLOCK) && w.bytes.len() == n * wrow);
-        assert!(
-            GROUP * wrow < i32::MAX as usize,
-            "weight row of {wrow} bytes too long"
-        );
         // SAFETY: the table holding this kernel was built only after AVX-512F/BW/VNNI were
-        // detected (`crate::x86_64::avx512_vnni_table`); the gathers read only columns
-        // `j < n` of blocks `b < dst.len() / GROUP_BLOCK ≤ wrow / 34` (asserted above and by the
+        // detected (`crate::x86_64::avx512_vnni_table`); the loads read only columns `j < n`
+        // of blocks `b < dst.len() / GROUP_BLOCK ≤ wrow / 34` (asserted above and by the
         // caller's `contract::linear`), i.e. inside `w.bytes`.
         return unsafe { pack_group_q8_0(w.bytes, wrow, n, j0, dst) };
     }
@@ -263,45 +261,126 @@ fn pack_group(w: WeightRef<'_>, wrow: usize, bb: usize, n: usize, j0: usize, dst
     }
 }
 
-/// [`pack_group`] for `Q8_0` (34-byte blocks: f16 scale, 32 quants) with gathers: per block,
-/// eight gathers of one 4-byte word from each of the 16 columns give the eight k-steps; the
-/// column sums are `vpdpbusd` of those words with bytes of 1; the scales are the low halves of
-/// one more gather, widened with `vcvtph2ps`. Columns `≥ n` are masked to zero, as in
-/// [`pack_group`]. The same bytes as [`quant::block32_values`] gives (tested through the twins).
+/// Where dword `s` (bytes `4s..4s + 4` of the quants) of column `c` lies after `stage` steps of
+/// the 16 × 8 dword transpose in [`pack_group_q8_0`], as (register, lane). Stage 0: column pairs
+/// in registers (`c / 2`), lane `8·(c mod 2) + s`; stages 1–3 each exchange one register bit
+/// (the column's bits 3, 2, 1) with a bit of the step `s`, so that after stage 3 register `s`
+/// holds the 16 columns in lanes. Each stage is one two-source permute per output register.
+const fn transpose_place(stage: usize, c: usize, s: usize) -> (usize, usize) {
+    let (c0, c1, c2, c3) = (c & 1, (c >> 1) & 1, (c >> 2) & 1, (c >> 3) & 1);
+    let (s0, s1, s2) = (s & 1, (s >> 1) & 1, (s >> 2) & 1);
+    match stage {
+        0 => (c >> 1, (c0 << 3) | s),
+        1 => (
+            (s2 << 2) | (c2 << 1) | c1,
+            (c0 << 3) | (c3 << 2) | (s1 << 1) | s0,
+        ),
+        2 => (
+            (s2 << 2) | (s1 << 1) | c1,
+            (c0 << 3) | (c3 << 2) | (c2 << 1) | s0,
+        ),
+        _ => (s, c),
+    }
+}
+
+/// The `vpermt2d` lane indices of output register `reg` of transpose stage `stage` (1–3): lane
+/// `l` takes lane `i` of the input register whose exchanged bit is 0 (index `i`) or of the one
+/// whose bit is 1 (index `16 + i`).
+const fn transpose_index(stage: usize, reg: usize) -> [u32; 16] {
+    let bit = 1 << (3 - stage);
+    let mut idx = [0u32; 16];
+    let mut c = 0;
+    while c < 16 {
+        let mut s = 0;
+        while s < 8 {
+            let (r, l) = transpose_place(stage, c, s);
+            if r == reg {
+                let (r0, l0) = transpose_place(stage - 1, c, s);
+                idx[l] = (l0 + if r0 & bit != 0 { 16 } else { 0 }) as u32;
+            }
+            s += 1;
+        }
+        c += 1;
+    }
+    idx
+}
+
+/// [`transpose_index`] for every stage and output register.
+const TRANSPOSE: [[[u32; 16]; 8]; 3] = {
+    let mut t = [[[0u32; 16]; 8]; 3];
+    let mut st = 0;
+    while st < 3 {
+        let mut r = 0;
+        while r < 8 {
+            t[st][r] = transpose_index(st + 1, r);
+            r += 1;
+        }
+        st += 1;
+    }
+    t
+};
+
+/// [`pack_group`] for `Q8_0` (34-byte blocks: f16 scale, 32 quants): per block, the 32 quant
+/// bytes of each of the 16 columns are loaded whole (two columns per zmm) and transposed as a
+/// 16 × 8 matrix of 4-byte words in three stages of two-source permutes ([`TRANSPOSE`]), which
+/// gives the eight k-steps `16 columns × 4 bytes`; the column sums are `vpdpbusd` of those
+/// words with bytes of 1; the 16 f16 scales are widened with `vcvtph2ps`. Columns `≥ n` are
+/// zero, as in [`pack_group`]. The same bytes as [`quant::block32_values`] gives (tested through
+/// the twins). (Gathering the words was 2–3× slower: each gather touches 16 rows.)
 ///
 /// # Safety
 /// AVX-512F, BW and VNNI must be present; `bytes` holds `n` rows of `wrow` bytes and `dst`
-/// at most `wrow / 34` group blocks; `16 · wrow` fits an `i32`.
+/// at most `wrow / 34` group blocks; `j0 < n`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn pack_group_q8_0(bytes: &[u8], wrow: usize, n: usize, j0: usize, dst: &mut [u8]) {
     let valid = n.saturating_sub(j0).min(GROUP);
-    let m: __mmask16 = ((1u32 << valid) - 1) as __mmask16;
     // SAFETY: `j0 < n`, so row `j0` starts inside `bytes` (pointer arithmetic only).
     let base = unsafe { bytes.as_ptr().add(j0 * wrow) };
-    let cols = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(wrow as i32),
-    );
     let ones = _mm512_set1_epi8(1);
-    for (b, gb) in dst.chunks_exact_mut(GROUP_BLOCK).enumerate() {
-        let idx = _mm512_add_epi32(cols, _mm512_set1_epi32((b * 34) as i32));
-        let mut sum = _mm512_setzero_si512();
-        for s in 0..8 {
-            let at = _mm512_add_epi32(idx, _mm512_set1_epi32((2 + 4 * s) as i32));
-            // SAFETY: unmasked lanes read bytes `2 + 4s .. 6 + 4s` of block `b` of a column
-            // `< n`, inside `bytes`.
-            let words = unsafe {
-                _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), m, at, base as *const i32)
-            };
-            sum = _mm512_dpbusd_epi32(sum, ones, words);
-            // SAFETY: `gb` holds GROUP_BLOCK bytes; the store covers bytes `64s .. 64s + 64`.
-            unsafe { _mm512_storeu_si512(gb.as_mut_ptr().add(s * 64) as *mut __m512i, words) };
+    let mut index = [[_mm512_setzero_si512(); 8]; 3];
+    for (st, regs) in index.iter_mut().enumerate() {
+        for (r, x) in regs.iter_mut().enumerate() {
+            // SAFETY: each row of `TRANSPOSE` holds 16 u32.
+            *x = unsafe { _mm512_loadu_si512(TRANSPOSE[st][r].as_ptr() as *const __m512i) };
         }
-        // SAFETY: as above, bytes `0..4` of each valid column's block.
-        let head = unsafe {
-            _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), m, idx, base as *const i32)
-        };
-        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+    }
+    for (b, gb) in dst.chunks_exact_mut(GROUP_BLOCK).enumerate() {
+        let mut scales = [0u16; GROUP];
+        let mut rows = [_mm256_setzero_si256(); GROUP];
+        for c in 0..valid {
+            // SAFETY: column `j0 + c < n`, block `b < wrow / 34`: bytes `b·34 .. b·34 + 34` of
+            // its row lie inside `bytes`.
+            unsafe {
+                let blk = base.add(c * wrow + b * 34);
+                scales[c] = u16::from_le_bytes([*blk, *blk.add(1)]);
+                rows[c] = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+            }
+            // A hint only (no access happens): the same row PREFETCH_BLOCKS blocks on, since
+            // the hardware prefetchers do not follow 16 rows at once.
+            _mm_prefetch::<_MM_HINT_T0>(
+                base.wrapping_add(c * wrow + (b + PREFETCH_BLOCKS) * 34) as *const i8
+            );
+        }
+        let mut v = [_mm512_setzero_si512(); 8];
+        for (p, x) in v.iter_mut().enumerate() {
+            *x = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(rows[2 * p]), rows[2 * p + 1]);
+        }
+        for (st, idx) in index.iter().enumerate() {
+            let bit = 1 << (2 - st);
+            let mut next = [_mm512_setzero_si512(); 8];
+            for (r, x) in next.iter_mut().enumerate() {
+                *x = _mm512_permutex2var_epi32(v[r & !bit], idx[r], v[r | bit]);
+            }
+            v = next;
+        }
+        let mut sum = _mm512_setzero_si512();
+        for (s, words) in v.iter().enumerate() {
+            sum = _mm512_dpbusd_epi32(sum, ones, *words);
+            // SAFETY: `gb` holds GROUP_BLOCK bytes; the store covers bytes `64s .. 64s + 64`.
+            unsafe { _mm512_storeu_si512(gb.as_mut_ptr().add(s * 64) as *mut __m512i, *words) };
+        }
+        // SAFETY: `scales` holds 16 u16.
+        let d = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(scales.as_ptr() as *const __m256i) });
         let corr = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(sum));
         // SAFETY: the three 64-byte stores lie at SCALE_AT, CORR_AT, MIN_AT < GROUP_BLOCK.
         unsafe {
