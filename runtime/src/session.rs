@@ -326,6 +326,15 @@ impl<'p> Session<'p> {
         self.profile = on.then(crate::profile::Profile::default);
     }
 
+    /// Puts `p` in place of the per-op table (`None`: stop profiling) and returns the table
+    /// collected so far, e.g. to leave a run out of it.
+    pub fn replace_profile(
+        &mut self,
+        p: Option<crate::profile::Profile>,
+    ) -> Option<crate::profile::Profile> {
+        std::mem::replace(&mut self.profile, p)
+    }
+
     /// The per-op table collected since [`Session::set_profiling`]`(true)`, if profiling.
     pub fn profile(&self) -> Option<&crate::profile::Profile> {
         self.profile.as_ref()

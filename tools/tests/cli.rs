@@ -959,6 +959,7 @@ fn bench_profiles_every_stage() {
     for needle in [
         "peak of one thread",
         "t5 encode (one prompt)",
+        "again",
         "denoiser NFE (2 runs): median",
         "vae decode",
         "TextEncoder",

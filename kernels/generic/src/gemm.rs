@@ -31,6 +31,57 @@ pub const MAX_TILE_COLS: usize = 64;
 /// [`F32Tile::run`]'s signature: `(xs, panel, kc, acc, ld)`.
 pub type TileFn = fn(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize);
 
+/// [`F32Tile::pack`]'s signature: `(w, wrow, j0, valid, t0, kc, cols, dst)` packs features
+/// `t0 .. t0 + kc` of weight rows (output columns) `j0 .. j0 + cols` of the row-major `w`
+/// (`F32`, `F16` or `BF16`, rows of `wrow` bytes), converted exactly to f32, into
+/// `dst[t·cols + c]` (`dst.len() == kc · cols`); columns `c ≥ valid` are zeros. Conversions
+/// are exact, so every implementation writes the same bits as [`pack_panel`].
+pub type PackFn = fn(
+    w: crate::WeightRef<'_>,
+    wrow: usize,
+    j0: usize,
+    valid: usize,
+    t0: usize,
+    kc: usize,
+    cols: usize,
+    dst: &mut [f32],
+);
+
+/// The portable [`PackFn`]: each column's features converted
+/// (`crate::weights::convert_row`), then written `cols` apart.
+#[allow(clippy::too_many_arguments)]
+pub fn pack_panel(
+    w: crate::WeightRef<'_>,
+    wrow: usize,
+    j0: usize,
+    valid: usize,
+    t0: usize,
+    kc: usize,
+    cols: usize,
+    dst: &mut [f32],
+) {
+    assert!(dst.len() == kc * cols && kc <= PACK_FEATURES && valid <= cols);
+    let esz = w.dtype.bytes_for(1).unwrap_or(4) as usize;
+    let mut row = [0f32; PACK_FEATURES];
+    for c in 0..cols {
+        if c < valid {
+            let src = &w.bytes[(j0 + c) * wrow + t0 * esz..][..kc * esz];
+            crate::weights::convert_row(w.dtype, src, &mut row[..kc]);
+            for (t, &v) in row[..kc].iter().enumerate() {
+                dst[t * cols + c] = v;
+            }
+        } else {
+            for t in 0..kc {
+                dst[t * cols + c] = 0.0;
+            }
+        }
+    }
+}
+
+/// Input features per packing task of the f32 `linear` (at most what one [`PackFn`] call
+/// packs).
+pub const PACK_FEATURES: usize = 256;
+
 /// A register-tile microkernel of the blocked f32 GEMM driver: the only per-ISA part of the f32
 /// `linear` and `conv2d` kernels.
 ///
@@ -52,6 +103,8 @@ pub struct F32Tile {
     pub cols: usize,
     /// The microkernel.
     pub run: TileFn,
+    /// Packs weight columns into this tile's panels ([`pack_panel`] or a SIMD twin).
+    pub pack: PackFn,
 }
 
 impl F32Tile {
@@ -92,6 +145,7 @@ pub const GENERIC_TILE: F32Tile = F32Tile {
     rows: 4,
     cols: 16,
     run: generic_tile,
+    pack: pack_panel,
 };
 
 fn generic_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {

@@ -51,7 +51,10 @@ pub use elementwise::{
     tanh, GELU_KAPPA, GELU_SQRT_2_OVER_PI,
 };
 pub use embed::{embedding, t5_position_bias, t5_relative_position_bucket, timestep_embedding};
-pub use gemm::{F32Tile, TileFn, GENERIC_TILE, KC, MAX_TILE_COLS, MAX_TILE_ROWS};
+pub use gemm::{
+    pack_panel, F32Tile, PackFn, TileFn, GENERIC_TILE, KC, MAX_TILE_COLS, MAX_TILE_ROWS,
+    PACK_FEATURES,
+};
 pub use layout::{concat_axis, concat_part, permute, slice_axis, upsample_nearest2x, MAX_RANK};
 pub use linear::{
     linear, linear_plain, linear_scratch_bytes, quant_panel_bytes, quant_panel_cols,

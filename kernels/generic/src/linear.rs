@@ -5,8 +5,8 @@ use rayon::prelude::*;
 
 use edge_schema::plan::PackLayout;
 
-use crate::gemm::{gemm, Bias, F32Tile, GENERIC_TILE, MAX_TILE_COLS};
-use crate::weights::{convert_row, f32_view, f32_view_mut, WeightRef};
+use crate::gemm::{gemm, Bias, F32Tile, GENERIC_TILE, MAX_TILE_COLS, PACK_FEATURES};
+use crate::weights::{f32_view, f32_view_mut, WeightRef};
 use crate::{contract, pack, quant};
 
 /// Weight rows (output columns) packed to f32 panels at a time for `F32`/`F16`/`BF16` weights.
@@ -161,33 +161,27 @@ fn plain(
     }
     let panel = f32_view_mut(&mut scratch[..PANEL * k * 4], "linear scratch");
     let tc = tile.cols;
-    let esz = wrow / k.max(1);
     for j0 in (0..n).step_by(PANEL) {
         let nb = PANEL.min(n - j0);
         let np = nb.div_ceil(tc);
         let panels = &mut panel[..np * k * tc];
         if k > 0 {
             for (p, dst) in panels.chunks_mut(k * tc).enumerate() {
+                let valid = nb.saturating_sub(p * tc).min(tc);
                 dst.par_chunks_mut(PACK_FEATURES * tc)
                     .enumerate()
                     .for_each(|(ci, chunk)| {
-                        let t0 = ci * PACK_FEATURES;
                         let kc = chunk.len() / tc;
-                        let mut row = [0f32; PACK_FEATURES];
-                        for c in 0..tc {
-                            let j = j0 + p * tc + c;
-                            if j < j0 + nb {
-                                let src = &w.bytes[j * wrow + t0 * esz..][..kc * esz];
-                                convert_row(w.dtype, src, &mut row[..kc]);
-                                for (t, &v) in row[..kc].iter().enumerate() {
-                                    chunk[t * tc + c] = v;
-                                }
-                            } else {
-                                for t in 0..kc {
-                                    chunk[t * tc + c] = 0.0;
-                                }
-                            }
-                        }
+                        (tile.pack)(
+                            w,
+                            wrow,
+                            j0 + p * tc,
+                            valid,
+                            ci * PACK_FEATURES,
+                            kc,
+                            tc,
+                            chunk,
+                        );
                     });
             }
         }
@@ -195,9 +189,6 @@ fn plain(
         gemm(tile, x, m, k, panels, nb, j0, n, b, out);
     }
 }
-
-/// Input features per packing task of [`plain`].
-const PACK_FEATURES: usize = 256;
 
 /// Columns of one output row per task in the quantized path.
 const QUANT_COLS: usize = 64;

@@ -16,6 +16,7 @@ pub(super) const NEON: F32Tile = F32Tile {
     rows: 6,
     cols: 16,
     run: neon_tile,
+    pack: edge_kernels::pack_panel,
 };
 
 fn neon_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {

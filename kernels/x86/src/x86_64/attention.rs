@@ -13,7 +13,7 @@ use edge_kernels::{
     QUERY_TILE,
 };
 
-use super::vmath::{exp16, exp8};
+use super::vmath::{exp16, exp8, mask, transpose16};
 
 /// AVX2 step: one row at a time.
 pub(crate) const AVX2: AttentionOps = AttentionOps {
@@ -83,41 +83,6 @@ unsafe fn pack_keys_impl(
             }
         }
     }
-}
-
-/// The transpose of a 16 × 16 block: lane `j` of output `i` is lane `i` of input `j`.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
-    let mut t = [_mm512_setzero_ps(); 16];
-    for i in 0..8 {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    let mut u = [_mm512_setzero_ps(); 16];
-    for i in 0..4 {
-        let (a, b, c, d) = (t[4 * i], t[4 * i + 1], t[4 * i + 2], t[4 * i + 3]);
-        let pd = |x: __m512| _mm512_castps_pd(x);
-        u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(a), pd(c)));
-        u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(a), pd(c)));
-        u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(b), pd(d)));
-        u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(b), pd(d)));
-    }
-    // Now u[4g + k] holds, in 128-bit block `q`, column `4q + k` of rows `4g .. 4g + 4`.
-    let mut v = [_mm512_setzero_ps(); 16];
-    for g in 0..2 {
-        for k in 0..4 {
-            let (a, b) = (u[8 * g + k], u[8 * g + 4 + k]);
-            v[8 * g + k] = _mm512_shuffle_f32x4::<0x88>(a, b);
-            v[8 * g + 4 + k] = _mm512_shuffle_f32x4::<0xdd>(a, b);
-        }
-    }
-    let mut o = [_mm512_setzero_ps(); 16];
-    for k in 0..8 {
-        o[k] = _mm512_shuffle_f32x4::<0x88>(v[k], v[8 + k]);
-        o[8 + k] = _mm512_shuffle_f32x4::<0xdd>(v[k], v[8 + k]);
-    }
-    o
 }
 
 fn block_tile_avx2(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
@@ -464,11 +429,6 @@ unsafe fn scale8_run(a: *mut f32, c: f32, full: usize) {
         unsafe { _mm256_storeu_ps(a.add(i), _mm256_mul_ps(_mm256_loadu_ps(a.add(i)), cv)) };
         i += 8;
     }
-}
-
-/// Lanes `0..len` of a 16-lane mask.
-fn mask(len: usize) -> __mmask16 {
-    ((1u32 << len) - 1) as __mmask16
 }
 
 #[inline]

@@ -7,7 +7,10 @@
 
 use std::arch::x86_64::*;
 
-use edge_kernels::F32Tile;
+use edge_kernels::{F32Tile, WeightRef};
+use edge_schema::DType;
+
+use super::vmath::{mask, transpose16};
 
 /// AVX2 + FMA: 6 rows × 16 columns (12 ymm accumulators, 2 weight vectors, 1 broadcast).
 pub(crate) const AVX2: F32Tile = F32Tile {
@@ -15,6 +18,7 @@ pub(crate) const AVX2: F32Tile = F32Tile {
     rows: 6,
     cols: 16,
     run: avx2_tile,
+    pack: edge_kernels::pack_panel,
 };
 
 /// AVX-512: 6 rows × 64 columns (24 zmm accumulators, 4 weight vectors, 1 broadcast).
@@ -23,6 +27,7 @@ pub(crate) const AVX512: F32Tile = F32Tile {
     rows: 6,
     cols: 64,
     run: avx512_tile,
+    pack: pack_avx512,
 };
 
 fn avx2_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {
@@ -134,6 +139,120 @@ unsafe fn avx512_rc<const R: usize>(
         for (c, v) in ar.iter().enumerate() {
             // SAFETY: as for the loads.
             unsafe { _mm512_storeu_ps(ap.add(r * ld + 16 * c), *v) };
+        }
+    }
+}
+
+/// [`edge_kernels::PackFn`] on AVX-512F: 16 columns × 16 features at a time are loaded
+/// (converted exactly: `vcvtph2ps` for `F16`, a 16-bit shift for `BF16`), transposed in registers
+/// and stored as 16 panel rows; the same bits as [`edge_kernels::pack_panel`], which it is
+/// tested against.
+#[allow(clippy::too_many_arguments)]
+fn pack_avx512(
+    w: WeightRef<'_>,
+    wrow: usize,
+    j0: usize,
+    valid: usize,
+    t0: usize,
+    kc: usize,
+    cols: usize,
+    dst: &mut [f32],
+) {
+    let esz = match w.dtype {
+        DType::F32 => 4,
+        DType::F16 | DType::BF16 => 2,
+        other => panic!("pack_avx512: {other:?} weights are not F32, F16 or BF16"),
+    };
+    assert!(
+        dst.len() == kc * cols && cols.is_multiple_of(16) && valid <= cols,
+        "pack_avx512: {} panel values for {kc} features × {cols} columns ({valid} valid)",
+        dst.len()
+    );
+    assert!(
+        valid == 0 || (j0 + valid - 1) * wrow + (t0 + kc) * esz <= w.bytes.len(),
+        "pack_avx512: columns {j0}..{} features {t0}..{} outside the weight",
+        j0 + valid,
+        t0 + kc
+    );
+    // SAFETY: the table holding this tile was built after AVX-512F was detected
+    // (`crate::x86_64::avx512_table`); every read lies inside row `j0 + c < j0 + valid` between
+    // features `t0` and `t0 + kc` (asserted above) and every store inside `dst`.
+    unsafe {
+        pack_avx512_impl(
+            w.dtype,
+            w.bytes.as_ptr(),
+            wrow,
+            esz,
+            j0,
+            valid,
+            t0,
+            kc,
+            cols,
+            dst,
+        )
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_avx512_impl(
+    dtype: DType,
+    bytes: *const u8,
+    wrow: usize,
+    esz: usize,
+    j0: usize,
+    valid: usize,
+    t0: usize,
+    kc: usize,
+    cols: usize,
+    dst: &mut [f32],
+) {
+    let out = dst.as_mut_ptr();
+    for c0 in (0..cols).step_by(16) {
+        for tb in (0..kc).step_by(16) {
+            let nt = (kc - tb).min(16);
+            let mut r = [_mm512_setzero_ps(); 16];
+            for (i, ri) in r.iter_mut().enumerate() {
+                let c = c0 + i;
+                if c >= valid {
+                    continue;
+                }
+                // SAFETY: features `t0 + tb .. t0 + tb + nt` of row `j0 + c` (the caller's
+                // bounds); a partial block is copied through a zeroed buffer.
+                let p = unsafe { bytes.add((j0 + c) * wrow + (t0 + tb) * esz) };
+                // SAFETY: `p` points at `nt` values of the row (above); a full block of 16 is
+                // read directly, a partial one copied into a zeroed buffer first.
+                *ri = unsafe {
+                    match dtype {
+                        DType::F32 => _mm512_maskz_loadu_ps(mask(nt), p as *const f32),
+                        _ => {
+                            let mut half = [0u16; 16];
+                            let bits = if nt == 16 {
+                                _mm256_loadu_si256(p as *const __m256i)
+                            } else {
+                                std::ptr::copy_nonoverlapping(
+                                    p,
+                                    half.as_mut_ptr() as *mut u8,
+                                    2 * nt,
+                                );
+                                _mm256_loadu_si256(half.as_ptr() as *const __m256i)
+                            };
+                            if dtype == DType::F16 {
+                                _mm512_cvtph_ps(bits)
+                            } else {
+                                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+                                    bits,
+                                )))
+                            }
+                        }
+                    }
+                };
+            }
+            let t = transpose16(r);
+            for (i, ti) in t.iter().enumerate().take(nt) {
+                // SAFETY: `(tb + i)·cols + c0 + 16 ≤ kc·cols = dst.len()`.
+                unsafe { _mm512_storeu_ps(out.add((tb + i) * cols + c0), *ti) };
+            }
         }
     }
 }
