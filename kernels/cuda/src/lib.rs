@@ -1,0 +1,215 @@
+//! CUDA kernels of the edge runtime, as sources compiled ahead of time (issue 16's first step:
+//! the sources and their compile-only checks; no executor runs them yet).
+//!
+//! [`SOURCES`] are the CUDA C files under `src/cu/` (each with the shared header inlined, see
+//! [`source`]); [`Arch`] names the targets (`sm_72` Xavier, `sm_87` Orin, `sm_90` data-centre
+//! checks). With the `nvrtc` feature, [`compile_ptx`] compiles a source for an architecture
+//! with NVRTC (loaded at run time: `libnvrtc.so.12`, e.g. from PyPI's
+//! `nvidia-cuda-nvrtc-cu12==12.6.*`, which matches JetPack 6); `scripts/test-cuda
+//! --compile-only` compiles every source for every architecture and assembles the PTX with
+//! `ptxas -v`, failing on register spills in the matmul and attention kernels.
+//!
+//! Arithmetic: element-wise kernels and the F32/F16/BF16 and Q8_0 matrix products follow the
+//! generic kernels' order with explicit round-to-nearest intrinsics (no contraction into fused
+//! multiply-adds except where the generic order has one), so they are meant to give the CPU's
+//! bits; norms and attention reduce in a different order (within a bound). None of this has run
+//! on a GPU yet: the twin tests need one.
+//!
+//! Twins (`kernels/generic`): `edge_silu`/`edge_gelu_tanh`/`edge_tanh_k`/`edge_relu`/
+//! `edge_scale`/`edge_add`/`edge_mul`/`edge_modulate`/`edge_gated_residual` ↔ the element-wise
+//! kernels of the same names; `edge_upsample_nearest2x` ↔ `upsample_nearest2x`;
+//! `edge_layer_norm`/`edge_rms_norm`/`edge_group_norm` ↔ `layer_norm`/`rms_norm`/`group_norm`;
+//! `edge_linear_plain` ↔ `linear` (F32/F16/BF16); `edge_quantize_q8_0` ↔
+//! `quant::quantize_row_q8_0`; `edge_linear_q8_0` ↔ `linear` (Q8_0); `edge_attention` ↔
+//! `attention` (head dim ≤ 128; the VAE's single 512-wide head needs another kernel). Not yet
+//! written: conv2d (implicit GEMM), the K-quant and Q4_0 products, tensor-core (`mma`) forms,
+//! embedding, permute/slice/concat, timestep embedding, T5 position bias.
+//!
+//! `unsafe` exists for one concern: asking whether `libnvrtc.so` loads (`nvrtc_loader`).
+#![deny(unsafe_code)]
+
+/// A GPU architecture a plan can target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Jetson AGX Xavier / Xavier NX (Volta).
+    Sm72,
+    /// Jetson Orin (Ampere).
+    Sm87,
+    /// Hopper (H100/H200): checking plans on data-centre GPUs.
+    Sm90,
+}
+
+impl Arch {
+    /// Every architecture, in the order the compile-only check runs them.
+    pub const ALL: [Arch; 3] = [Arch::Sm72, Arch::Sm87, Arch::Sm90];
+
+    /// `sm_72`, `sm_87`, `sm_90`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Sm72 => "sm_72",
+            Arch::Sm87 => "sm_87",
+            Arch::Sm90 => "sm_90",
+        }
+    }
+
+    /// The virtual architecture NVRTC compiles PTX for (`compute_72`, …).
+    pub fn compute(self) -> &'static str {
+        match self {
+            Arch::Sm72 => "compute_72",
+            Arch::Sm87 => "compute_87",
+            Arch::Sm90 => "compute_90",
+        }
+    }
+
+    /// The architecture named `s` (`sm_87`, `87`, `cuda-sm87`).
+    ///
+    /// # Errors
+    /// A message listing the supported names.
+    pub fn parse(s: &str) -> Result<Arch, String> {
+        let t = s.trim().trim_start_matches("cuda-").replace('_', "");
+        match t.trim_start_matches("sm") {
+            "72" => Ok(Arch::Sm72),
+            "87" => Ok(Arch::Sm87),
+            "90" => Ok(Arch::Sm90),
+            _ => Err(format!(
+                "unknown CUDA architecture `{s}` (expected sm_72, sm_87 or sm_90)"
+            )),
+        }
+    }
+}
+
+/// The shared device helpers every source includes.
+pub const COMMON: &str = include_str!("cu/common.cuh");
+
+/// A kernel source file and the kernels (entry points) it defines.
+#[derive(Clone, Copy, Debug)]
+pub struct Source {
+    /// File name under `src/cu/`.
+    pub name: &'static str,
+    /// The CUDA C text as written (with its `#include "common.cuh"`).
+    pub text: &'static str,
+    /// The `extern "C"` entry points.
+    pub kernels: &'static [&'static str],
+    /// Whether the compile-only check refuses register spills in these kernels (matrix
+    /// products and attention, whose speed depends on staying in registers).
+    pub no_spills: bool,
+}
+
+/// Every kernel source.
+pub const SOURCES: [Source; 4] = [
+    Source {
+        name: "elementwise.cu",
+        text: include_str!("cu/elementwise.cu"),
+        kernels: &[
+            "edge_silu",
+            "edge_gelu_tanh",
+            "edge_tanh_k",
+            "edge_relu",
+            "edge_scale",
+            "edge_add",
+            "edge_mul",
+            "edge_modulate",
+            "edge_gated_residual",
+            "edge_upsample_nearest2x",
+        ],
+        no_spills: false,
+    },
+    Source {
+        name: "norm.cu",
+        text: include_str!("cu/norm.cu"),
+        kernels: &["edge_layer_norm", "edge_rms_norm", "edge_group_norm"],
+        no_spills: false,
+    },
+    Source {
+        name: "linear.cu",
+        text: include_str!("cu/linear.cu"),
+        kernels: &[
+            "edge_linear_plain",
+            "edge_quantize_q8_0",
+            "edge_linear_q8_0",
+        ],
+        no_spills: true,
+    },
+    Source {
+        name: "attention.cu",
+        text: include_str!("cu/attention.cu"),
+        kernels: &["edge_attention"],
+        no_spills: true,
+    },
+];
+
+/// `s`'s text with `#include "common.cuh"` replaced by [`COMMON`], so NVRTC needs no include
+/// path (the text compiled is exactly what the binary holds).
+pub fn source(s: &Source) -> String {
+    s.text.replace("#include \"common.cuh\"", COMMON)
+}
+
+/// Compiles `s` for `arch` to PTX with NVRTC (`-arch=compute_XX`, no fast-math: IEEE division
+/// and square root, denormals kept, no contraction of the explicit intrinsics).
+///
+/// # Errors
+/// NVRTC's log, naming the source; or that `libnvrtc.so` could not be loaded.
+#[cfg(feature = "nvrtc")]
+pub fn compile_ptx(s: &Source, arch: Arch) -> Result<String, String> {
+    if !nvrtc_present() {
+        return Err("NVRTC not found (libnvrtc.so.12: install nvidia-cuda-nvrtc-cu12==12.6.* and put its lib folder on LD_LIBRARY_PATH)".into());
+    }
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some(arch.compute()),
+        options: vec!["--std=c++17".into()],
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(source(s), opts)
+        .map(|p| p.to_src())
+        .map_err(|e| format!("{} for {}: {e}", s.name, arch.name()))
+}
+
+/// Whether NVRTC can be loaded.
+#[cfg(feature = "nvrtc")]
+pub fn nvrtc_present() -> bool {
+    nvrtc_loader::present()
+}
+
+#[cfg(feature = "nvrtc")]
+#[allow(unsafe_code)]
+mod nvrtc_loader {
+    /// Whether `libnvrtc.so` loads (cudarc panics on first use otherwise).
+    pub(super) fn present() -> bool {
+        // SAFETY: only tries to open the shared library and resolve its symbols; no NVRTC
+        // function is called.
+        unsafe { cudarc::nvrtc::sys::is_culib_present() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn architectures_parse_from_their_names() {
+        for a in Arch::ALL {
+            assert_eq!(Arch::parse(a.name()), Ok(a));
+            assert_eq!(
+                Arch::parse(&format!("cuda-{}", a.name().replace('_', ""))),
+                Ok(a)
+            );
+        }
+        assert!(Arch::parse("sm_80")
+            .unwrap_err()
+            .contains("sm_72, sm_87 or sm_90"));
+    }
+
+    #[test]
+    fn every_listed_kernel_is_defined_in_its_source() {
+        for s in SOURCES {
+            assert!(!source(&s).contains("#include"), "{}", s.name);
+            for k in s.kernels {
+                assert!(
+                    s.text.contains(&format!("void {k}(")) || s.text.contains(&format!("\n{k}(")),
+                    "{} does not define {k}",
+                    s.name
+                );
+            }
+        }
+    }
+}
