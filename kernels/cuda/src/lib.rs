@@ -25,7 +25,12 @@
 //! written: conv2d (implicit GEMM), the K-quant and Q4_0 products, tensor-core (`mma`) forms,
 //! embedding, permute/slice/concat, timestep embedding, T5 position bias.
 //!
-//! `unsafe` exists for one concern: asking whether `libnvrtc.so` loads (`nvrtc_loader`).
+//! With the `driver` feature, [`gpu`] opens the first GPU, compiles the sources for its
+//! architecture and launches kernels (what the twin tests in `tests/twins.rs` use).
+//!
+//! `unsafe` exists for two concerns: asking whether `libnvrtc.so` and `libcuda.so` load
+//! (`nvrtc_loader`, `gpu::driver_present`), and kernel launches (`gpu::Launch::run`), whose
+//! argument lists must match the kernels' parameters.
 #![deny(unsafe_code)]
 
 /// A GPU architecture a plan can target.
@@ -169,6 +174,9 @@ pub fn compile_ptx(s: &Source, arch: Arch) -> Result<String, String> {
 pub fn nvrtc_present() -> bool {
     nvrtc_loader::present()
 }
+
+#[cfg(feature = "driver")]
+pub mod gpu;
 
 #[cfg(feature = "nvrtc")]
 #[allow(unsafe_code)]

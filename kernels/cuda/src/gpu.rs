@@ -1,0 +1,196 @@
+//! The first GPU, with every kernel source compiled for its architecture ([`Gpu::open`]), and
+//! kernel launches with their arguments ([`Launch`]). Used by the twin tests; the CUDA executor
+//! will build on it.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig};
+use cudarc::driver::{DeviceRepr, PushKernelArg};
+
+use crate::{compile_ptx, Arch, SOURCES};
+
+/// One GPU with the kernels loaded.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    /// The device's name and compute capability, e.g. `NVIDIA H200 (sm_90)`.
+    pub label: String,
+    pub arch: Arch,
+    modules: Vec<(&'static str, Arc<CudaModule>)>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.label)
+    }
+}
+
+#[allow(unsafe_code)]
+fn driver_present() -> bool {
+    // SAFETY: only opens the shared library and resolves its symbols; no driver call is made.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+impl Gpu {
+    /// Opens GPU 0 and compiles every source for its architecture with NVRTC.
+    ///
+    /// # Errors
+    /// One line naming what is missing: the driver (`libcuda.so.1`), a GPU, a supported
+    /// architecture (`sm_72`, `sm_87`, `sm_90`; the device's is named), NVRTC, or the compile
+    /// or load error of a source.
+    pub fn open() -> Result<Gpu, String> {
+        if !driver_present() {
+            return Err("no CUDA driver: libcuda.so.1 was not found (no NVIDIA driver installed, or its folder is not on LD_LIBRARY_PATH)".into());
+        }
+        let ctx = CudaContext::new(0).map_err(|e| format!("no CUDA GPU: {e}"))?;
+        let name = ctx.name().unwrap_or_else(|_| "GPU 0".into());
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| format!("{name}: compute capability: {e}"))?;
+        let sm = format!("sm_{major}{minor}");
+        let arch = Arch::parse(&sm).map_err(|_| {
+            format!("{name} is {sm}; the kernels are built for sm_72, sm_87 and sm_90")
+        })?;
+        let mut modules = Vec::new();
+        for s in SOURCES {
+            let ptx = compile_ptx(&s, arch)?;
+            let m = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                .map_err(|e| format!("{name}: loading {}: {e}", s.name))?;
+            modules.push((s.name, m));
+        }
+        Ok(Gpu {
+            stream: ctx.default_stream(),
+            ctx,
+            label: format!("{name} ({sm})"),
+            arch,
+            modules,
+        })
+    }
+
+    /// Kernel `name` (one of a source's [`crate::Source::kernels`]).
+    ///
+    /// # Errors
+    /// When no loaded source defines it.
+    pub fn function(&self, name: &str) -> Result<CudaFunction, String> {
+        for (src, m) in &self.modules {
+            let listed = SOURCES
+                .iter()
+                .any(|s| s.name == *src && s.kernels.contains(&name));
+            if listed {
+                return m
+                    .load_function(name)
+                    .map_err(|e| format!("{}: kernel {name}: {e}", self.label));
+            }
+        }
+        Err(format!("no kernel {name}"))
+    }
+
+    /// Copies `host` to a new device buffer.
+    ///
+    /// # Errors
+    /// The driver's (out of memory, …), naming the device.
+    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>, String> {
+        self.stream
+            .memcpy_stod(host)
+            .map_err(|e| format!("{}: upload of {} values: {e}", self.label, host.len()))
+    }
+
+    /// A zeroed device buffer of `n` values.
+    ///
+    /// # Errors
+    /// The driver's, naming the device.
+    pub fn zeros<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        n: usize,
+    ) -> Result<CudaSlice<T>, String> {
+        self.stream
+            .alloc_zeros(n.max(1))
+            .map_err(|e| format!("{}: allocating {n} values: {e}", self.label))
+    }
+
+    /// Copies a device buffer back.
+    ///
+    /// # Errors
+    /// The driver's (a failed launch surfaces here), naming the device.
+    pub fn download<T: DeviceRepr>(&self, dev: &CudaSlice<T>) -> Result<Vec<T>, String> {
+        self.stream
+            .memcpy_dtov(dev)
+            .map_err(|e| format!("{}: download: {e}", self.label))
+    }
+
+    /// A launch of kernel `name` on this GPU's stream.
+    ///
+    /// # Errors
+    /// As [`Gpu::function`].
+    pub fn launch(&self, name: &str) -> Result<Launch<'_>, String> {
+        Ok(Launch {
+            gpu: self,
+            name: name.to_string(),
+            func: self.function(name)?,
+        })
+    }
+
+    /// The context (for executors that manage their own streams).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+}
+
+/// A kernel about to be launched.
+pub struct Launch<'g> {
+    gpu: &'g Gpu,
+    name: String,
+    func: CudaFunction,
+}
+
+/// One kernel argument.
+pub enum Arg<'a> {
+    /// A device buffer of f32.
+    F32s(&'a CudaSlice<f32>),
+    /// A device buffer of bytes (packed weights, quantized activations).
+    Bytes(&'a CudaSlice<u8>),
+    /// A null pointer (an absent bias or mask).
+    Null,
+    U64(u64),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+}
+
+impl Launch<'_> {
+    /// Launches the kernel with `grid × block` threads and `args` in the kernel's parameter order.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameters in number, order and type, and every buffer
+    /// must be as long as the kernel reads and writes for these arguments and launch size.
+    ///
+    /// # Errors
+    /// The driver's launch error, naming the device and kernel.
+    #[allow(unsafe_code)]
+    pub unsafe fn run(&self, grid: (u32, u32), block: u32, args: &[Arg<'_>]) -> Result<(), String> {
+        let null = 0u64;
+        let mut b = self.gpu.stream.launch_builder(&self.func);
+        for a in args {
+            match a {
+                Arg::F32s(s) => b.arg(*s),
+                Arg::Bytes(s) => b.arg(*s),
+                Arg::Null => b.arg(&null),
+                Arg::U64(v) => b.arg(v),
+                Arg::U32(v) => b.arg(v),
+                Arg::I32(v) => b.arg(v),
+                Arg::F32(v) => b.arg(v),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid.0.max(1), grid.1.max(1), 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the caller guarantees the arguments match the kernel and the buffers are
+        // long enough; the values pushed live until the launch call returns.
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| format!("{}: launching {}: {e}", self.gpu.label, self.name))
+    }
+}

@@ -1,0 +1,376 @@
+//! Every CUDA kernel against its `kernels/generic` twin on ragged sizes, on the first GPU
+//! (`scripts/test-cuda` on a machine with one). Element-wise ops, the F32/F16/BF16 and Q8_0
+//! matrix products and the Q8_0 activation quantizer must give the generic bits; norms and
+//! attention agree within the stated bounds. Without a driver or GPU each test says so and
+//! passes, unless `EDGE_REQUIRE_GPU` is set (as `scripts/test-cuda` without `--compile-only`
+//! does), which makes that a failure.
+#![cfg(feature = "driver")]
+#![allow(unsafe_code)]
+
+use edge_kernels::{AttentionParams, WeightRef};
+use edge_kernels_cuda::gpu::{Arg, Gpu};
+use edge_schema::DType;
+
+fn gpu() -> Option<Gpu> {
+    match Gpu::open() {
+        Ok(g) => Some(g),
+        // `scripts/test-cuda` (GPU mode) sets EDGE_REQUIRE_GPU: a missing GPU fails there.
+        Err(e) if std::env::var_os("EDGE_REQUIRE_GPU").is_some() => panic!("{e}"),
+        Err(e) => {
+            eprintln!("skipped (no GPU here): {e}");
+            None
+        }
+    }
+}
+
+/// SplitMix64 values in `[-scale, scale)`.
+fn values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            ((z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// A generic element-wise kernel.
+type Unary = fn(&[f32], &mut [f32]);
+
+fn blocks(n: usize) -> u32 {
+    n.div_ceil(256).min(65_535) as u32
+}
+
+fn same_bits(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            g.to_bits() == w.to_bits(),
+            "{what}: element {i}: {g:e} on the GPU, {w:e} generic"
+        );
+    }
+}
+
+fn within(what: &str, got: &[f32], want: &[f32], rel: f32) {
+    let scale = want.iter().fold(0f32, |a, v| a.max(v.abs())).max(1e-30);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= rel * scale,
+            "{what}: element {i}: {g:e} on the GPU, {w:e} generic (bound {rel} × {scale:e})"
+        );
+    }
+}
+
+#[test]
+fn elementwise_kernels_give_the_generic_bits() -> Result<(), String> {
+    let Some(g) = gpu() else { return Ok(()) };
+    for n in [1usize, 31, 1000, 4097] {
+        let x = values(n as u64, n, 12.0);
+        let dx = g.upload(&x)?;
+        let unary: [(&str, Unary); 4] = [
+            ("edge_silu", edge_kernels::silu),
+            ("edge_gelu_tanh", edge_kernels::gelu_tanh),
+            ("edge_tanh_k", edge_kernels::tanh),
+            ("edge_relu", edge_kernels::relu),
+        ];
+        for (k, f) in unary {
+            let out = g.zeros::<f32>(n)?;
+            // SAFETY: (x, out, n) as the kernel declares; both buffers hold n values.
+            unsafe {
+                g.launch(k)?.run(
+                    (blocks(n), 1),
+                    256,
+                    &[Arg::F32s(&dx), Arg::F32s(&out), Arg::U64(n as u64)],
+                )?
+            };
+            let mut want = vec![0f32; n];
+            f(&x, &mut want);
+            same_bits(&format!("{k} n={n}"), &g.download(&out)?[..n], &want);
+        }
+        // Binary ops with `b` broadcast over rows of d.
+        let d = [1usize, 7, n]
+            .into_iter()
+            .filter(|d| n % d == 0)
+            .max()
+            .unwrap_or(1);
+        let b = values(7, d, 3.0);
+        let db = g.upload(&b)?;
+        for (k, f) in [
+            (
+                "edge_add",
+                edge_kernels::add as fn(&[f32], &[f32], &mut [f32]),
+            ),
+            ("edge_mul", edge_kernels::mul),
+        ] {
+            let out = g.zeros::<f32>(n)?;
+            // SAFETY: (a, b, out, n, nb) as declared; a and out hold n values, b holds d.
+            unsafe {
+                g.launch(k)?.run(
+                    (blocks(n), 1),
+                    256,
+                    &[
+                        Arg::F32s(&dx),
+                        Arg::F32s(&db),
+                        Arg::F32s(&out),
+                        Arg::U64(n as u64),
+                        Arg::U64(d as u64),
+                    ],
+                )?
+            };
+            let mut want = vec![0f32; n];
+            f(&x, &b, &mut want);
+            same_bits(&format!("{k} n={n} d={d}"), &g.download(&out)?[..n], &want);
+        }
+        let m = n / d;
+        let (shift, scale) = (values(11, d, 1.0), values(13, d, 1.0));
+        let (ds, dc) = (g.upload(&shift)?, g.upload(&scale)?);
+        let out = g.zeros::<f32>(n)?;
+        // SAFETY: (x, shift, scale, out, m, d) as declared.
+        unsafe {
+            g.launch("edge_modulate")?.run(
+                (blocks(n), 1),
+                256,
+                &[
+                    Arg::F32s(&dx),
+                    Arg::F32s(&ds),
+                    Arg::F32s(&dc),
+                    Arg::F32s(&out),
+                    Arg::U64(m as u64),
+                    Arg::U64(d as u64),
+                ],
+            )?
+        };
+        let mut want = vec![0f32; n];
+        edge_kernels::modulate(&x, m, d, &shift, &scale, &mut want);
+        same_bits("edge_modulate", &g.download(&out)?[..n], &want);
+    }
+    Ok(())
+}
+
+#[test]
+fn plain_and_q8_0_linear_give_the_generic_bits() -> Result<(), String> {
+    let Some(g) = gpu() else { return Ok(()) };
+    for (m, k, n) in [
+        (1usize, 32usize, 1usize),
+        (5, 64, 70),
+        (70, 288, 131),
+        (3, 1152, 64),
+    ] {
+        let x = values(1, m * k, 2.0);
+        let wf = values(2, n * k, 0.5);
+        let bias = values(3, n, 1.0);
+        let dx = g.upload(&x)?;
+        let dbias = g.upload(&bias)?;
+        for (dtype, code) in [(DType::F32, 0i32), (DType::F16, 1), (DType::BF16, 2)] {
+            let bytes: Vec<u8> = match dtype {
+                DType::F32 => wf.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                DType::F16 => wf
+                    .iter()
+                    .flat_map(|v| edge_kernels::quant::fp32_to_fp16(*v).to_le_bytes())
+                    .collect(),
+                _ => wf
+                    .iter()
+                    .flat_map(|v| edge_kernels::quant::fp32_to_bf16(*v).to_le_bytes())
+                    .collect(),
+            };
+            let dw = g.upload(&bytes)?;
+            let out = g.zeros::<f32>(m * n)?;
+            // SAFETY: (x, w, dtype, bias, out, m, k, n) as declared; x holds m·k, w n·k values
+            // of `dtype`, bias n and out m·n.
+            unsafe {
+                g.launch("edge_linear_plain")?.run(
+                    (n.div_ceil(64) as u32, m.div_ceil(64) as u32),
+                    256,
+                    &[
+                        Arg::F32s(&dx),
+                        Arg::Bytes(&dw),
+                        Arg::I32(code),
+                        Arg::F32s(&dbias),
+                        Arg::F32s(&out),
+                        Arg::U64(m as u64),
+                        Arg::U64(k as u64),
+                        Arg::U64(n as u64),
+                    ],
+                )?
+            };
+            let mut want = vec![0f32; m * n];
+            let mut scratch = vec![0u8; edge_kernels::linear_scratch_bytes(dtype, m, k)];
+            let wr = WeightRef::row_major(dtype, &bytes);
+            edge_kernels::linear(&x, wr, Some(&bias), &mut want, m, k, n, &mut scratch);
+            same_bits(
+                &format!("edge_linear_plain {dtype:?} {m}x{k}x{n}"),
+                &g.download(&out)?[..m * n],
+                &want,
+            );
+        }
+        // Q8_0: activations quantized on the GPU, then the integer block sums.
+        let nb = k / 32;
+        let mut wq = vec![0u8; n * nb * 34];
+        edge_kernels::quant::quantize_row(DType::Q8_0, &wf, &mut wq);
+        let dwq = g.upload(&wq)?;
+        let xq = g.zeros::<u8>(m * nb * 34)?;
+        // SAFETY: (x, q, blocks) as declared; x holds m·k values, q m·nb·34 bytes.
+        unsafe {
+            g.launch("edge_quantize_q8_0")?.run(
+                (blocks(m * nb), 1),
+                256,
+                &[Arg::F32s(&dx), Arg::Bytes(&xq), Arg::U64((m * nb) as u64)],
+            )?
+        };
+        let mut want_q = vec![0u8; m * nb * 34];
+        edge_kernels::quant::quantize_row(DType::Q8_0, &x, &mut want_q);
+        assert_eq!(
+            g.download(&xq)?[..m * nb * 34],
+            want_q[..],
+            "edge_quantize_q8_0 {m}x{k}"
+        );
+        let out = g.zeros::<f32>(m * n)?;
+        // SAFETY: (xq, w, bias, out, m, k, n) as declared.
+        unsafe {
+            g.launch("edge_linear_q8_0")?.run(
+                (n.div_ceil(64) as u32, m.div_ceil(4) as u32),
+                256,
+                &[
+                    Arg::Bytes(&xq),
+                    Arg::Bytes(&dwq),
+                    Arg::F32s(&dbias),
+                    Arg::F32s(&out),
+                    Arg::U64(m as u64),
+                    Arg::U64(k as u64),
+                    Arg::U64(n as u64),
+                ],
+            )?
+        };
+        let mut want = vec![0f32; m * n];
+        let mut scratch = vec![0u8; edge_kernels::linear_scratch_bytes(DType::Q8_0, m, k)];
+        let wr = WeightRef::row_major(DType::Q8_0, &wq);
+        edge_kernels::linear(&x, wr, Some(&bias), &mut want, m, k, n, &mut scratch);
+        same_bits(
+            &format!("edge_linear_q8_0 {m}x{k}x{n}"),
+            &g.download(&out)?[..m * n],
+            &want,
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn norms_agree_with_generic_within_1e_5() -> Result<(), String> {
+    let Some(g) = gpu() else { return Ok(()) };
+    for (m, d) in [(1usize, 1usize), (3, 77), (5, 1152)] {
+        let x = values(5, m * d, 4.0);
+        let (w, b) = (values(6, d, 1.0), values(7, d, 1.0));
+        let (dx, dw, db) = (g.upload(&x)?, g.upload(&w)?, g.upload(&b)?);
+        let out = g.zeros::<f32>(m * d)?;
+        // SAFETY: (x, weight, bias, out, d, eps) as declared; m blocks of 256 threads, x and
+        // out hold m·d values.
+        unsafe {
+            g.launch("edge_layer_norm")?.run(
+                (m as u32, 1),
+                256,
+                &[
+                    Arg::F32s(&dx),
+                    Arg::F32s(&dw),
+                    Arg::F32s(&db),
+                    Arg::F32s(&out),
+                    Arg::U64(d as u64),
+                    Arg::F32(1e-6),
+                ],
+            )?
+        };
+        let mut want = vec![0f32; m * d];
+        edge_kernels::layer_norm(&x, m, d, 1e-6, Some(&w), Some(&b), &mut want);
+        within("edge_layer_norm", &g.download(&out)?[..m * d], &want, 1e-5);
+        let out = g.zeros::<f32>(m * d)?;
+        // SAFETY: (x, weight, out, d, eps) as declared.
+        unsafe {
+            g.launch("edge_rms_norm")?.run(
+                (m as u32, 1),
+                256,
+                &[
+                    Arg::F32s(&dx),
+                    Arg::F32s(&dw),
+                    Arg::F32s(&out),
+                    Arg::U64(d as u64),
+                    Arg::F32(1e-6),
+                ],
+            )?
+        };
+        let mut want = vec![0f32; m * d];
+        edge_kernels::rms_norm(&x, m, d, 1e-6, &w, &mut want);
+        within("edge_rms_norm", &g.download(&out)?[..m * d], &want, 1e-5);
+    }
+    Ok(())
+}
+
+#[test]
+fn attention_agrees_with_generic_within_1e_5() -> Result<(), String> {
+    let Some(g) = gpu() else { return Ok(()) };
+    for (lq, lk, heads, hd, masked) in [
+        (1usize, 1usize, 1usize, 8usize, false),
+        (37, 53, 3, 72, true),
+        (16, 300, 16, 72, true),
+    ] {
+        let d = heads * hd;
+        let p = AttentionParams {
+            lq,
+            lk,
+            heads,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            q_stride: d,
+            q_offset: 0,
+            kv_stride: 2 * d,
+            k_offset: 0,
+            v_offset: d,
+            masked_value: -10_000.0,
+        };
+        let q = values(8, lq * d, 1.0);
+        let kv = values(9, lk * 2 * d, 1.0);
+        let mask: Vec<f32> = (0..lk)
+            .map(|j| if masked && j % 5 == 4 { 0.0 } else { 1.0 })
+            .collect();
+        let (dq, dkv, dm) = (g.upload(&q)?, g.upload(&kv)?, g.upload(&mask)?);
+        let out = g.zeros::<f32>(lq * d)?;
+        let warps = lq * heads;
+        // SAFETY: the argument list of edge_attention; one warp per (row, head), 4 warps per
+        // block; q holds lq·d, kv lk·2d, mask lk and out lq·d values.
+        unsafe {
+            g.launch("edge_attention")?.run(
+                (warps.div_ceil(4) as u32, 1),
+                128,
+                &[
+                    Arg::F32s(&dq),
+                    Arg::F32s(&dkv),
+                    if masked { Arg::F32s(&dm) } else { Arg::Null },
+                    Arg::Null,
+                    Arg::F32s(&out),
+                    Arg::U64(lq as u64),
+                    Arg::U64(lk as u64),
+                    Arg::U32(heads as u32),
+                    Arg::U32(hd as u32),
+                    Arg::F32(p.scale),
+                    Arg::U64(p.q_stride as u64),
+                    Arg::U64(0),
+                    Arg::U64(p.kv_stride as u64),
+                    Arg::U64(0),
+                    Arg::U64(d as u64),
+                    Arg::F32(p.masked_value),
+                ],
+            )?
+        };
+        let mut want = vec![0f32; lq * d];
+        edge_kernels::attention(&p, &q, &kv, masked.then_some(&mask[..]), None, &mut want);
+        within(
+            &format!("edge_attention {lq}x{lk} {heads}x{hd}"),
+            &g.download(&out)?[..lq * d],
+            &want,
+            1e-5,
+        );
+    }
+    Ok(())
+}
