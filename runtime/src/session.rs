@@ -357,92 +357,6 @@ impl<'p> Session<'p> {
         self.touched
     }
 
-    /// [`Executor::run_stage_bytes`](crate::Executor::run_stage_bytes).
-    fn stage_bytes(
-        &mut self,
-        index: u32,
-        inputs: &[StageInput<'_>],
-        outputs: &mut [&mut [u8]],
-    ) -> Result<()> {
-        let plan = self.plan;
-        let stage = &plan.meta().stages[index as usize];
-        let arena = self.arena.as_mut_bytes();
-        if inputs.len() != stage.inputs.len() || outputs.len() != stage.outputs.len() {
-            return Err(Error::StageArity {
-                stage: stage.name.clone(),
-                inputs: inputs.len(),
-                outputs: outputs.len(),
-                want_inputs: stage.inputs.len(),
-                want_outputs: stage.outputs.len(),
-            });
-        }
-        for (i, (&vid, input)) in stage.inputs.iter().zip(inputs).enumerate() {
-            let v = &stage.values[vid as usize];
-            // An arena input is copied into its slot; a bound one is read in place by the
-            // steps, so only its type and size are checked here.
-            let (slot, want) = match v.storage {
-                Storage::Arena(slot) => (Some(slot), slot.len as usize),
-                Storage::Input(_) => (None, v.byte_len().unwrap_or(0) as usize),
-                Storage::Weight(_) => continue,
-            };
-            let src: Option<&[u8]> = match (input, v.dtype) {
-                (StageInput::F32(x), DType::F32) => Some(x.as_bytes()),
-                (StageInput::I32(x), DType::I32) => {
-                    for &id in x.iter() {
-                        if id < 0 || id as u32 >= plan.meta().text.vocab_rows {
-                            return Err(Error::TokenId {
-                                id: i64::from(id),
-                                rows: plan.meta().text.vocab_rows,
-                            });
-                        }
-                    }
-                    Some(x.as_bytes())
-                }
-                (StageInput::Bytes(b), d) if d != DType::I32 => Some(b),
-                _ => None,
-            };
-            // Sizes in elements for typed slices, in bytes for `Bytes`.
-            let per = if matches!(input, StageInput::Bytes(_)) {
-                1
-            } else {
-                4
-            };
-            let Some(src) = src.filter(|b| b.len() == want) else {
-                return Err(Error::InputSize {
-                    stage: stage.name.clone(),
-                    index: i,
-                    got: src.map_or(usize::MAX, |b| b.len() / per),
-                    expected: want / per,
-                    shape: v.shape.clone(),
-                });
-            };
-            if let Some(slot) = slot {
-                arena[slot.offset as usize..(slot.offset + slot.len) as usize].copy_from_slice(src);
-            }
-        }
-        self.run_steps_bound(index, 0, stage.steps.len(), None, inputs)?;
-        let arena = self.arena.as_bytes();
-        for (i, (&vid, out)) in stage.outputs.iter().zip(outputs.iter_mut()).enumerate() {
-            let v = &stage.values[vid as usize];
-            let Storage::Arena(slot) = v.storage else {
-                continue;
-            };
-            let src = &arena[slot.offset as usize..(slot.offset + slot.len) as usize];
-            if src.len() != out.len() {
-                let per = if v.dtype == DType::F32 { 4 } else { 1 };
-                return Err(Error::InputSize {
-                    stage: stage.name.clone(),
-                    index: i,
-                    got: out.len() / per,
-                    expected: src.len() / per,
-                    shape: v.shape.clone(),
-                });
-            }
-            out.copy_from_slice(src);
-        }
-        Ok(())
-    }
-
     /// Sets the folder where exact tiled VAE decodes whose plan holds activations in a file
     /// create their (unlinked) spill file; the default is the system's temporary folder.
     pub fn set_spill_dir(&mut self, dir: std::path::PathBuf) {
@@ -802,11 +716,87 @@ impl<'p> crate::executor::Executor<'p> for Session<'p> {
 
     fn run_stage_bytes(
         &mut self,
-        stage: u32,
+        index: u32,
         inputs: &[StageInput<'_>],
         outputs: &mut [&mut [u8]],
     ) -> Result<()> {
-        self.stage_bytes(stage, inputs, outputs)
+        let plan = self.plan;
+        let stage = &plan.meta().stages[index as usize];
+        let arena = self.arena.as_mut_bytes();
+        if inputs.len() != stage.inputs.len() || outputs.len() != stage.outputs.len() {
+            return Err(Error::StageArity {
+                stage: stage.name.clone(),
+                inputs: inputs.len(),
+                outputs: outputs.len(),
+                want_inputs: stage.inputs.len(),
+                want_outputs: stage.outputs.len(),
+            });
+        }
+        for (i, (&vid, input)) in stage.inputs.iter().zip(inputs).enumerate() {
+            let v = &stage.values[vid as usize];
+            // An arena input is copied into its slot; a bound one is read in place by the
+            // steps, so only its type and size are checked here.
+            let (slot, want) = match v.storage {
+                Storage::Arena(slot) => (Some(slot), slot.len as usize),
+                Storage::Input(_) => (None, v.byte_len().unwrap_or(0) as usize),
+                Storage::Weight(_) => continue,
+            };
+            let src: Option<&[u8]> = match (input, v.dtype) {
+                (StageInput::F32(x), DType::F32) => Some(x.as_bytes()),
+                (StageInput::I32(x), DType::I32) => {
+                    for &id in x.iter() {
+                        if id < 0 || id as u32 >= plan.meta().text.vocab_rows {
+                            return Err(Error::TokenId {
+                                id: i64::from(id),
+                                rows: plan.meta().text.vocab_rows,
+                            });
+                        }
+                    }
+                    Some(x.as_bytes())
+                }
+                (StageInput::Bytes(b), d) if d != DType::I32 => Some(b),
+                _ => None,
+            };
+            // Sizes in elements for typed slices, in bytes for `Bytes`.
+            let per = if matches!(input, StageInput::Bytes(_)) {
+                1
+            } else {
+                4
+            };
+            let Some(src) = src.filter(|b| b.len() == want) else {
+                return Err(Error::InputSize {
+                    stage: stage.name.clone(),
+                    index: i,
+                    got: src.map_or(usize::MAX, |b| b.len() / per),
+                    expected: want / per,
+                    shape: v.shape.clone(),
+                });
+            };
+            if let Some(slot) = slot {
+                arena[slot.offset as usize..(slot.offset + slot.len) as usize].copy_from_slice(src);
+            }
+        }
+        self.run_steps_bound(index, 0, stage.steps.len(), None, inputs)?;
+        let arena = self.arena.as_bytes();
+        for (i, (&vid, out)) in stage.outputs.iter().zip(outputs.iter_mut()).enumerate() {
+            let v = &stage.values[vid as usize];
+            let Storage::Arena(slot) = v.storage else {
+                continue;
+            };
+            let src = &arena[slot.offset as usize..(slot.offset + slot.len) as usize];
+            if src.len() != out.len() {
+                let per = if v.dtype == DType::F32 { 4 } else { 1 };
+                return Err(Error::InputSize {
+                    stage: stage.name.clone(),
+                    index: i,
+                    got: out.len() / per,
+                    expected: src.len() / per,
+                    shape: v.shape.clone(),
+                });
+            }
+            out.copy_from_slice(src);
+        }
+        Ok(())
     }
 
     fn run_steps(

@@ -19,21 +19,28 @@ __device__ double block_sum(double v, double* sh) {
     return r;
 }
 
+// Mean and variance (two passes) of the n values at x, by the whole block.
+__device__ void block_moments(const float* x, unsigned long long n, double* sh, double* mean,
+                              double* var) {
+    double s = 0.0;
+    for (unsigned long long i = threadIdx.x; i < n; i += NORM_THREADS) s += (double)x[i];
+    *mean = block_sum(s, sh) / (double)n;
+    double q = 0.0;
+    for (unsigned long long i = threadIdx.x; i < n; i += NORM_THREADS) {
+        double t = (double)x[i] - *mean;
+        q += t * t;
+    }
+    *var = block_sum(q, sh) / (double)n;
+}
+
 // x, out [m, d]; weight/bias [d] or null (affine = 0). Launch m blocks of NORM_THREADS.
 extern "C" __global__ void edge_layer_norm(const float* x, const float* weight, const float* bias,
                                            float* out, unsigned long long d, float eps) {
     __shared__ double sh[NORM_THREADS];
     const float* xr = x + blockIdx.x * d;
     float* o = out + blockIdx.x * d;
-    double s = 0.0;
-    for (unsigned long long j = threadIdx.x; j < d; j += NORM_THREADS) s += (double)xr[j];
-    double mean = block_sum(s, sh) / (double)d;
-    double q = 0.0;
-    for (unsigned long long j = threadIdx.x; j < d; j += NORM_THREADS) {
-        double t = (double)xr[j] - mean;
-        q += t * t;
-    }
-    double var = block_sum(q, sh) / (double)d;
+    double mean, var;
+    block_moments(xr, d, sh, &mean, &var);
     double rstd = 1.0 / sqrt(var + (double)eps);
     for (unsigned long long j = threadIdx.x; j < d; j += NORM_THREADS) {
         double y = ((double)xr[j] - mean) * rstd;
@@ -70,15 +77,8 @@ extern "C" __global__ void edge_group_norm(const float* x, const float* weight, 
     unsigned long long n = cg * hw;
     const float* xg = x + blockIdx.x * n;
     float* og = out + blockIdx.x * n;
-    double s = 0.0;
-    for (unsigned long long i = threadIdx.x; i < n; i += NORM_THREADS) s += (double)xg[i];
-    double mean = block_sum(s, sh) / (double)n;
-    double q = 0.0;
-    for (unsigned long long i = threadIdx.x; i < n; i += NORM_THREADS) {
-        double t = (double)xg[i] - mean;
-        q += t * t;
-    }
-    double var = block_sum(q, sh) / (double)n;
+    double mean, var;
+    block_moments(xg, n, sh, &mean, &var);
     double rstd = 1.0 / sqrt(var + (double)eps);
     for (unsigned long long i = threadIdx.x; i < n; i += NORM_THREADS) {
         unsigned long long ch = blockIdx.x * cg + i / hw;
