@@ -198,6 +198,58 @@ pub fn refuse_clobber(
     Ok(())
 }
 
+/// Refuses, before any work, an output that names a folder (`dir/`, an existing folder) or
+/// an existing file that is not a regular file, so no output is left half-made.
+pub fn check_output_file(flag: &str, out: &std::path::Path) -> anyhow::Result<()> {
+    if out
+        .as_os_str()
+        .to_string_lossy()
+        .ends_with(std::path::MAIN_SEPARATOR)
+        || out.file_name().is_none()
+    {
+        anyhow::bail!(
+            "{flag} {}: names a folder; give a file name (e.g. {})",
+            out.display(),
+            out.join("image.png").display()
+        );
+    }
+    if let Ok(m) = std::fs::metadata(out) {
+        if !m.is_file() {
+            anyhow::bail!(
+                "{flag} {}: exists and is not a regular file ({}); nothing was written",
+                out.display(),
+                if m.is_dir() {
+                    "a folder"
+                } else {
+                    "a device, pipe or socket"
+                }
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Refuses, before any work, an output whose folder does not exist or is not a folder.
+pub fn check_output_dir(flag: &str, out: &std::path::Path) -> anyhow::Result<()> {
+    let dir = match out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => anyhow::bail!(
+            "{flag} {}: {} is not a folder",
+            out.display(),
+            dir.display()
+        ),
+        Err(e) => anyhow::bail!(
+            "{flag} {}: the folder {} cannot be used: {e}",
+            out.display(),
+            dir.display()
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_size;

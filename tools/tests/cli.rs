@@ -2276,3 +2276,36 @@ fn taesd_decodes_and_previews() {
         &out_dir,
     );
 }
+
+/// `edgeplan compile -o` naming an existing folder is refused before any weight is read (no
+/// progress line, no plan), as `edgerun generate -o` is.
+#[test]
+fn compile_to_a_folder_is_refused_before_reading() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("plans.plan");
+    std::fs::create_dir(&dir).unwrap();
+    let o = run(
+        EDGEPLAN,
+        &[
+            "compile",
+            s(&demo_model()),
+            "-W",
+            "64",
+            "-H",
+            "64",
+            "-o",
+            s(&dir),
+        ],
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("exists and is not a regular file (a folder)") && !err.contains("reading"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "wrote into the folder"
+    );
+}

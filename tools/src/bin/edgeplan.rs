@@ -412,6 +412,9 @@ fn compile(a: CompileArgs) -> Result<()> {
         .collect();
     common::refuse_clobber(&inputs, &[("-o", a.output.as_path())])?;
     check_plan_name("-o", &a.output)?;
+    // Refused before any weight is read.
+    common::check_output_dir("-o", &a.output)?;
+    common::check_output_file("-o", &a.output)?;
     let started = std::time::Instant::now();
     let files = edge_planner::compile::ComponentFiles {
         diffusion_model: a.diffusion_model.clone(),

@@ -9,7 +9,9 @@ use std::time::Instant;
 #[macro_use]
 mod common;
 
-use common::{one_line, parse_size, read_file, refuse_clobber};
+use common::{
+    check_output_dir, check_output_file, one_line, parse_size, read_file, refuse_clobber,
+};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -429,58 +431,6 @@ fn check_extension(flag: &str, out: &Path, format: &str, ext: &str) -> Result<()
             out.display()
         ),
         _ => Ok(()),
-    }
-}
-
-/// Refuses, before any work, an output that names a folder (`dir/`, an existing folder) or
-/// an existing file that is not a regular file, so no output is left half-made.
-fn check_output_file(flag: &str, out: &Path) -> Result<()> {
-    if out
-        .as_os_str()
-        .to_string_lossy()
-        .ends_with(std::path::MAIN_SEPARATOR)
-        || out.file_name().is_none()
-    {
-        bail!(
-            "{flag} {}: names a folder; give a file name (e.g. {})",
-            out.display(),
-            out.join("image.png").display()
-        );
-    }
-    if let Ok(m) = std::fs::metadata(out) {
-        if !m.is_file() {
-            bail!(
-                "{flag} {}: exists and is not a regular file ({}); nothing was written",
-                out.display(),
-                if m.is_dir() {
-                    "a folder"
-                } else {
-                    "a device, pipe or socket"
-                }
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Refuses, before any work, an output whose folder does not exist or is not a folder.
-fn check_output_dir(flag: &str, out: &Path) -> Result<()> {
-    let dir = match out.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => bail!(
-            "{flag} {}: {} is not a folder",
-            out.display(),
-            dir.display()
-        ),
-        Err(e) => bail!(
-            "{flag} {}: the folder {} cannot be used: {e}",
-            out.display(),
-            dir.display()
-        ),
     }
 }
 
@@ -1214,7 +1164,8 @@ fn bench(a: BenchArgs) -> Result<()> {
         s.replace_profile(kept);
         out!(
             "t5 encode (one prompt): {t5_s:.3} s (first in this process, with the sections' \
-             digests and page mapping), again {again_s:.3} s; cross-attention K/V: {kv_s:.3} s"
+             digests and page mapping), again {again_s:.3} s; cross-attention K/V: {kv_s:.3} s \
+             (the op tables below are of the first encode)"
         );
     }
     let den = &meta.stages[size.denoiser_stage as usize];
