@@ -18,7 +18,7 @@
 
 use std::sync::OnceLock;
 
-use edge_runtime::{Plan, Session, StageInput};
+use edge_runtime::{Executor, Plan, Session, StageInput};
 use edge_schema::header::{Header, HEADER_LEN};
 use edge_schema::plan::PlanMeta;
 use edge_schema::DType;
