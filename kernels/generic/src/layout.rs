@@ -3,6 +3,7 @@
 //! These copy values without arithmetic, so any work split gives identical bytes.
 
 use rayon::prelude::*;
+use zerocopy::IntoBytes;
 
 /// Largest rank [`permute`] accepts.
 pub const MAX_RANK: usize = 6;
@@ -227,14 +228,12 @@ pub fn concat_axis(parts: &[&[f32]], shapes: &[&[usize]], axis: usize, out: &mut
     if out.is_empty() {
         return;
     }
-    out.par_chunks_mut(total * inner)
-        .enumerate()
-        .for_each(|(o, dst)| {
-            let mut at = 0;
-            for (part, shape) in parts.iter().zip(shapes) {
-                let len = shape[axis] * inner;
-                dst[at..at + len].copy_from_slice(&part[o * len..][..len]);
-                at += len;
-            }
-        });
+    // The runtime's byte copies ([`concat_part`]), one input after the other.
+    let out = out.as_mut_bytes();
+    let mut at = 0;
+    for (part, shape) in parts.iter().zip(shapes) {
+        let chunk = shape[axis] * inner * 4;
+        concat_part(part.as_bytes(), outer, at, total * inner * 4, out);
+        at += chunk;
+    }
 }
