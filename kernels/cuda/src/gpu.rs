@@ -39,6 +39,18 @@ impl Gpu {
     /// architecture (`sm_72`, `sm_87`, `sm_90`; the device's is named), NVRTC, or the compile
     /// or load error of a source.
     pub fn open() -> Result<Gpu, String> {
+        Gpu::open_with(&|s, arch| compile_ptx(s, arch))
+    }
+
+    /// Opens GPU 0 and loads every source's PTX as `ptx_of(source, arch)` gives it for the
+    /// device's architecture: compiled ahead of time (read from a plan or a folder), so that
+    /// nothing is compiled on the device beyond the driver's own PTX assembly.
+    ///
+    /// # Errors
+    /// As [`Gpu::open`], with `ptx_of`'s error for a source it cannot give.
+    pub fn open_with(
+        ptx_of: &dyn Fn(&crate::Source, Arch) -> Result<String, String>,
+    ) -> Result<Gpu, String> {
         if !driver_present() {
             return Err("no CUDA driver: libcuda.so.1 was not found (no NVIDIA driver installed, or its folder is not on LD_LIBRARY_PATH)".into());
         }
@@ -53,7 +65,7 @@ impl Gpu {
         })?;
         let mut modules = Vec::new();
         for s in SOURCES {
-            let ptx = compile_ptx(&s, arch)?;
+            let ptx = ptx_of(&s, arch)?;
             let m = ctx
                 .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
                 .map_err(|e| format!("{name}: loading {}: {e}", s.name))?;

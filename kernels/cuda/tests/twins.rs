@@ -11,8 +11,20 @@ use edge_kernels::{AttentionParams, WeightRef};
 use edge_kernels_cuda::gpu::{Arg, Gpu};
 use edge_schema::DType;
 
+/// The GPU with the kernels compiled here by NVRTC, or, when `EDGE_CUDA_PTX_DIR` is set, read
+/// from `$EDGE_CUDA_PTX_DIR/ARCH/NAME.ptx` as `scripts/test-cuda --compile-only` writes them
+/// (a machine with a GPU but without NVRTC 12).
 fn gpu() -> Option<Gpu> {
-    match Gpu::open() {
+    let opened = match std::env::var_os("EDGE_CUDA_PTX_DIR") {
+        Some(dir) => Gpu::open_with(&|s, arch| {
+            let path = std::path::Path::new(&dir)
+                .join(arch.name())
+                .join(s.name.replace(".cu", ".ptx"));
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))
+        }),
+        None => Gpu::open(),
+    };
+    match opened {
         Ok(g) => Some(g),
         // `scripts/test-cuda` (GPU mode) sets EDGE_REQUIRE_GPU: a missing GPU fails there.
         Err(e) if std::env::var_os("EDGE_REQUIRE_GPU").is_some() => panic!("{e}"),
@@ -368,6 +380,117 @@ fn attention_agrees_with_generic_within_1e_5() -> Result<(), String> {
         within(
             &format!("edge_attention {lq}x{lk} {heads}x{hd}"),
             &g.download(&out)?[..lq * d],
+            &want,
+            1e-5,
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn scale_gated_residual_and_upsample_give_the_generic_bits() -> Result<(), String> {
+    let Some(g) = gpu() else { return Ok(()) };
+    for (m, d) in [(1usize, 1usize), (3, 77), (17, 1152)] {
+        let n = m * d;
+        let (x, y, gate) = (values(21, n, 3.0), values(22, n, 3.0), values(23, d, 1.0));
+        let (dx, dy, dg) = (g.upload(&x)?, g.upload(&y)?, g.upload(&gate)?);
+        let out = g.zeros::<f32>(n)?;
+        // SAFETY: (x, factor, out, n) as declared; x and out hold n values.
+        unsafe {
+            g.launch("edge_scale")?.run(
+                (blocks(n), 1),
+                256,
+                &[
+                    Arg::F32s(&dx),
+                    Arg::F32(0.18215),
+                    Arg::F32s(&out),
+                    Arg::U64(n as u64),
+                ],
+            )?
+        };
+        let mut want = vec![0f32; n];
+        edge_kernels::scale(&x, 0.18215, &mut want);
+        same_bits("edge_scale", &g.download(&out)?[..n], &want);
+        let out = g.zeros::<f32>(n)?;
+        // SAFETY: (x, y, gate, out, m, d) as declared; x, y, out hold m·d values, gate d.
+        unsafe {
+            g.launch("edge_gated_residual")?.run(
+                (blocks(n), 1),
+                256,
+                &[
+                    Arg::F32s(&dx),
+                    Arg::F32s(&dy),
+                    Arg::F32s(&dg),
+                    Arg::F32s(&out),
+                    Arg::U64(m as u64),
+                    Arg::U64(d as u64),
+                ],
+            )?
+        };
+        edge_kernels::gated_residual(&x, &y, m, d, &gate, &mut want);
+        same_bits("edge_gated_residual", &g.download(&out)?[..n], &want);
+        // Upsampling of m channels of a 1 × d image... and of d channels of 1 × m.
+        for (c, h, w) in [(m, 1, d), (d.min(40), m, 3)] {
+            let x = values(24, c * h * w, 2.0);
+            let dx = g.upload(&x)?;
+            let out = g.zeros::<f32>(4 * c * h * w)?;
+            // SAFETY: (x, out, c, h, w) as declared; x holds c·h·w values, out 4·c·h·w.
+            unsafe {
+                g.launch("edge_upsample_nearest2x")?.run(
+                    (blocks(4 * c * h * w), 1),
+                    256,
+                    &[
+                        Arg::F32s(&dx),
+                        Arg::F32s(&out),
+                        Arg::U64(c as u64),
+                        Arg::U64(h as u64),
+                        Arg::U64(w as u64),
+                    ],
+                )?
+            };
+            let mut want = vec![0f32; 4 * c * h * w];
+            edge_kernels::upsample_nearest2x(&x, c, h, w, &mut want);
+            same_bits(
+                &format!("edge_upsample_nearest2x {c}x{h}x{w}"),
+                &g.download(&out)?[..4 * c * h * w],
+                &want,
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn group_norm_agrees_with_generic_within_1e_5() -> Result<(), String> {
+    let Some(g) = gpu() else { return Ok(()) };
+    for (c, hw, groups) in [(4usize, 1usize, 2usize), (32, 37, 32), (64, 1000, 32)] {
+        let x = values(31, c * hw, 5.0);
+        let (w, b) = (values(32, c, 1.0), values(33, c, 1.0));
+        let (dx, dw, db) = (g.upload(&x)?, g.upload(&w)?, g.upload(&b)?);
+        let out = g.zeros::<f32>(c * hw)?;
+        // SAFETY: (x, weight, bias, out, c, hw, groups, eps) as declared; one block of 256
+        // threads per group; x and out hold c·hw values, weight and bias c.
+        unsafe {
+            g.launch("edge_group_norm")?.run(
+                (groups as u32, 1),
+                256,
+                &[
+                    Arg::F32s(&dx),
+                    Arg::F32s(&dw),
+                    Arg::F32s(&db),
+                    Arg::F32s(&out),
+                    Arg::U64(c as u64),
+                    Arg::U64(hw as u64),
+                    Arg::U64(groups as u64),
+                    Arg::F32(1e-6),
+                ],
+            )?
+        };
+        let mut want = vec![0f32; c * hw];
+        edge_kernels::group_norm(&x, c, hw, groups, 1e-6, &w, &b, &mut want);
+        within(
+            &format!("edge_group_norm {c}x{hw}/{groups}"),
+            &g.download(&out)?[..c * hw],
             &want,
             1e-5,
         );

@@ -13,6 +13,15 @@ __device__ __forceinline__ float f16_to_f32(half_bits h) {
     return f;
 }
 
+// float -> IEEE binary16 bits, rounded to nearest even, returned in the low 16 bits of a 32-bit
+// value. The 16-bit result is widened inside the asm: on an H200 (driver 580) the bytes of a
+// 16-bit `"=h"` asm output stored one by one lost the low byte (0x2403 was written as 0x2400).
+__device__ __forceinline__ unsigned int f32_to_f16_bits(float f) {
+    unsigned int u;
+    asm("{ .reg .b16 t; cvt.rn.f16.f32 t, %1; cvt.u32.u16 %0, t; }" : "=r"(u) : "f"(f));
+    return u;
+}
+
 // bfloat16 bits -> float (exact).
 __device__ __forceinline__ float bf16_to_f32(half_bits h) {
     return __uint_as_float(((unsigned int)h) << 16);

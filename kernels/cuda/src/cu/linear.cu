@@ -66,11 +66,10 @@ extern "C" __global__ void edge_quantize_q8_0(const float* x, unsigned char* q,
         }
         float d = __fdiv_rn(amax, 127.0f);
         float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-        half_bits h;
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(d));
+        unsigned int h = f32_to_f16_bits(d);
         unsigned char* qb = q + b * 34;
-        qb[0] = (unsigned char)(h & 0xff);
-        qb[1] = (unsigned char)(h >> 8);
+        qb[0] = (unsigned char)(h & 0xffu);
+        qb[1] = (unsigned char)((h >> 8) & 0xffu);
         for (int j = 0; j < 32; j++) qb[2 + j] = (unsigned char)(signed char)roundf(__fmul_rn(xb[j], id));
     }
 }
