@@ -76,6 +76,9 @@ pub enum Error {
         host: u64,
         held: u64,
     },
+    /// A GPU failure (no driver or device, out of memory, a failed launch), naming the device.
+    #[error("GPU: {0}")]
+    Gpu(String),
     #[error("interrupted after {after}; no image")]
     Interrupted { after: String },
     #[error("sampling diverged: the latents hold NaN or infinity after step {step} (guidance scale {cfg_scale}; values far outside 1…20 overflow f32)")]

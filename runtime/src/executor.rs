@@ -95,6 +95,12 @@ pub trait Executor<'p> {
     /// The folder where exact tiled decodes create their spill files.
     fn spill_dir(&self) -> PathBuf;
 
+    /// One line on the device that ran the steps and what crossed to it (a GPU executor's
+    /// steps on each side and bytes copied); `None` for the CPU session.
+    fn device_summary(&self) -> Option<String> {
+        None
+    }
+
     /// The CPU kernels the pipeline uses for work it does on the host (the whole-image GroupNorm
     /// statistics of exact VAE tiles).
     fn host_kernels(&self) -> &KernelTable;

@@ -4,13 +4,17 @@
 //! Depends only on `edge-schema`, the kernel crates and a few small libraries (memmap2,
 //! zerocopy, png); never on the planner, graph, models, safetensors, clap or anyhow.
 //! `unsafe` exists for three concerns: the `mmap` call and its page advice in [`plan`], the
-//! `SIGBUS` guard of the mapping in `guard`, and the allocator setting in [`alloc`].
+//! `SIGBUS` guard of the mapping in `guard`, and the allocator setting in [`alloc`]; with the
+//! `cuda` feature, kernel launches in `cuda` (their argument lists).
 #![deny(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
 #[allow(unsafe_code)]
 pub mod alloc;
 pub mod budget;
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+pub mod cuda;
 pub mod error;
 pub mod executor;
 #[allow(unsafe_code)]

@@ -18,16 +18,16 @@ use crate::plan::Plan;
 
 /// One plan bound to an arena and a kernel table.
 pub struct Session<'p> {
-    plan: &'p Plan,
+    pub(crate) plan: &'p Plan,
     /// Anonymous, page-aligned memory: pages become resident when first written, and those
     /// above a stage's arena size are released when a smaller stage starts.
-    arena: memmap2::MmapMut,
+    pub(crate) arena: memmap2::MmapMut,
     /// Bytes of the arena that may be resident (the largest stage arena since the last
     /// release).
     touched: u64,
     kernels: KernelTable,
     /// Every step of every stage decoded once ([`decode_stage`]), indexed like the plan's.
-    decoded: Vec<Vec<Decoded>>,
+    pub(crate) decoded: Vec<Vec<Decoded>>,
     streamer: crate::stream::Streamer,
     profile: Option<crate::profile::Profile>,
     spill_dir: Option<std::path::PathBuf>,
@@ -141,7 +141,7 @@ fn as_f32_mut(b: &mut [u8]) -> Result<&mut [f32]> {
 
 /// Where a decoded step reads one input.
 #[derive(Clone, Copy, Debug)]
-enum Operand {
+pub(crate) enum Operand {
     Arena(ArenaSlice),
     Weight {
         tensor: u32,
@@ -156,16 +156,16 @@ enum Operand {
 /// ([`Call::decode`], the function the planner sizes scratch with), where its operands live,
 /// and whether it has anything to do. The step loop only dispatches on it.
 #[derive(Clone, Debug)]
-struct Decoded {
-    call: Call,
-    out: ArenaSlice,
+pub(crate) struct Decoded {
+    pub(crate) call: Call,
+    pub(crate) out: ArenaSlice,
     /// The output's type: f32, or a cache type written as bytes.
-    out_dtype: DType,
+    pub(crate) out_dtype: DType,
     scratch: Option<ArenaSlice>,
-    ins: Vec<Operand>,
+    pub(crate) ins: Vec<Operand>,
     /// A reshape into its input's own slot, or a concatenation whose inputs the planner placed
     /// inside its output.
-    noop: bool,
+    pub(crate) noop: bool,
 }
 
 /// An upper bound of the heap bytes [`decode_stage`] allocates for `meta`'s stages (the
@@ -368,6 +368,99 @@ impl<'p> Session<'p> {
         &self.kernels
     }
 
+    /// Checks `inputs` against stage `index` (arity, types, sizes, token ids) and copies those
+    /// stored in the arena into their slots; those read in place are only checked.
+    pub(crate) fn load_inputs(
+        &mut self,
+        index: u32,
+        inputs: &[StageInput<'_>],
+        outputs: usize,
+    ) -> Result<()> {
+        let plan = self.plan;
+        let stage = &plan.meta().stages[index as usize];
+        let arena = self.arena.as_mut_bytes();
+        if inputs.len() != stage.inputs.len() || outputs != stage.outputs.len() {
+            return Err(Error::StageArity {
+                stage: stage.name.clone(),
+                inputs: inputs.len(),
+                outputs,
+                want_inputs: stage.inputs.len(),
+                want_outputs: stage.outputs.len(),
+            });
+        }
+        for (i, (&vid, input)) in stage.inputs.iter().zip(inputs).enumerate() {
+            let v = &stage.values[vid as usize];
+            // An arena input is copied into its slot; a bound one is read in place by the
+            // steps, so only its type and size are checked here.
+            let (slot, want) = match v.storage {
+                Storage::Arena(slot) => (Some(slot), slot.len as usize),
+                Storage::Input(_) => (None, v.byte_len().unwrap_or(0) as usize),
+                Storage::Weight(_) => continue,
+            };
+            let src: Option<&[u8]> = match (input, v.dtype) {
+                (StageInput::F32(x), DType::F32) => Some(x.as_bytes()),
+                (StageInput::I32(x), DType::I32) => {
+                    for &id in x.iter() {
+                        if id < 0 || id as u32 >= plan.meta().text.vocab_rows {
+                            return Err(Error::TokenId {
+                                id: i64::from(id),
+                                rows: plan.meta().text.vocab_rows,
+                            });
+                        }
+                    }
+                    Some(x.as_bytes())
+                }
+                (StageInput::Bytes(b), d) if d != DType::I32 => Some(b),
+                _ => None,
+            };
+            // Sizes in elements for typed slices, in bytes for `Bytes`.
+            let per = if matches!(input, StageInput::Bytes(_)) {
+                1
+            } else {
+                4
+            };
+            let Some(src) = src.filter(|b| b.len() == want) else {
+                return Err(Error::InputSize {
+                    stage: stage.name.clone(),
+                    index: i,
+                    got: src.map_or(usize::MAX, |b| b.len() / per),
+                    expected: want / per,
+                    shape: v.shape.clone(),
+                });
+            };
+            if let Some(slot) = slot {
+                arena[slot.offset as usize..(slot.offset + slot.len) as usize].copy_from_slice(src);
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the outputs of stage `index` from the arena into `outputs` (each exactly the
+    /// output's byte size).
+    pub(crate) fn store_outputs(&self, index: u32, outputs: &mut [&mut [u8]]) -> Result<()> {
+        let stage = &self.plan.meta().stages[index as usize];
+        let arena = self.arena.as_bytes();
+        for (i, (&vid, out)) in stage.outputs.iter().zip(outputs.iter_mut()).enumerate() {
+            let v = &stage.values[vid as usize];
+            let Storage::Arena(slot) = v.storage else {
+                continue;
+            };
+            let src = &arena[slot.offset as usize..(slot.offset + slot.len) as usize];
+            if src.len() != out.len() {
+                let per = if v.dtype == DType::F32 { 4 } else { 1 };
+                return Err(Error::InputSize {
+                    stage: stage.name.clone(),
+                    index: i,
+                    got: out.len() / per,
+                    expected: src.len() / per,
+                    shape: v.shape.clone(),
+                });
+            }
+            out.copy_from_slice(src);
+        }
+        Ok(())
+    }
+
     /// [`Executor::run_steps`](crate::Executor::run_steps) with the stage's inputs, which values stored as
     /// [`Storage::Input`] are read from.
     fn run_steps_bound(
@@ -402,16 +495,7 @@ impl<'p> Session<'p> {
             if a >= b {
                 continue;
             }
-            let next = (j + 1 < stage.segments.len()).then_some(j + 1);
-            self.streamer.before_segment(plan, index as usize, j, next);
-            if let Some(sec) = seg.section.map(|s| s as usize) {
-                // A section read whole was just populated by the streamer: hash it in place.
-                if self.streamer.is_gathered(sec) {
-                    plan.section_checked(sec)?;
-                } else {
-                    plan.section_checked_resident(sec)?;
-                }
-            }
+            self.enter_segment(index as usize, j)?;
             for i in a..b {
                 let given = if i == first { stats } else { None };
                 if self.profile.is_some() {
@@ -423,6 +507,25 @@ impl<'p> Session<'p> {
                 } else {
                     self.run_step(index as usize, i, given, bound)?;
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Pages segment `j` of stage `index` in (prefetching the next) and checks its weight
+    /// section's digest before its first step runs (tensor reads check it again, cheaply).
+    pub(crate) fn enter_segment(&mut self, index: usize, j: usize) -> Result<()> {
+        let plan = self.plan;
+        let stage = &plan.meta().stages[index];
+        let seg = &stage.segments[j];
+        let next = (j + 1 < stage.segments.len()).then_some(j + 1);
+        self.streamer.before_segment(plan, index, j, next);
+        if let Some(sec) = seg.section.map(|s| s as usize) {
+            // A section read whole was just populated by the streamer: hash it in place.
+            if self.streamer.is_gathered(sec) {
+                plan.section_checked(sec)?;
+            } else {
+                plan.section_checked_resident(sec)?;
             }
         }
         Ok(())
@@ -453,7 +556,7 @@ impl<'p> Session<'p> {
 
     /// Runs step `i` of stage `index` as decoded at session creation. With `stats`, the step
     /// must be a GroupNorm, which normalises with them.
-    fn run_step(
+    pub(crate) fn run_step(
         &mut self,
         index: usize,
         i: usize,
@@ -720,83 +823,10 @@ impl<'p> crate::executor::Executor<'p> for Session<'p> {
         inputs: &[StageInput<'_>],
         outputs: &mut [&mut [u8]],
     ) -> Result<()> {
-        let plan = self.plan;
-        let stage = &plan.meta().stages[index as usize];
-        let arena = self.arena.as_mut_bytes();
-        if inputs.len() != stage.inputs.len() || outputs.len() != stage.outputs.len() {
-            return Err(Error::StageArity {
-                stage: stage.name.clone(),
-                inputs: inputs.len(),
-                outputs: outputs.len(),
-                want_inputs: stage.inputs.len(),
-                want_outputs: stage.outputs.len(),
-            });
-        }
-        for (i, (&vid, input)) in stage.inputs.iter().zip(inputs).enumerate() {
-            let v = &stage.values[vid as usize];
-            // An arena input is copied into its slot; a bound one is read in place by the
-            // steps, so only its type and size are checked here.
-            let (slot, want) = match v.storage {
-                Storage::Arena(slot) => (Some(slot), slot.len as usize),
-                Storage::Input(_) => (None, v.byte_len().unwrap_or(0) as usize),
-                Storage::Weight(_) => continue,
-            };
-            let src: Option<&[u8]> = match (input, v.dtype) {
-                (StageInput::F32(x), DType::F32) => Some(x.as_bytes()),
-                (StageInput::I32(x), DType::I32) => {
-                    for &id in x.iter() {
-                        if id < 0 || id as u32 >= plan.meta().text.vocab_rows {
-                            return Err(Error::TokenId {
-                                id: i64::from(id),
-                                rows: plan.meta().text.vocab_rows,
-                            });
-                        }
-                    }
-                    Some(x.as_bytes())
-                }
-                (StageInput::Bytes(b), d) if d != DType::I32 => Some(b),
-                _ => None,
-            };
-            // Sizes in elements for typed slices, in bytes for `Bytes`.
-            let per = if matches!(input, StageInput::Bytes(_)) {
-                1
-            } else {
-                4
-            };
-            let Some(src) = src.filter(|b| b.len() == want) else {
-                return Err(Error::InputSize {
-                    stage: stage.name.clone(),
-                    index: i,
-                    got: src.map_or(usize::MAX, |b| b.len() / per),
-                    expected: want / per,
-                    shape: v.shape.clone(),
-                });
-            };
-            if let Some(slot) = slot {
-                arena[slot.offset as usize..(slot.offset + slot.len) as usize].copy_from_slice(src);
-            }
-        }
-        self.run_steps_bound(index, 0, stage.steps.len(), None, inputs)?;
-        let arena = self.arena.as_bytes();
-        for (i, (&vid, out)) in stage.outputs.iter().zip(outputs.iter_mut()).enumerate() {
-            let v = &stage.values[vid as usize];
-            let Storage::Arena(slot) = v.storage else {
-                continue;
-            };
-            let src = &arena[slot.offset as usize..(slot.offset + slot.len) as usize];
-            if src.len() != out.len() {
-                let per = if v.dtype == DType::F32 { 4 } else { 1 };
-                return Err(Error::InputSize {
-                    stage: stage.name.clone(),
-                    index: i,
-                    got: out.len() / per,
-                    expected: src.len() / per,
-                    shape: v.shape.clone(),
-                });
-            }
-            out.copy_from_slice(src);
-        }
-        Ok(())
+        self.load_inputs(index, inputs, outputs.len())?;
+        let steps = self.plan.meta().stages[index as usize].steps.len();
+        self.run_steps_bound(index, 0, steps, None, inputs)?;
+        self.store_outputs(index, outputs)
     }
 
     fn run_steps(

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig};
-use cudarc::driver::{DeviceRepr, PushKernelArg};
+use cudarc::driver::{DevicePtr, DeviceRepr, PushKernelArg};
 
 use crate::{compile_ptx, Arch, SOURCES};
 
@@ -16,7 +16,9 @@ pub struct Gpu {
     /// The device's name and compute capability, e.g. `NVIDIA H200 (sm_90)`.
     pub label: String,
     pub arch: Arch,
-    modules: Vec<(&'static str, Arc<CudaModule>)>,
+    /// Every kernel of every source, resolved once.
+    functions: Vec<(&'static str, CudaFunction)>,
+    _modules: Vec<Arc<CudaModule>>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -64,19 +66,27 @@ impl Gpu {
             format!("{name} is {sm}; the kernels are built for sm_72, sm_87 and sm_90")
         })?;
         let mut modules = Vec::new();
+        let mut functions = Vec::new();
         for s in SOURCES {
             let ptx = ptx_of(&s, arch)?;
             let m = ctx
                 .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
                 .map_err(|e| format!("{name}: loading {}: {e}", s.name))?;
-            modules.push((s.name, m));
+            for &k in s.kernels {
+                let f = m
+                    .load_function(k)
+                    .map_err(|e| format!("{name}: kernel {k} of {}: {e}", s.name))?;
+                functions.push((k, f));
+            }
+            modules.push(m);
         }
         Ok(Gpu {
             stream: ctx.default_stream(),
             ctx,
             label: format!("{name} ({sm})"),
             arch,
-            modules,
+            functions,
+            _modules: modules,
         })
     }
 
@@ -85,17 +95,11 @@ impl Gpu {
     /// # Errors
     /// When no loaded source defines it.
     pub fn function(&self, name: &str) -> Result<CudaFunction, String> {
-        for (src, m) in &self.modules {
-            let listed = SOURCES
-                .iter()
-                .any(|s| s.name == *src && s.kernels.contains(&name));
-            if listed {
-                return m
-                    .load_function(name)
-                    .map_err(|e| format!("{}: kernel {name}: {e}", self.label));
-            }
-        }
-        Err(format!("no kernel {name}"))
+        self.functions
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, f)| f.clone())
+            .ok_or_else(|| format!("{}: no kernel {name}", self.label))
     }
 
     /// Copies `host` to a new device buffer.
@@ -143,9 +147,154 @@ impl Gpu {
         })
     }
 
+    /// A zeroed device buffer of `bytes` bytes, with its address for kernel arguments
+    /// ([`Arg::Ptr`]).
+    ///
+    /// # Errors
+    /// The driver's (out of memory), naming the device and the size.
+    pub fn alloc(&self, bytes: usize) -> Result<DeviceBuffer, String> {
+        let buf = self
+            .stream
+            .alloc_zeros::<u8>(bytes.max(1))
+            .map_err(|e| format!("{}: allocating {bytes} bytes: {e}", self.label))?;
+        let ptr = {
+            let (p, _sync) = buf.device_ptr(&self.stream);
+            p
+        };
+        Ok(DeviceBuffer {
+            buf,
+            ptr,
+            len: bytes,
+        })
+    }
+
+    /// Copies `src` into `dst` at byte `offset`.
+    ///
+    /// # Errors
+    /// A range outside `dst`, or the driver's error, naming the device.
+    pub fn write(&self, dst: &mut DeviceBuffer, offset: usize, src: &[u8]) -> Result<(), String> {
+        let end = dst.range(offset, src.len())?;
+        let mut view = dst.buf.slice_mut(offset..end);
+        self.stream.memcpy_htod(src, &mut view).map_err(|e| {
+            format!(
+                "{}: copy of {} bytes to the GPU: {e}",
+                self.label,
+                src.len()
+            )
+        })
+    }
+
+    /// Copies `dst.len()` bytes of `src` from byte `offset` into `dst`, waiting for every
+    /// earlier launch on the stream (a failed launch surfaces here).
+    ///
+    /// # Errors
+    /// A range outside `src`, or the driver's error, naming the device.
+    pub fn read(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<(), String> {
+        let end = src.range(offset, dst.len())?;
+        let view = src.buf.slice(offset..end);
+        self.stream
+            .memcpy_dtoh(&view, dst)
+            .and_then(|_| self.stream.synchronize())
+            .map_err(|e| {
+                format!(
+                    "{}: copy of {} bytes from the GPU: {e}",
+                    self.label,
+                    dst.len()
+                )
+            })
+    }
+
+    /// Copies `len` bytes of `buf` from byte `from` to byte `to` on the device (ranges must
+    /// not overlap).
+    ///
+    /// # Errors
+    /// A range outside `buf` or overlapping ranges, or the driver's error.
+    #[allow(unsafe_code)]
+    pub fn copy_within(
+        &self,
+        buf: &mut DeviceBuffer,
+        from: usize,
+        to: usize,
+        len: usize,
+    ) -> Result<(), String> {
+        let (a, b) = (buf.range(from, len)?, buf.range(to, len)?);
+        if from < b && to < a && len > 0 {
+            return Err(format!(
+                "{}: overlapping device copy {from}..{a} -> {to}..{b}",
+                self.label
+            ));
+        }
+        // SAFETY: both ranges lie inside `buf`'s allocation (checked above) and do not overlap;
+        // the copy is ordered on this GPU's one stream after every earlier launch.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                buf.ptr + to as u64,
+                buf.ptr + from as u64,
+                len,
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| format!("{}: device copy of {len} bytes: {e}", self.label))
+    }
+
+    /// Waits for every launch and copy on the stream.
+    ///
+    /// # Errors
+    /// The first failed launch's error, naming the device.
+    pub fn synchronize(&self) -> Result<(), String> {
+        self.stream
+            .synchronize()
+            .map_err(|e| format!("{}: {e}", self.label))
+    }
+
+    /// Free and total device memory in bytes.
+    ///
+    /// # Errors
+    /// The driver's.
+    pub fn memory(&self) -> Result<(usize, usize), String> {
+        cudarc::driver::result::mem_get_info().map_err(|e| format!("{}: {e}", self.label))
+    }
+
     /// The context (for executors that manage their own streams).
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+}
+
+/// Device memory of one allocation, addressed by byte offsets.
+pub struct DeviceBuffer {
+    buf: CudaSlice<u8>,
+    ptr: u64,
+    len: usize,
+}
+
+impl DeviceBuffer {
+    /// The device address of byte 0 (for [`Arg::Ptr`]).
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The end of `offset..offset + len` when it lies inside the buffer.
+    fn range(&self, offset: usize, len: usize) -> Result<usize, String> {
+        offset
+            .checked_add(len)
+            .filter(|&e| e <= self.len)
+            .ok_or_else(|| {
+                format!(
+                    "device range {offset}+{len} outside a {}-byte buffer",
+                    self.len
+                )
+            })
     }
 }
 
@@ -164,6 +313,8 @@ pub enum Arg<'a> {
     Bytes(&'a CudaSlice<u8>),
     /// A null pointer (an absent bias or mask).
     Null,
+    /// A device address (a [`DeviceBuffer::ptr`] plus an offset).
+    Ptr(u64),
     U64(u64),
     U32(u32),
     I32(i32),
@@ -188,7 +339,7 @@ impl Launch<'_> {
                 Arg::F32s(s) => b.arg(*s),
                 Arg::Bytes(s) => b.arg(*s),
                 Arg::Null => b.arg(&null),
-                Arg::U64(v) => b.arg(v),
+                Arg::U64(v) | Arg::Ptr(v) => b.arg(v),
                 Arg::U32(v) => b.arg(v),
                 Arg::I32(v) => b.arg(v),
                 Arg::F32(v) => b.arg(v),

@@ -357,6 +357,15 @@ struct GenArgs {
     /// soon as it is created, so nothing is left behind.
     #[arg(long = "spill-dir")]
     spill_dir: Option<PathBuf>,
+    /// Where the stages run: `cpu`, or `cuda` (the first NVIDIA GPU; needs a build with
+    /// `--features cuda` and the NVIDIA driver).
+    #[arg(long = "device", default_value = "cpu")]
+    device: String,
+    /// With `--device cuda`: a folder of PTX compiled ahead of time for the GPU's architecture
+    /// (`ARCH/NAME.ptx`, as `scripts/test-cuda --compile-only` writes them under
+    /// `target/cuda-ptx`); without it, NVRTC (`libnvrtc.so`) compiles the kernels at start.
+    #[arg(long = "cuda-ptx")]
+    cuda_ptx: Option<PathBuf>,
     /// No progress display.
     #[arg(long)]
     quiet: bool,
@@ -547,6 +556,59 @@ fn pick_size(
 }
 
 /// The kernel table `--kernels` names (`best` or a label of `edge_kernels_cpu::variants`).
+/// The executor `--device` names: the CPU `session` itself, or a CUDA executor around it.
+fn open_executor<'p>(
+    session: Session<'p>,
+    device: &str,
+    ptx: Option<&Path>,
+    verbose: bool,
+) -> Result<Box<dyn Executor<'p> + 'p>> {
+    match device {
+        "cpu" => Ok(Box::new(session)),
+        "cuda" => open_cuda(session, ptx, verbose),
+        other => bail!("--device {other}: expected cpu or cuda"),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda<'p>(
+    session: Session<'p>,
+    ptx: Option<&Path>,
+    verbose: bool,
+) -> Result<Box<dyn Executor<'p> + 'p>> {
+    use edge_kernels_cuda::gpu::Gpu;
+    let gpu = match ptx {
+        Some(dir) => Gpu::open_with(&|s, arch| {
+            let path = dir.join(arch.name()).join(s.name.replace(".cu", ".ptx"));
+            std::fs::read_to_string(&path)
+                .map_err(|e| format!("--cuda-ptx {}: {e}", path.display()))
+        }),
+        None => Gpu::open(),
+    }
+    .map_err(|e| anyhow::anyhow!("--device cuda: {e}"))?;
+    let cuda = edge_runtime::cuda::CudaSession::new(session, gpu)?;
+    if verbose {
+        say!(
+            "device {}: kernels from {}",
+            cuda.device(),
+            ptx.map_or("NVRTC at start".to_string(), |d| format!(
+                "PTX compiled ahead of time in {}",
+                d.display()
+            ))
+        );
+    }
+    Ok(Box::new(cuda))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda<'p>(
+    _session: Session<'p>,
+    _ptx: Option<&Path>,
+    _verbose: bool,
+) -> Result<Box<dyn Executor<'p> + 'p>> {
+    bail!("--device cuda: this edgerun was built without CUDA (build it with `cargo build --release -p edge-tools --features cuda`)")
+}
+
 fn pick_kernels(label: &str) -> Result<(&'static str, edge_kernels::KernelTable)> {
     if label == "best" {
         return Ok(edge_kernels_cpu::best_labelled());
@@ -820,8 +882,9 @@ fn generate(a: GenArgs) -> Result<()> {
             .collect();
         say!("matrix kernels: {}", per_pack.join(", "));
     }
-    let mut session =
+    let session =
         edge_runtime::budget::open_session(&plan, kernels, &rb, a.spill_dir.clone(), &[size])?;
+    let mut exec = open_executor(session, &a.device, a.cuda_ptx.as_deref(), a.verbose)?;
     let mut timings: HashMap<&str, f64> = HashMap::new();
     // With -v, the resident-set peak of each phase (VmHWM reset at each phase's start).
     let mut phase_peak: HashMap<&str, u64> = HashMap::new();
@@ -887,7 +950,7 @@ fn generate(a: GenArgs) -> Result<()> {
             )
         };
         let out = edge_runtime::generate_previewing(
-            &mut session,
+            exec.as_mut(),
             &params,
             &mut |p| {
                 let now = Instant::now();
@@ -1028,8 +1091,11 @@ fn generate(a: GenArgs) -> Result<()> {
             "memory: budget {}, arena {arena} bytes, weights {weights} bytes; streamed per step [{}] bytes; released {} bytes",
             budget.map_or("none".to_string(), |b| format!("{b} bytes")),
             per_step.join(", "),
-            session.streamer().released_bytes()
+            exec.streamer().released_bytes()
         );
+        if let Some(d) = exec.device_summary() {
+            say!("{d}");
+        }
         let predicted = peaks.iter().map(|p| p.peak).max().unwrap_or(0);
         let measured = phase_peak.values().copied().max().unwrap_or(0);
         let top = peaks.iter().max_by_key(|p| p.peak);

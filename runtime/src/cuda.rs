@@ -1,0 +1,775 @@
+//! The CUDA executor (feature `cuda`): the plan's stages run on an NVIDIA GPU, step by step,
+//! with the same decoded calls, arena layout, segments and pipeline as the CPU
+//! [`Session`](crate::Session).
+//!
+//! - **One device arena** of the plan's largest stage arena, allocated once; every value keeps
+//!   the byte offset the planner gave it, so liveness and in-place steps mean on the GPU what
+//!   they mean on the CPU.
+//! - **Weights** are uploaded on first use and stay on the device (the whole plan must fit:
+//!   [`CudaSession::new`] refuses one that does not, naming both sizes; streaming under a
+//!   `--max-vram` is not built yet). Stage inputs read in place (the T5 states, the
+//!   cross-attention K/V cache) are uploaded once per stage run.
+//! - **Steps** whose call has a CUDA kernel ([`gpu_runs`]) run on the GPU: matrix products
+//!   from F32, F16, BF16 and Q8_0 row-major packs (Q8_0 activations quantized on the device),
+//!   layer/RMS/group norm, the element-wise ops, attention with head dim ≤ 128, 2× upsampling,
+//!   copies. Every other step (convolutions, embeddings, permutes, slices, concatenations that
+//!   are not in place, timestep embeddings, T5 position bias, interleaved packs, GroupNorm with
+//!   statistics given by exact VAE tiles) runs on the host with the CPU kernels, its inputs
+//!   copied back from the device first. Each value records where its current bytes are
+//!   (device, host or both), so a value crosses PCIe only when the other side reads it.
+//!
+//! Arithmetic: the element-wise kernels and the matrix products give the CPU's bits; norms and
+//! attention agree within 1e-5 of the largest value (`kernels/cuda/tests/twins.rs`), so a plan's
+//! latents on the GPU are within a bound of the CPU's, not identical.
+
+use edge_kernels::{Call, KernelTable};
+use edge_kernels_cuda::gpu::{Arg, DeviceBuffer, Gpu};
+use edge_schema::plan::{PackLayout, Storage};
+use edge_schema::DType;
+use zerocopy::IntoBytes;
+
+use crate::error::{Error, Result};
+use crate::executor::{Executor, StageInput};
+use crate::plan::Plan;
+use crate::session::{Decoded, Operand, Session};
+
+/// Threads per block of the element-wise and norm kernels.
+const THREADS: u32 = 256;
+
+/// Counters of one [`CudaSession`] since it was created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CudaCounts {
+    /// Steps run by CUDA kernels.
+    pub gpu_steps: u64,
+    /// Steps run on the host with the CPU kernels.
+    pub host_steps: u64,
+    /// Bytes of activations and stage inputs copied to the device.
+    pub uploaded: u64,
+    /// Bytes of activations copied back to the host.
+    pub downloaded: u64,
+    /// Bytes of weights resident on the device.
+    pub weight_bytes: u64,
+}
+
+/// Where the current bytes of each value of the running stage are.
+#[derive(Debug, Default)]
+struct Where {
+    stage: Option<u32>,
+    gpu: Vec<bool>,
+    host: Vec<bool>,
+}
+
+/// A plan bound to a GPU: a device arena, the weights uploaded on first use, and a CPU
+/// [`Session`] for the steps that have no CUDA kernel.
+pub struct CudaSession<'p> {
+    host: Session<'p>,
+    gpu: Gpu,
+    arena: DeviceBuffer,
+    /// Q8_0 activations of the largest Q8_0 matrix product (`m·k/32` blocks of 34 bytes).
+    qx: DeviceBuffer,
+    /// Device copies of the plan's tensors, by tensor index.
+    weights: Vec<Option<DeviceBuffer>>,
+    /// Stage inputs read in place, uploaded for the running stage.
+    bound: Vec<Option<DeviceBuffer>>,
+    at: Where,
+    counts: CudaCounts,
+}
+
+impl std::fmt::Debug for CudaSession<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaSession")
+            .field("gpu", &self.gpu.label)
+            .field("arena_bytes", &self.arena.len())
+            .field("counts", &self.counts)
+            .finish()
+    }
+}
+
+fn gpu_err(e: String) -> Error {
+    Error::Gpu(e)
+}
+
+/// Whether `d` runs on the GPU (a CUDA kernel exists for its call and operand types).
+pub(crate) fn gpu_runs(d: &Decoded) -> bool {
+    if d.noop || d.out_dtype != DType::F32 {
+        return false;
+    }
+    match &d.call {
+        Call::Linear { weight, k, .. } => {
+            let row_major = match d.ins.get(1) {
+                Some(Operand::Weight { layout, .. }) => *layout == PackLayout::RowMajor,
+                _ => true,
+            };
+            row_major
+                && match weight {
+                    DType::F32 | DType::F16 | DType::BF16 => true,
+                    DType::Q8_0 => k % 32 == 0,
+                    _ => false,
+                }
+        }
+        Call::Attention { p, .. } => p.head_dim <= 128,
+        Call::RmsNorm { .. }
+        | Call::LayerNorm { .. }
+        | Call::GroupNorm { .. }
+        | Call::Modulate { .. }
+        | Call::GatedResidual { .. }
+        | Call::Add
+        | Call::Mul
+        | Call::Scale { .. }
+        | Call::Silu
+        | Call::Relu
+        | Call::Tanh
+        | Call::GeluTanh
+        | Call::UpsampleNearest2x { .. }
+        | Call::Copy => true,
+        _ => false,
+    }
+}
+
+fn blocks(n: usize) -> u32 {
+    n.div_ceil(THREADS as usize).clamp(1, 65_535) as u32
+}
+
+impl<'p> CudaSession<'p> {
+    /// Binds `host` (a CPU session of the plan, which keeps the decoded steps, the streaming
+    /// policy and the host arena for steps without a CUDA kernel) to `gpu`.
+    ///
+    /// # Errors
+    /// [`Error::Gpu`] when the device arena, the Q8_0 activation buffer and every weight do not
+    /// fit in the GPU's free memory (both sizes named), or an allocation fails.
+    pub fn new(host: Session<'p>, gpu: Gpu) -> Result<Self> {
+        let plan = host.plan;
+        let arena_bytes = crate::session::arena_bytes(plan) as usize;
+        let qx_bytes = host
+            .decoded
+            .iter()
+            .flatten()
+            .map(|d| match d.call {
+                Call::Linear {
+                    m,
+                    k,
+                    weight: DType::Q8_0,
+                    ..
+                } if gpu_runs(d) => m * (k / 32) * 34,
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0);
+        let weights: u64 = plan.meta().tensors.iter().map(|t| t.len).sum();
+        let need = arena_bytes as u64 + qx_bytes as u64 + weights;
+        let (free, _) = gpu.memory().map_err(gpu_err)?;
+        if need > free as u64 {
+            return Err(Error::Gpu(format!(
+                "{}: the plan needs {need} bytes of device memory (arena {arena_bytes}, weights \
+                 {weights}, Q8_0 activations {qx_bytes}); {free} bytes are free",
+                gpu.label
+            )));
+        }
+        let arena = gpu.alloc(arena_bytes).map_err(gpu_err)?;
+        let qx = gpu.alloc(qx_bytes).map_err(gpu_err)?;
+        let tensors = plan.meta().tensors.len();
+        Ok(CudaSession {
+            host,
+            gpu,
+            arena,
+            qx,
+            weights: (0..tensors).map(|_| None).collect(),
+            bound: Vec::new(),
+            at: Where::default(),
+            counts: CudaCounts::default(),
+        })
+    }
+
+    /// The GPU's name and architecture, e.g. `NVIDIA H200 (sm_90)`.
+    pub fn device(&self) -> &str {
+        &self.gpu.label
+    }
+
+    /// Steps and bytes moved so far.
+    pub fn counts(&self) -> CudaCounts {
+        self.counts
+    }
+
+    /// Starts tracking the values of stage `index` (nothing valid on either side) unless it is
+    /// the stage already tracked.
+    fn track(&mut self, index: u32) {
+        if self.at.stage != Some(index) {
+            let n = self.host.plan.meta().stages[index as usize].values.len();
+            self.at = Where {
+                stage: Some(index),
+                gpu: vec![false; n],
+                host: vec![false; n],
+            };
+        }
+    }
+
+    /// Makes the arena value `id` of the tracked stage valid on the GPU (`to_gpu`) or on the
+    /// host, copying it across when only the other side holds it.
+    fn sync(&mut self, index: u32, id: u32, to_gpu: bool) -> Result<()> {
+        let plan = self.host.plan;
+        let v = &plan.meta().stages[index as usize].values[id as usize];
+        let Storage::Arena(s) = v.storage else {
+            return Ok(());
+        };
+        let (o, l) = (s.offset as usize, s.len as usize);
+        let i = id as usize;
+        if to_gpu && !self.at.gpu[i] && self.at.host[i] {
+            self.gpu
+                .write(&mut self.arena, o, &self.host.arena[o..o + l])
+                .map_err(gpu_err)?;
+            self.counts.uploaded += l as u64;
+            self.at.gpu[i] = true;
+        } else if !to_gpu && !self.at.host[i] && self.at.gpu[i] {
+            self.gpu
+                .read(&self.arena, o, &mut self.host.arena[o..o + l])
+                .map_err(gpu_err)?;
+            self.counts.downloaded += l as u64;
+            self.at.host[i] = true;
+        }
+        Ok(())
+    }
+
+    /// The device address of operand `j` of step `i` of stage `index`, uploading a weight or a
+    /// bound stage input on first use.
+    fn operand(&mut self, index: u32, i: usize, j: usize, bound: &[StageInput<'_>]) -> Result<u64> {
+        let plan = self.host.plan;
+        let d = &self.host.decoded[index as usize][i];
+        match d.ins.get(j).copied() {
+            Some(Operand::Arena(s)) => Ok(self.arena.ptr() + s.offset),
+            Some(Operand::Weight { tensor, .. }) => {
+                let t = tensor as usize;
+                if self.weights.get(t).is_some_and(Option::is_none) {
+                    let bytes = plan.tensor_bytes(tensor)?;
+                    let mut buf = self.gpu.alloc(bytes.len()).map_err(gpu_err)?;
+                    self.gpu.write(&mut buf, 0, bytes).map_err(gpu_err)?;
+                    self.counts.weight_bytes += bytes.len() as u64;
+                    self.weights[t] = Some(buf);
+                }
+                self.weights
+                    .get(t)
+                    .and_then(Option::as_ref)
+                    .map(DeviceBuffer::ptr)
+                    .ok_or_else(|| Error::Gpu(format!("no weight tensor {tensor}")))
+            }
+            Some(Operand::Input(n)) => {
+                let n = n as usize;
+                if self.bound.len() <= n {
+                    self.bound.resize_with(n + 1, || None);
+                }
+                if self.bound[n].is_none() {
+                    let bytes: &[u8] = match bound.get(n) {
+                        Some(StageInput::F32(x)) => x.as_bytes(),
+                        Some(StageInput::I32(x)) => x.as_bytes(),
+                        Some(StageInput::Bytes(b)) => b,
+                        None => {
+                            return Err(Error::Plan(edge_schema::Error::Invalid(format!(
+                                "stage input {n} is read in place and only run_stage gives it"
+                            ))))
+                        }
+                    };
+                    let mut buf = self.gpu.alloc(bytes.len()).map_err(gpu_err)?;
+                    self.gpu.write(&mut buf, 0, bytes).map_err(gpu_err)?;
+                    self.counts.uploaded += bytes.len() as u64;
+                    self.bound[n] = Some(buf);
+                }
+                self.bound[n]
+                    .as_ref()
+                    .map(DeviceBuffer::ptr)
+                    .ok_or_else(|| Error::Gpu(format!("stage input {n} not uploaded")))
+            }
+            None => Err(Error::Plan(edge_schema::Error::Invalid(format!(
+                "step {i}: operand {j} missing"
+            )))),
+        }
+    }
+
+    /// Runs steps `first..end` of stage `index`, segment by segment, each on the GPU or on the
+    /// host ([`gpu_runs`]).
+    fn run_range(
+        &mut self,
+        index: u32,
+        first: usize,
+        end: usize,
+        stats: Option<&[edge_kernels::GroupStats]>,
+        bound: &[StageInput<'_>],
+    ) -> Result<()> {
+        let plan = self.host.plan;
+        let stage = &plan.meta().stages[index as usize];
+        if first > end || end > stage.steps.len() {
+            return Err(Error::Plan(edge_schema::Error::Invalid(format!(
+                "stage {}: steps {first}..{end} out of range",
+                stage.name
+            ))));
+        }
+        self.track(index);
+        for (j, seg) in stage.segments.iter().enumerate() {
+            let (a, b) = (
+                (seg.first_step as usize).max(first),
+                (seg.end_step as usize).min(end),
+            );
+            if a >= b {
+                continue;
+            }
+            self.host.enter_segment(index as usize, j)?;
+            for i in a..b {
+                let given = if i == first { stats } else { None };
+                self.run_one(index, i, given, bound)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs step `i` of stage `index` where its kernel is, moving its inputs there first.
+    fn run_one(
+        &mut self,
+        index: u32,
+        i: usize,
+        stats: Option<&[edge_kernels::GroupStats]>,
+        bound: &[StageInput<'_>],
+    ) -> Result<()> {
+        let plan = self.host.plan;
+        let step = &plan.meta().stages[index as usize].steps[i];
+        let d = &self.host.decoded[index as usize][i];
+        let out = step.outputs[0] as usize;
+        if d.noop {
+            // A reshape in place or a concatenation whose inputs were written inside its
+            // output: the output is where all its inputs are.
+            let on_gpu = step.inputs.iter().all(|&v| self.at.gpu[v as usize]);
+            if !on_gpu {
+                for &v in &step.inputs {
+                    self.sync(index, v, false)?;
+                }
+            }
+            self.at.gpu[out] = on_gpu;
+            self.at.host[out] = step.inputs.iter().all(|&v| self.at.host[v as usize]);
+            return Ok(());
+        }
+        let on_gpu = stats.is_none() && gpu_runs(d);
+        for &v in &step.inputs {
+            self.sync(index, v, on_gpu)?;
+        }
+        if on_gpu {
+            self.launch(index, i, bound)?;
+            self.counts.gpu_steps += 1;
+        } else {
+            self.host.run_step(index as usize, i, stats, bound)?;
+            self.counts.host_steps += 1;
+        }
+        self.at.gpu[out] = on_gpu;
+        self.at.host[out] = !on_gpu;
+        Ok(())
+    }
+
+    /// Launches the CUDA kernel of step `i` (one that [`gpu_runs`]).
+    #[allow(unsafe_code)]
+    fn launch(&mut self, index: u32, i: usize, bound: &[StageInput<'_>]) -> Result<()> {
+        let call = self.host.decoded[index as usize][i].call.clone();
+        let out_slot = self.host.decoded[index as usize][i].out;
+        let out = self.arena.ptr() + out_slot.offset;
+        let n_out = out_slot.len as usize / 4;
+        let nins = self.host.decoded[index as usize][i].ins.len();
+        let mut p = [0u64; 4];
+        for (j, slot) in p.iter_mut().enumerate().take(nins) {
+            *slot = self.operand(index, i, j, bound)?;
+        }
+        let len_of = |j: usize, this: &Self| -> usize {
+            match this.host.decoded[index as usize][i].ins[j] {
+                Operand::Arena(s) => s.len as usize / 4,
+                _ => 0,
+            }
+        };
+        let g = &self.gpu;
+        let k = |name: &str| g.launch(name).map_err(gpu_err);
+        let u = |v: usize| Arg::U64(v as u64);
+        let r = match call {
+            Call::Linear {
+                m,
+                k: kd,
+                n,
+                weight,
+                bias,
+            } => {
+                let b = if bias { Arg::Ptr(p[2]) } else { Arg::Null };
+                if weight == DType::Q8_0 {
+                    let nb = kd / 32;
+                    // SAFETY: (x, q, blocks): x holds m·k f32 at p[0], qx m·nb blocks of 34
+                    // bytes (sized for the largest Q8_0 product at creation).
+                    unsafe {
+                        k("edge_quantize_q8_0")?.run(
+                            (blocks(m * nb), 1),
+                            THREADS,
+                            &[Arg::Ptr(p[0]), Arg::Ptr(self.qx.ptr()), u(m * nb)],
+                        )
+                    }
+                    .map_err(gpu_err)?;
+                    // SAFETY: (xq, w, bias, out, m, k, n): the Q8_0 weight holds n·nb blocks,
+                    // bias n and out m·n values (the plan's verified shapes).
+                    unsafe {
+                        k("edge_linear_q8_0")?.run(
+                            (n.div_ceil(64) as u32, m.div_ceil(4) as u32),
+                            256,
+                            &[
+                                Arg::Ptr(self.qx.ptr()),
+                                Arg::Ptr(p[1]),
+                                b,
+                                Arg::Ptr(out),
+                                u(m),
+                                u(kd),
+                                u(n),
+                            ],
+                        )
+                    }
+                } else {
+                    let code = match weight {
+                        DType::F16 => 1,
+                        DType::BF16 => 2,
+                        _ => 0,
+                    };
+                    // SAFETY: (x, w, dtype, bias, out, m, k, n): x m·k f32, w n·k of `weight`,
+                    // bias n, out m·n (the plan's verified shapes).
+                    unsafe {
+                        k("edge_linear_plain")?.run(
+                            (n.div_ceil(64) as u32, m.div_ceil(64) as u32),
+                            256,
+                            &[
+                                Arg::Ptr(p[0]),
+                                Arg::Ptr(p[1]),
+                                Arg::I32(code),
+                                b,
+                                Arg::Ptr(out),
+                                u(m),
+                                u(kd),
+                                u(n),
+                            ],
+                        )
+                    }
+                }
+            }
+            Call::RmsNorm { rows, dim, eps } => {
+                // SAFETY: (x, weight, out, d, eps): rows blocks over rows·dim values.
+                unsafe {
+                    k("edge_rms_norm")?.run(
+                        (rows as u32, 1),
+                        THREADS,
+                        &[
+                            Arg::Ptr(p[0]),
+                            Arg::Ptr(p[1]),
+                            Arg::Ptr(out),
+                            u(dim),
+                            Arg::F32(eps),
+                        ],
+                    )
+                }
+            }
+            Call::LayerNorm {
+                rows,
+                dim,
+                eps,
+                affine,
+            } => {
+                let (w, b) = if affine {
+                    (Arg::Ptr(p[1]), Arg::Ptr(p[2]))
+                } else {
+                    (Arg::Null, Arg::Null)
+                };
+                // SAFETY: (x, weight, bias, out, d, eps): rows blocks over rows·dim values.
+                unsafe {
+                    k("edge_layer_norm")?.run(
+                        (rows as u32, 1),
+                        THREADS,
+                        &[Arg::Ptr(p[0]), w, b, Arg::Ptr(out), u(dim), Arg::F32(eps)],
+                    )
+                }
+            }
+            Call::GroupNorm {
+                channels,
+                hw,
+                groups,
+                eps,
+            } => {
+                // SAFETY: (x, weight, bias, out, c, hw, groups, eps): one block per group over
+                // channels·hw values, weight and bias of `channels`.
+                unsafe {
+                    k("edge_group_norm")?.run(
+                        (groups as u32, 1),
+                        THREADS,
+                        &[
+                            Arg::Ptr(p[0]),
+                            Arg::Ptr(p[1]),
+                            Arg::Ptr(p[2]),
+                            Arg::Ptr(out),
+                            u(channels),
+                            u(hw),
+                            u(groups),
+                            Arg::F32(eps),
+                        ],
+                    )
+                }
+            }
+            Call::Modulate {
+                rows,
+                dim,
+                shift_row,
+                scale_row,
+            } => {
+                // SAFETY: (x, shift, scale, out, m, d): the shift and scale rows lie inside
+                // input 1 (decoded from its shape), x and out hold rows·dim values.
+                unsafe {
+                    k("edge_modulate")?.run(
+                        (blocks(rows * dim), 1),
+                        THREADS,
+                        &[
+                            Arg::Ptr(p[0]),
+                            Arg::Ptr(p[1] + (shift_row * dim * 4) as u64),
+                            Arg::Ptr(p[1] + (scale_row * dim * 4) as u64),
+                            Arg::Ptr(out),
+                            u(rows),
+                            u(dim),
+                        ],
+                    )
+                }
+            }
+            Call::GatedResidual {
+                rows,
+                dim,
+                gate_row,
+            } => {
+                // SAFETY: (x, y, gate, out, m, d): the gate row lies inside input 2.
+                unsafe {
+                    k("edge_gated_residual")?.run(
+                        (blocks(rows * dim), 1),
+                        THREADS,
+                        &[
+                            Arg::Ptr(p[0]),
+                            Arg::Ptr(p[1]),
+                            Arg::Ptr(p[2] + (gate_row * dim * 4) as u64),
+                            Arg::Ptr(out),
+                            u(rows),
+                            u(dim),
+                        ],
+                    )
+                }
+            }
+            Call::Add | Call::Mul => {
+                let nb = match self.host.decoded[index as usize][i].ins[1] {
+                    Operand::Arena(s) => s.len as usize / 4,
+                    Operand::Weight { tensor, .. } => {
+                        self.host.plan.meta().tensors[tensor as usize].len as usize / 4
+                    }
+                    Operand::Input(_) => n_out,
+                };
+                let name = if matches!(call, Call::Add) {
+                    "edge_add"
+                } else {
+                    "edge_mul"
+                };
+                if nb == 0 || n_out % nb != 0 {
+                    return Err(Error::Gpu(format!(
+                        "{name}: {n_out} values with {nb} broadcast"
+                    )));
+                }
+                // SAFETY: (a, b, out, n, nb): a and out hold n values, b nb with n % nb == 0.
+                unsafe {
+                    k(name)?.run(
+                        (blocks(n_out), 1),
+                        THREADS,
+                        &[
+                            Arg::Ptr(p[0]),
+                            Arg::Ptr(p[1]),
+                            Arg::Ptr(out),
+                            u(n_out),
+                            u(nb),
+                        ],
+                    )
+                }
+            }
+            Call::Scale { factor } => {
+                // SAFETY: (x, factor, out, n): x and out hold n values.
+                unsafe {
+                    k("edge_scale")?.run(
+                        (blocks(n_out), 1),
+                        THREADS,
+                        &[Arg::Ptr(p[0]), Arg::F32(factor), Arg::Ptr(out), u(n_out)],
+                    )
+                }
+            }
+            Call::Silu | Call::Relu | Call::Tanh | Call::GeluTanh => {
+                let name = match call {
+                    Call::Silu => "edge_silu",
+                    Call::Relu => "edge_relu",
+                    Call::Tanh => "edge_tanh_k",
+                    _ => "edge_gelu_tanh",
+                };
+                // SAFETY: (x, out, n): x and out hold n values.
+                unsafe {
+                    k(name)?.run(
+                        (blocks(n_out), 1),
+                        THREADS,
+                        &[Arg::Ptr(p[0]), Arg::Ptr(out), u(n_out)],
+                    )
+                }
+            }
+            Call::Attention { p: a, mask, bias } => {
+                let m = if mask { Arg::Ptr(p[2]) } else { Arg::Null };
+                let b = if bias {
+                    Arg::Ptr(p[2 + usize::from(mask)])
+                } else {
+                    Arg::Null
+                };
+                let warps = a.lq * a.heads;
+                // SAFETY: edge_attention's argument list; one warp per (query row, head), four
+                // per block; strides and offsets from the verified attention parameters.
+                unsafe {
+                    k("edge_attention")?.run(
+                        (warps.div_ceil(4) as u32, 1),
+                        128,
+                        &[
+                            Arg::Ptr(p[0]),
+                            Arg::Ptr(p[1]),
+                            m,
+                            b,
+                            Arg::Ptr(out),
+                            u(a.lq),
+                            u(a.lk),
+                            Arg::U32(a.heads as u32),
+                            Arg::U32(a.head_dim as u32),
+                            Arg::F32(a.scale),
+                            u(a.q_stride),
+                            u(a.q_offset),
+                            u(a.kv_stride),
+                            u(a.k_offset),
+                            u(a.v_offset),
+                            Arg::F32(a.masked_value),
+                        ],
+                    )
+                }
+            }
+            Call::UpsampleNearest2x { channels, h, w } => {
+                // SAFETY: (x, out, c, h, w): x holds c·h·w values, out 4·c·h·w.
+                unsafe {
+                    k("edge_upsample_nearest2x")?.run(
+                        (blocks(4 * channels * h * w), 1),
+                        THREADS,
+                        &[Arg::Ptr(p[0]), Arg::Ptr(out), u(channels), u(h), u(w)],
+                    )
+                }
+            }
+            Call::Copy => {
+                let from = match self.host.decoded[index as usize][i].ins[0] {
+                    Operand::Arena(s) => s.offset as usize,
+                    _ => return Err(Error::Gpu("a copy reads a value outside the arena".into())),
+                };
+                let len = len_of(0, self) * 4;
+                return self
+                    .gpu
+                    .copy_within(&mut self.arena, from, out_slot.offset as usize, len)
+                    .map_err(gpu_err);
+            }
+            _ => return Err(Error::Gpu(format!("no CUDA kernel for {call:?}"))),
+        };
+        r.map_err(gpu_err)
+    }
+}
+
+impl<'p> Executor<'p> for CudaSession<'p> {
+    fn plan(&self) -> &'p Plan {
+        self.host.plan
+    }
+
+    fn run_stage_bytes(
+        &mut self,
+        index: u32,
+        inputs: &[StageInput<'_>],
+        outputs: &mut [&mut [u8]],
+    ) -> Result<()> {
+        self.host.load_inputs(index, inputs, outputs.len())?;
+        // A new run: every arena value is stale except the inputs just written to the host.
+        self.at.stage = None;
+        self.track(index);
+        self.bound.clear();
+        let plan = self.host.plan;
+        let stage = &plan.meta().stages[index as usize];
+        for &v in &stage.inputs {
+            self.at.host[v as usize] = true;
+        }
+        let r = self.run_range(index, 0, stage.steps.len(), None, inputs);
+        self.bound.clear();
+        r?;
+        for &v in &stage.outputs {
+            self.sync(index, v, false)?;
+        }
+        self.host.store_outputs(index, outputs)
+    }
+
+    fn run_steps(
+        &mut self,
+        stage: u32,
+        first: usize,
+        end: usize,
+        stats: Option<&[edge_kernels::GroupStats]>,
+    ) -> Result<()> {
+        self.run_range(stage, first, end, stats, &[])
+    }
+
+    fn with_value(
+        &self,
+        stage: u32,
+        id: u32,
+        f: &mut dyn FnMut(&[f32]) -> Result<()>,
+    ) -> Result<()> {
+        // Read-only: a value that lives only on the device is read through a copy.
+        let on_gpu_only = self.at.stage == Some(stage)
+            && self.at.gpu.get(id as usize) == Some(&true)
+            && self.at.host.get(id as usize) != Some(&true);
+        if !on_gpu_only {
+            return f(self.host.value(stage, id)?);
+        }
+        let len = self.host.value(stage, id)?.len();
+        let v = &self.host.plan.meta().stages[stage as usize].values[id as usize];
+        let Storage::Arena(s) = v.storage else {
+            return Err(Error::Gpu(format!("value {id} is not in the arena")));
+        };
+        let mut tmp = vec![0f32; len];
+        self.gpu
+            .read(&self.arena, s.offset as usize, tmp.as_mut_bytes())
+            .map_err(gpu_err)?;
+        f(&tmp)
+    }
+
+    fn with_value_mut(
+        &mut self,
+        stage: u32,
+        id: u32,
+        f: &mut dyn FnMut(&mut [f32]) -> Result<()>,
+    ) -> Result<()> {
+        self.track(stage);
+        self.sync(stage, id, false)?;
+        f(self.host.value_mut(stage, id)?)?;
+        let i = id as usize;
+        if let (Some(h), Some(g)) = (self.at.host.get_mut(i), self.at.gpu.get_mut(i)) {
+            *h = true;
+            *g = false;
+        }
+        Ok(())
+    }
+
+    fn streamer(&self) -> &crate::stream::Streamer {
+        self.host.streamer()
+    }
+
+    fn spill_dir(&self) -> std::path::PathBuf {
+        self.host.spill_dir()
+    }
+
+    fn host_kernels(&self) -> &KernelTable {
+        self.host.kernels()
+    }
+
+    fn device_summary(&self) -> Option<String> {
+        let c = self.counts;
+        Some(format!(
+            "device {}: {} steps on the GPU, {} on the host (CPU kernels); weights on the GPU {} bytes; copied to the GPU {} bytes, back {} bytes",
+            self.gpu.label, c.gpu_steps, c.host_steps, c.weight_bytes, c.uploaded, c.downloaded
+        ))
+    }
+}

@@ -1,0 +1,213 @@
+//! The CUDA executor on the fixture pipelines (feature `cuda`, run by `scripts/test-cuda` on a
+//! machine with an NVIDIA GPU): T5, the denoiser with guidance and the VAE decode of plans
+//! compiled from the diffusers fixtures, run on the GPU from the fixtures' initial noise.
+//!
+//! - f32 plans (as published) must match diffusers within the CPU's tolerances (final latents
+//!   within 1e-3 × max(1, max |ref|), PNG values within one level for ≥ 99.5 %);
+//! - f32, F16 and Q8_0 plans must match the CPU session on the same plan within the bounds
+//!   below (the matrix products and element-wise kernels give the CPU's bits; norms and
+//!   attention reduce in another order, within 1e-5 of the largest value per kernel).
+//!
+//! Without a GPU each test says so and passes, unless `EDGE_REQUIRE_GPU` is set. The PTX is
+//! compiled here by NVRTC, or read from `$EDGE_CUDA_PTX_DIR/ARCH/NAME.ptx`.
+#![cfg(feature = "cuda")]
+
+use edge_e2e::*;
+use edge_kernels_cuda::gpu::Gpu;
+use edge_planner::pack::PackPolicy;
+use edge_runtime::cuda::CudaSession;
+use edge_runtime::sampler::SamplingMethod;
+use edge_runtime::{GenerateParams, Plan, Session};
+use edge_schema::DType;
+
+fn gpu() -> Option<Gpu> {
+    let opened = match std::env::var_os("EDGE_CUDA_PTX_DIR") {
+        Some(dir) => Gpu::open_with(&|s, arch| {
+            let path = std::path::Path::new(&dir)
+                .join(arch.name())
+                .join(s.name.replace(".cu", ".ptx"));
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))
+        }),
+        None => Gpu::open(),
+    };
+    match opened {
+        Ok(g) => Some(g),
+        Err(e) if std::env::var_os("EDGE_REQUIRE_GPU").is_some() => panic!("{e}"),
+        Err(e) => {
+            eprintln!("skipped (no GPU here): {e}");
+            None
+        }
+    }
+}
+
+fn plan(name: &str, quant: Option<DType>) -> Plan {
+    let opts = edge_planner::CompileOptions {
+        sizes: vec![(64, 64), (64, 96)],
+        policy: PackPolicy {
+            default: quant,
+            rules: Vec::new(),
+        },
+        ..Default::default()
+    };
+    let mut c = edge_planner::compile_folder(&fixture(name), &opts).expect("compiles");
+    let bytes = edge_planner::write::assemble(&mut c.meta, &c.table).expect("assemble");
+    Plan::from_bytes(&bytes).expect("plan verifies")
+}
+
+fn params(
+    noise: &[f32],
+    (w, h): (u32, u32),
+    method: SamplingMethod,
+    steps: usize,
+) -> GenerateParams {
+    GenerateParams {
+        prompt: "a lovely cat".into(),
+        negative_prompt: String::new(),
+        steps,
+        cfg_scale: 4.5,
+        method,
+        seed: 0,
+        width: w,
+        height: h,
+        rng: Default::default(),
+        karras: None,
+        init_latents: Some(noise.to_vec()),
+        init_image: None,
+        decoder: Default::default(),
+        preview: None,
+    }
+}
+
+/// Runs `p` on the GPU; returns the outputs and the executor's one-line summary.
+fn on_gpu(plan: &Plan, g: Gpu, p: &GenerateParams) -> (edge_runtime::Generated, String) {
+    use edge_runtime::Executor;
+    let host = Session::new(plan, edge_kernels_cpu::best(), None).unwrap();
+    let mut c = CudaSession::new(host, g).unwrap();
+    let out = edge_runtime::generate(&mut c, p, &mut |_| {}).unwrap();
+    let counts = c.counts();
+    assert!(
+        counts.gpu_steps > counts.host_steps,
+        "most steps run on the GPU: {counts:?}"
+    );
+    (out, c.device_summary().unwrap_or_default())
+}
+
+fn on_cpu(plan: &Plan, p: &GenerateParams) -> edge_runtime::Generated {
+    let mut s = Session::new(plan, edge_kernels_cpu::best(), None).unwrap();
+    edge_runtime::generate(&mut s, p, &mut |_| {}).unwrap()
+}
+
+fn matches_diffusers(name: &str, run: &str, method: SamplingMethod, steps: usize) {
+    let Some(g) = gpu() else { return };
+    let plan = plan(name, None);
+    let r = read_safetensors(&fixture(&format!(
+        "{name}/reference/pipeline_{run}.safetensors"
+    )));
+    let noise = &r["initial_noise"];
+    let (h, w) = (noise.shape[2], noise.shape[3]);
+    let p = params(&noise.data, ((w * 8) as u32, (h * 8) as u32), method, steps);
+    let (out, summary) = on_gpu(&plan, g, &p);
+    let cpu = on_cpu(&plan, &p);
+    eprintln!(
+        "{name} {run}: GPU vs diffusers rel max {:.3e}, GPU vs CPU rel max {:.3e} rel L2 {:.3e}; {summary}",
+        rel_max_err(&out.latents, &r["final_latents"].data),
+        rel_max_err(&out.latents, &cpu.latents),
+        rel_l2(&out.latents, &cpu.latents)
+    );
+    assert_close(
+        &format!("{name} {run} final latents on the GPU"),
+        &out.latents,
+        &r["final_latents"].data,
+        1e-3,
+    );
+    assert_png_close(
+        &format!("{name} {run} on the GPU"),
+        &out.rgb,
+        &r["image_uint8"].data,
+    );
+}
+
+#[test]
+fn sigma_dpm_4_matches_diffusers_on_the_gpu() {
+    matches_diffusers(
+        "pixart-sigma-tiny",
+        "dpm_4_cat_64x64",
+        SamplingMethod::DpmPp2m,
+        4,
+    );
+}
+
+#[test]
+fn sigma_nonsquare_matches_diffusers_on_the_gpu() {
+    matches_diffusers(
+        "pixart-sigma-tiny",
+        "dpm_4_cat_w64_h96",
+        SamplingMethod::DpmPp2m,
+        4,
+    );
+}
+
+#[test]
+fn alpha_dpm_4_matches_diffusers_on_the_gpu() {
+    matches_diffusers(
+        "pixart-alpha-tiny",
+        "dpm_4_cat_64x64",
+        SamplingMethod::DpmPp2m,
+        4,
+    );
+}
+
+#[test]
+fn sigma_euler_4_matches_diffusers_on_the_gpu() {
+    matches_diffusers(
+        "pixart-sigma-tiny",
+        "euler_4_cat_64x64",
+        SamplingMethod::Euler,
+        4,
+    );
+}
+
+/// Quantized plans: the GPU against the CPU on the same plan, 8 steps, square and non-square.
+fn matches_cpu(name: &str, quant: DType, bound: f64) {
+    if gpu().is_none() {
+        return;
+    }
+    let plan = plan(name, Some(quant));
+    for (size, method) in [
+        ((64, 64), SamplingMethod::DpmPp2m),
+        ((64, 96), SamplingMethod::Euler),
+    ] {
+        let n = 4 * (size.0 as usize / 8) * (size.1 as usize / 8);
+        let noise: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+            .collect();
+        let p = params(&noise, size, method, 8);
+        let Some(g) = gpu() else { return };
+        let (out, summary) = on_gpu(&plan, g, &p);
+        let cpu = on_cpu(&plan, &p);
+        let (l2, mx) = (
+            rel_l2(&out.latents, &cpu.latents),
+            rel_max_err(&out.latents, &cpu.latents),
+        );
+        eprintln!("{name} {quant:?} {size:?} {method:?}: GPU vs CPU rel L2 {l2:.3e}, rel max {mx:.3e}; {summary}");
+        assert!(
+            l2 <= bound,
+            "{name} {quant:?} {size:?}: GPU vs CPU rel L2 {l2:e} above {bound:e}"
+        );
+    }
+}
+
+#[test]
+fn sigma_f16_plan_matches_the_cpu() {
+    matches_cpu("pixart-sigma-tiny", DType::F16, 1e-4);
+}
+
+#[test]
+fn sigma_q8_0_plan_matches_the_cpu() {
+    matches_cpu("pixart-sigma-tiny", DType::Q8_0, 1e-2);
+}
+
+#[test]
+fn alpha_q8_0_plan_matches_the_cpu() {
+    matches_cpu("pixart-alpha-tiny", DType::Q8_0, 1e-2);
+}
