@@ -73,6 +73,8 @@ pub struct CudaSession<'p> {
     bound: Vec<Option<DeviceBuffer>>,
     at: Where,
     counts: CudaCounts,
+    /// Per-op times when profiling (each step synchronised).
+    profile: Option<crate::profile::Profile>,
 }
 
 impl std::fmt::Debug for CudaSession<'_> {
@@ -177,6 +179,7 @@ impl<'p> CudaSession<'p> {
             bound: Vec::new(),
             at: Where::default(),
             counts: CudaCounts::default(),
+            profile: None,
         })
     }
 
@@ -313,7 +316,16 @@ impl<'p> CudaSession<'p> {
             self.host.enter_segment(index as usize, j)?;
             for i in a..b {
                 let given = if i == first { stats } else { None };
-                self.run_one(index, i, given, bound)?;
+                if self.profile.is_some() {
+                    let t = std::time::Instant::now();
+                    self.run_one(index, i, given, bound)?;
+                    self.gpu.synchronize().map_err(gpu_err)?;
+                    if let Some(p) = self.profile.as_mut() {
+                        p.record(stage, &stage.steps[i], t.elapsed());
+                    }
+                } else {
+                    self.run_one(index, i, given, bound)?;
+                }
             }
         }
         Ok(())
@@ -763,6 +775,21 @@ impl<'p> Executor<'p> for CudaSession<'p> {
 
     fn host_kernels(&self) -> &KernelTable {
         self.host.kernels()
+    }
+
+    fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(crate::profile::Profile::default);
+    }
+
+    fn replace_profile(
+        &mut self,
+        p: Option<crate::profile::Profile>,
+    ) -> Option<crate::profile::Profile> {
+        std::mem::replace(&mut self.profile, p)
+    }
+
+    fn profile(&self) -> Option<&crate::profile::Profile> {
+        self.profile.as_ref()
     }
 
     fn device_summary(&self) -> Option<String> {

@@ -95,6 +95,20 @@ pub trait Executor<'p> {
     /// The folder where exact tiled decodes create their spill files.
     fn spill_dir(&self) -> PathBuf;
 
+    /// Starts (`true`, with an empty table) or stops timing every step per stage kind and op
+    /// (a GPU executor waits for each step to finish).
+    fn set_profiling(&mut self, on: bool);
+
+    /// Puts `p` in place of the per-op table (`None`: stop profiling) and returns the table
+    /// collected so far.
+    fn replace_profile(
+        &mut self,
+        p: Option<crate::profile::Profile>,
+    ) -> Option<crate::profile::Profile>;
+
+    /// The per-op table collected since profiling started, if profiling.
+    fn profile(&self) -> Option<&crate::profile::Profile>;
+
     /// One line on the device that ran the steps and what crossed to it (a GPU executor's
     /// steps on each side and bytes copied); `None` for the CPU session.
     fn device_summary(&self) -> Option<String> {

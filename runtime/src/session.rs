@@ -868,4 +868,19 @@ impl<'p> crate::executor::Executor<'p> for Session<'p> {
     fn host_kernels(&self) -> &KernelTable {
         &self.kernels
     }
+
+    fn set_profiling(&mut self, on: bool) {
+        Session::set_profiling(self, on);
+    }
+
+    fn replace_profile(
+        &mut self,
+        p: Option<crate::profile::Profile>,
+    ) -> Option<crate::profile::Profile> {
+        Session::replace_profile(self, p)
+    }
+
+    fn profile(&self) -> Option<&crate::profile::Profile> {
+        Session::profile(self)
+    }
 }

@@ -152,7 +152,11 @@ impl Preset {
 }
 
 /// Names accepted by [`preset`].
-pub const PRESETS: [&str; 2] = ["pixart-sigma-xl2-1024", "pixart-sigma-small"];
+pub const PRESETS: [&str; 3] = [
+    "pixart-sigma-xl2-1024",
+    "pixart-sigma-xl2-1024-t5-1",
+    "pixart-sigma-small",
+];
 
 /// Shards of about 2 GB (10⁹-byte GB, as `save_pretrained(max_shard_size="2GB")` counts).
 const SHARD_2GB: u64 = 2_000_000_000;
@@ -171,37 +175,17 @@ const SMALL: f32 = 0.02;
 /// - `pixart-sigma-small`: the same architecture scaled down for tests (4 blocks, 4 heads × 72
 ///   = 288, caption 256; T5 2 blocks, d_model 256, 4 heads × 64, d_ff 512, vocabulary 384,
 ///   sharded at 1 MB to exercise the shard index; VAE 32/64/64/64, 1 ResNet per block,
-///   16 groups).
+///   16 groups);
+/// - `pixart-sigma-xl2-1024-t5-1`: the XL transformer and SDXL VAE at their real size with a
+///   one-block T5 of T5-XXL's width and vocabulary (about 1 G parameters instead of 5.4 G):
+///   for timing the denoiser and the VAE where the full encoder cannot be written or held
+///   (a GPU machine with a small disk); its prompt encodings are not T5-XXL's.
 ///
 /// Errors: [`SynthError::UnknownPreset`] listing the known names.
 pub fn preset(name: &str) -> Result<Preset, SynthError> {
     match name {
-        "pixart-sigma-xl2-1024" => Ok(build_preset(
-            "pixart-sigma-xl2-1024",
-            &PixArtDims {
-                layers: 28,
-                heads: 16,
-                head_dim: 72,
-                caption_channels: 4096,
-                sample_size: 128,
-                interpolation_scale: 2,
-            },
-            &T5Dims {
-                layers: 24,
-                d_model: 4096,
-                d_kv: 64,
-                heads: 64,
-                d_ff: 10240,
-                vocab: 32128,
-                max_shard_bytes: SHARD_2GB,
-            },
-            &VaeDims {
-                channels: vec![128, 256, 512, 512],
-                layers_per_block: 2,
-                groups: 32,
-                sample_size: 1024,
-            },
-        )),
+        "pixart-sigma-xl2-1024" => Ok(xl_preset("pixart-sigma-xl2-1024", 24)),
+        "pixart-sigma-xl2-1024-t5-1" => Ok(xl_preset("pixart-sigma-xl2-1024-t5-1", 1)),
         "pixart-sigma-small" => Ok(build_preset(
             "pixart-sigma-small",
             &PixArtDims {
@@ -233,6 +217,36 @@ pub fn preset(name: &str) -> Result<Preset, SynthError> {
             known: PRESETS.join(", "),
         }),
     }
+}
+
+/// The XL transformer, T5-XXL's dimensions with `t5_layers` blocks, and the SDXL VAE.
+fn xl_preset(name: &'static str, t5_layers: usize) -> Preset {
+    build_preset(
+        name,
+        &PixArtDims {
+            layers: 28,
+            heads: 16,
+            head_dim: 72,
+            caption_channels: 4096,
+            sample_size: 128,
+            interpolation_scale: 2,
+        },
+        &T5Dims {
+            layers: t5_layers,
+            d_model: 4096,
+            d_kv: 64,
+            heads: 64,
+            d_ff: 10240,
+            vocab: 32128,
+            max_shard_bytes: SHARD_2GB,
+        },
+        &VaeDims {
+            channels: vec![128, 256, 512, 512],
+            layers_per_block: 2,
+            groups: 32,
+            sample_size: 1024,
+        },
+    )
 }
 
 struct PixArtDims {

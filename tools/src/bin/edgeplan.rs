@@ -114,7 +114,9 @@ struct ReferenceArgs {
 
 #[derive(clap::Args)]
 struct SynthArgs {
-    /// Preset: pixart-sigma-xl2-1024 (PixArt-Σ XL-2 + T5-XXL + SDXL VAE) or pixart-sigma-small.
+    /// Preset: pixart-sigma-xl2-1024 (PixArt-Σ XL-2 + T5-XXL + SDXL VAE),
+    /// pixart-sigma-xl2-1024-t5-1 (the same with a one-block T5, for timing the denoiser and
+    /// VAE) or pixart-sigma-small.
     #[arg(long)]
     preset: String,
     /// Output pipeline folder (created; must be absent or empty unless --force).

@@ -219,6 +219,13 @@ struct BenchArgs {
     /// Kernel table: `best` or a label `edgerun generate -v` lists.
     #[arg(long = "kernels", default_value = "best")]
     kernels: String,
+    /// Where the stages run: `cpu` or `cuda` (as `edgerun generate --device`); on the GPU
+    /// each step is timed to its end (the stream is synchronised after every step).
+    #[arg(long = "device", default_value = "cpu")]
+    device: String,
+    /// With `--device cuda`: a folder of PTX compiled ahead of time (as `generate --cuda-ptx`).
+    #[arg(long = "cuda-ptx")]
+    cuda_ptx: Option<PathBuf>,
     /// The prompt the text encoder runs on.
     #[arg(
         short = 'p',
@@ -1194,7 +1201,12 @@ fn bench(a: BenchArgs) -> Result<()> {
         edge_kernels_cpu::features().summary()
     );
     // Peaks measured in this run, per thread (run on one thread; the pool's threads are alike).
-    let pk = edge_kernels_cpu::peak(20_000_000);
+    // On a GPU the CPU's peaks say nothing of the steps' rates: "of peak" is left out there.
+    let pk = if a.device == "cpu" {
+        edge_kernels_cpu::peak(20_000_000)
+    } else {
+        edge_kernels_cpu::Peak::default()
+    };
     let bw = memory_bandwidth();
     let fmt_peak =
         |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{:.1} GOP/s", v / 1e9));
@@ -1208,23 +1220,25 @@ fn bench(a: BenchArgs) -> Result<()> {
         bw.map_or("n/a".to_string(), |b| format!("{:.1} GB/s", b / 1e9))
     );
     out!("(\"of peak\" below = achieved rate / (one thread's peak × {threads} threads))");
-    let mut s = Session::new(&plan, kernels, None)?;
+    let session = Session::new(&plan, kernels, None)?;
+    let mut exec = open_executor(session, &a.device, a.cuda_ptx.as_deref(), true)?;
+    let s = exec.as_mut();
     s.set_profiling(true);
     let tok = edge_runtime::tokenizer::Tokenizer::new(&meta.tokenizer)?;
     let run_t5 = which == "all" || which == "t5";
     let ((hidden, mask, _), t5_s) = timed(|| {
         Ok(edge_runtime::pipeline::encode_text(
-            &mut s, &tok, &a.prompt,
+            s, &tok, &a.prompt,
         )?)
     })?;
-    let (cond, kv_s) = timed(|| Ok(edge_runtime::pipeline::condition(&mut s, hidden, mask)?))?;
+    let (cond, kv_s) = timed(|| Ok(edge_runtime::pipeline::condition(s, hidden, mask)?))?;
     if run_t5 {
         // Again, as every later prompt of this process runs (a server's): the first encode
         // also checked its sections' digests and mapped their pages. Not in the op table.
         let kept = s.replace_profile(None);
         let (_, again_s) = timed(|| {
             Ok(edge_runtime::pipeline::encode_text(
-                &mut s, &tok, &a.prompt,
+                s, &tok, &a.prompt,
             )?)
         })?;
         s.replace_profile(kept);
@@ -1252,7 +1266,7 @@ fn bench(a: BenchArgs) -> Result<()> {
         for _ in 0..a.reps {
             let ((), t) = timed(|| {
                 Ok(edge_runtime::pipeline::denoise(
-                    &mut s, size, &latent, 500.0, &cond, &mut eps,
+                    s, size, &latent, 500.0, &cond, &mut eps,
                 )?)
             })?;
             times.push(t);
@@ -1270,7 +1284,7 @@ fn bench(a: BenchArgs) -> Result<()> {
         let lat: Vec<f32> = latent.iter().map(|v| v * 0.5).collect();
         let before = anon_rss_kib().unwrap_or(0);
         let (r, peak) = with_anon_peak(|| {
-            timed(|| Ok(edge_runtime::pipeline::decode_latents(&mut s, size, &lat)?))
+            timed(|| Ok(edge_runtime::pipeline::decode_latents(s, size, &lat)?))
         });
         let (_, t) = r?;
         out!(
