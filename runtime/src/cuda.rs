@@ -33,6 +33,18 @@ use crate::executor::{Executor, StageInput};
 use crate::plan::Plan;
 use crate::session::{Decoded, Operand, Session};
 
+/// How the GPU computes matrix products from F16 and BF16 weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CudaMath {
+    /// The CPU's arithmetic (f32 fused multiply-adds in the generic order): the same bits.
+    Exact,
+    /// Tensor cores in the denoiser (activations rounded to the weights' type, f32 sums;
+    /// within 2⁻¹¹ (F16) or 2⁻⁸ (BF16) of the exact product per input, see
+    /// `kernels/cuda/tests/twins.rs`); T5 and the VAE stay exact (both overflow F16).
+    #[default]
+    Fast,
+}
+
 /// Threads per block of the element-wise and norm kernels.
 const THREADS: u32 = 256;
 
@@ -75,6 +87,9 @@ pub struct CudaSession<'p> {
     counts: CudaCounts,
     /// Per-op times when profiling (each step synchronised).
     profile: Option<crate::profile::Profile>,
+    math: CudaMath,
+    /// Tensor-core kernels exist for this GPU (sm_80 and later).
+    mma: bool,
 }
 
 impl std::fmt::Debug for CudaSession<'_> {
@@ -167,6 +182,7 @@ impl<'p> CudaSession<'p> {
                 gpu.label
             )));
         }
+        let gpu_mma = gpu.arch != edge_kernels_cuda::Arch::Sm72;
         let arena = gpu.alloc(arena_bytes).map_err(gpu_err)?;
         let qx = gpu.alloc(qx_bytes).map_err(gpu_err)?;
         let tensors = plan.meta().tensors.len();
@@ -180,7 +196,15 @@ impl<'p> CudaSession<'p> {
             at: Where::default(),
             counts: CudaCounts::default(),
             profile: None,
+            math: CudaMath::default(),
+            mma: gpu_mma,
         })
+    }
+
+    /// Sets how products from F16 and BF16 weights are computed (Q8_0 products are always
+    /// the CPU's bits, on tensor cores where the GPU has them).
+    pub fn set_math(&mut self, math: CudaMath) {
+        self.math = math;
     }
 
     /// The GPU's name and architecture, e.g. `NVIDIA H200 (sm_90)`.
@@ -414,11 +438,16 @@ impl<'p> CudaSession<'p> {
                         )
                     }
                     .map_err(gpu_err)?;
+                    let (name, grid) = if self.mma {
+                        ("edge_linear_q8_0_mma", (n.div_ceil(128), m.div_ceil(128)))
+                    } else {
+                        ("edge_linear_q8_0", (n.div_ceil(64), m.div_ceil(4)))
+                    };
                     // SAFETY: (xq, w, bias, out, m, k, n): the Q8_0 weight holds n·nb blocks,
                     // bias n and out m·n values (the plan's verified shapes).
                     unsafe {
-                        k("edge_linear_q8_0")?.run(
-                            (n.div_ceil(64) as u32, m.div_ceil(4) as u32),
+                        k(name)?.run(
+                            (grid.0 as u32, grid.1 as u32),
                             256,
                             &[
                                 Arg::Ptr(self.qx.ptr()),
@@ -437,11 +466,21 @@ impl<'p> CudaSession<'p> {
                         DType::BF16 => 2,
                         _ => 0,
                     };
+                    let fast = code != 0
+                        && self.mma
+                        && self.math == CudaMath::Fast
+                        && self.host.plan.meta().stages[index as usize].kind
+                            == edge_schema::plan::StageKind::Denoiser;
+                    let (name, tile) = if fast {
+                        ("edge_linear_f16_mma", 128)
+                    } else {
+                        ("edge_linear_plain", 64)
+                    };
                     // SAFETY: (x, w, dtype, bias, out, m, k, n): x m·k f32, w n·k of `weight`,
-                    // bias n, out m·n (the plan's verified shapes).
+                    // bias n, out m·n (the plan's verified shapes); both kernels take these.
                     unsafe {
-                        k("edge_linear_plain")?.run(
-                            (n.div_ceil(64) as u32, m.div_ceil(64) as u32),
+                        k(name)?.run(
+                            (n.div_ceil(tile) as u32, m.div_ceil(tile) as u32),
                             256,
                             &[
                                 Arg::Ptr(p[0]),

@@ -15,7 +15,7 @@
 use edge_e2e::*;
 use edge_kernels_cuda::gpu::Gpu;
 use edge_planner::pack::PackPolicy;
-use edge_runtime::cuda::CudaSession;
+use edge_runtime::cuda::{CudaMath, CudaSession};
 use edge_runtime::sampler::SamplingMethod;
 use edge_runtime::{GenerateParams, Plan, Session};
 use edge_schema::DType;
@@ -79,10 +79,16 @@ fn params(
 }
 
 /// Runs `p` on the GPU; returns the outputs and the executor's one-line summary.
-fn on_gpu(plan: &Plan, g: Gpu, p: &GenerateParams) -> (edge_runtime::Generated, String) {
+fn on_gpu(
+    plan: &Plan,
+    g: Gpu,
+    p: &GenerateParams,
+    math: CudaMath,
+) -> (edge_runtime::Generated, String) {
     use edge_runtime::Executor;
     let host = Session::new(plan, edge_kernels_cpu::best(), None).unwrap();
     let mut c = CudaSession::new(host, g).unwrap();
+    c.set_math(math);
     let out = edge_runtime::generate(&mut c, p, &mut |_| {}).unwrap();
     let counts = c.counts();
     assert!(
@@ -106,7 +112,7 @@ fn matches_diffusers(name: &str, run: &str, method: SamplingMethod, steps: usize
     let noise = &r["initial_noise"];
     let (h, w) = (noise.shape[2], noise.shape[3]);
     let p = params(&noise.data, ((w * 8) as u32, (h * 8) as u32), method, steps);
-    let (out, summary) = on_gpu(&plan, g, &p);
+    let (out, summary) = on_gpu(&plan, g, &p, CudaMath::Fast);
     let cpu = on_cpu(&plan, &p);
     eprintln!(
         "{name} {run}: GPU vs diffusers rel max {:.3e}, GPU vs CPU rel max {:.3e} rel L2 {:.3e}; {summary}",
@@ -168,7 +174,7 @@ fn sigma_euler_4_matches_diffusers_on_the_gpu() {
 }
 
 /// Quantized plans: the GPU against the CPU on the same plan, 8 steps, square and non-square.
-fn matches_cpu(name: &str, quant: DType, bound: f64) {
+fn matches_cpu(name: &str, quant: DType, math: CudaMath, bound: f64) {
     if gpu().is_none() {
         return;
     }
@@ -183,13 +189,13 @@ fn matches_cpu(name: &str, quant: DType, bound: f64) {
             .collect();
         let p = params(&noise, size, method, 8);
         let Some(g) = gpu() else { return };
-        let (out, summary) = on_gpu(&plan, g, &p);
+        let (out, summary) = on_gpu(&plan, g, &p, math);
         let cpu = on_cpu(&plan, &p);
         let (l2, mx) = (
             rel_l2(&out.latents, &cpu.latents),
             rel_max_err(&out.latents, &cpu.latents),
         );
-        eprintln!("{name} {quant:?} {size:?} {method:?}: GPU vs CPU rel L2 {l2:.3e}, rel max {mx:.3e}; {summary}");
+        eprintln!("{name} {quant:?} {math:?} {size:?} {method:?}: GPU vs CPU rel L2 {l2:.3e}, rel max {mx:.3e}; {summary}");
         assert!(
             l2 <= bound,
             "{name} {quant:?} {size:?}: GPU vs CPU rel L2 {l2:e} above {bound:e}"
@@ -197,17 +203,33 @@ fn matches_cpu(name: &str, quant: DType, bound: f64) {
     }
 }
 
+/// Exact math: every product is the CPU's; only norms and attention reduce in another order.
 #[test]
-fn sigma_f16_plan_matches_the_cpu() {
-    matches_cpu("pixart-sigma-tiny", DType::F16, 1e-4);
+fn sigma_f16_plan_matches_the_cpu_in_exact_math() {
+    matches_cpu("pixart-sigma-tiny", DType::F16, CudaMath::Exact, 1e-5);
 }
 
+/// Fast math: the denoiser's F16 products on tensor cores (activations rounded to F16).
+#[test]
+fn sigma_f16_plan_on_tensor_cores_stays_near_the_cpu() {
+    matches_cpu("pixart-sigma-tiny", DType::F16, CudaMath::Fast, 1e-2);
+}
+
+#[test]
+fn alpha_bf16_plan_on_tensor_cores_stays_near_the_cpu() {
+    matches_cpu("pixart-alpha-tiny", DType::BF16, CudaMath::Fast, 3e-2);
+}
+
+/// Q8_0 products are the CPU's bits on tensor cores too.
 #[test]
 fn sigma_q8_0_plan_matches_the_cpu() {
-    matches_cpu("pixart-sigma-tiny", DType::Q8_0, 1e-2);
+    matches_cpu("pixart-sigma-tiny", DType::Q8_0, CudaMath::Fast, 1e-5);
 }
 
+/// PixArt-α's Q8_0 plan: the activation quantizer turns the attention's and norms' last-bit
+/// differences into whole quantization steps now and then (measured on an H200: rel L2 1.4e-3
+/// at 64×64 after 8 steps).
 #[test]
 fn alpha_q8_0_plan_matches_the_cpu() {
-    matches_cpu("pixart-alpha-tiny", DType::Q8_0, 1e-2);
+    matches_cpu("pixart-alpha-tiny", DType::Q8_0, CudaMath::Fast, 5e-3);
 }

@@ -101,7 +101,7 @@ pub struct Source {
 }
 
 /// Every kernel source.
-pub const SOURCES: [Source; 4] = [
+pub const SOURCES: [Source; 5] = [
     Source {
         name: "elementwise.cu",
         text: include_str!("cu/elementwise.cu"),
@@ -133,6 +133,12 @@ pub const SOURCES: [Source; 4] = [
             "edge_quantize_q8_0",
             "edge_linear_q8_0",
         ],
+        no_spills: true,
+    },
+    Source {
+        name: "mma.cu",
+        text: include_str!("cu/mma.cu"),
+        kernels: &["edge_linear_q8_0_mma", "edge_linear_f16_mma"],
         no_spills: true,
     },
     Source {

@@ -497,3 +497,139 @@ fn group_norm_agrees_with_generic_within_1e_5() -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Whether `g` has the tensor-core kernels (sm_80 and later); says so when it does not.
+fn has_mma(g: &Gpu) -> bool {
+    let yes = g.arch != edge_kernels_cuda::Arch::Sm72;
+    if !yes {
+        eprintln!(
+            "skipped on {}: the mma kernels need sm_80 or later",
+            g.label
+        );
+    }
+    yes
+}
+
+#[test]
+fn q8_0_tensor_core_product_gives_the_generic_bits() -> Result<(), String> {
+    let Some(g) = gpu() else { return Ok(()) };
+    if !has_mma(&g) {
+        return Ok(());
+    }
+    for (m, k, n) in [
+        (1usize, 32usize, 1usize),
+        (5, 64, 70),
+        (70, 288, 131),
+        (130, 1152, 200),
+        (300, 4096, 64),
+    ] {
+        let x = values(41, m * k, 3.0);
+        let wf = values(42, n * k, 0.5);
+        let bias = values(43, n, 1.0);
+        let nb = k / 32;
+        let mut wq = vec![0u8; n * nb * 34];
+        edge_kernels::quant::quantize_row(DType::Q8_0, &wf, &mut wq);
+        let (dx, dw, db) = (g.upload(&x)?, g.upload(&wq)?, g.upload(&bias)?);
+        let xq = g.zeros::<u8>(m * nb * 34)?;
+        // SAFETY: (x, q, blocks): x holds m·k values, q m·nb blocks of 34 bytes.
+        unsafe {
+            g.launch("edge_quantize_q8_0")?.run(
+                (blocks(m * nb), 1),
+                256,
+                &[Arg::F32s(&dx), Arg::Bytes(&xq), Arg::U64((m * nb) as u64)],
+            )?
+        };
+        for with_bias in [true, false] {
+            let out = g.zeros::<f32>(m * n)?;
+            // SAFETY: (xq, w, bias, out, m, k, n): 128 × 128 outputs per block of 256 threads.
+            unsafe {
+                g.launch("edge_linear_q8_0_mma")?.run(
+                    (n.div_ceil(128) as u32, m.div_ceil(128) as u32),
+                    256,
+                    &[
+                        Arg::Bytes(&xq),
+                        Arg::Bytes(&dw),
+                        if with_bias { Arg::F32s(&db) } else { Arg::Null },
+                        Arg::F32s(&out),
+                        Arg::U64(m as u64),
+                        Arg::U64(k as u64),
+                        Arg::U64(n as u64),
+                    ],
+                )?
+            };
+            let mut want = vec![0f32; m * n];
+            let mut scratch = vec![0u8; edge_kernels::linear_scratch_bytes(DType::Q8_0, m, k)];
+            let wr = WeightRef::row_major(DType::Q8_0, &wq);
+            let b = with_bias.then_some(&bias[..]);
+            edge_kernels::linear(&x, wr, b, &mut want, m, k, n, &mut scratch);
+            same_bits(
+                &format!("edge_linear_q8_0_mma {m}x{k}x{n} bias {with_bias}"),
+                &g.download(&out)?[..m * n],
+                &want,
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn f16_and_bf16_tensor_core_products_agree_with_generic_within_their_rounding() -> Result<(), String>
+{
+    let Some(g) = gpu() else { return Ok(()) };
+    if !has_mma(&g) {
+        return Ok(());
+    }
+    for (m, k, n) in [
+        (1usize, 16usize, 1usize),
+        (5, 77, 70),
+        (70, 288, 131),
+        (130, 1152, 200),
+    ] {
+        let x = values(51, m * k, 2.0);
+        let wf = values(52, n * k, 0.5);
+        let bias = values(53, n, 1.0);
+        let (dx, db) = (g.upload(&x)?, g.upload(&bias)?);
+        // Bounds: activations rounded to F16 (2⁻¹¹ relative) or BF16 (2⁻⁸), sums in f32.
+        for (dtype, code, bound) in [(DType::F16, 1i32, 2e-3f32), (DType::BF16, 2, 1.5e-2)] {
+            let bits: Vec<u16> = wf
+                .iter()
+                .map(|v| match dtype {
+                    DType::F16 => edge_kernels::quant::fp32_to_fp16(*v),
+                    _ => edge_kernels::quant::fp32_to_bf16(*v),
+                })
+                .collect();
+            let bytes: Vec<u8> = bits.iter().flat_map(|h| h.to_le_bytes()).collect();
+            let dw = g.upload(&bytes)?;
+            let out = g.zeros::<f32>(m * n)?;
+            // SAFETY: (x, w, dtype, bias, out, m, k, n): x m·k f32, w n·k halves, bias n,
+            // out m·n; 128 × 128 outputs per block of 256 threads.
+            unsafe {
+                g.launch("edge_linear_f16_mma")?.run(
+                    (n.div_ceil(128) as u32, m.div_ceil(128) as u32),
+                    256,
+                    &[
+                        Arg::F32s(&dx),
+                        Arg::Bytes(&dw),
+                        Arg::I32(code),
+                        Arg::F32s(&db),
+                        Arg::F32s(&out),
+                        Arg::U64(m as u64),
+                        Arg::U64(k as u64),
+                        Arg::U64(n as u64),
+                    ],
+                )?
+            };
+            let mut want = vec![0f32; m * n];
+            let mut scratch = vec![0u8; edge_kernels::linear_scratch_bytes(dtype, m, k)];
+            let wr = WeightRef::row_major(dtype, &bytes);
+            edge_kernels::linear(&x, wr, Some(&bias), &mut want, m, k, n, &mut scratch);
+            within(
+                &format!("edge_linear_f16_mma {dtype:?} {m}x{k}x{n}"),
+                &g.download(&out)?[..m * n],
+                &want,
+                bound,
+            );
+        }
+    }
+    Ok(())
+}

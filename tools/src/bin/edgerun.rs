@@ -226,6 +226,11 @@ struct BenchArgs {
     /// With `--device cuda`: a folder of PTX compiled ahead of time (as `generate --cuda-ptx`).
     #[arg(long = "cuda-ptx")]
     cuda_ptx: Option<PathBuf>,
+    /// With `--device cuda`: `fast` (tensor cores for the denoiser's F16/BF16 products,
+    /// activations rounded to the weights' type) or `exact` (the CPU's bits for every product).
+    /// Q8_0 products are the CPU's bits either way.
+    #[arg(long = "cuda-math", default_value = "fast")]
+    cuda_math: String,
     /// The prompt the text encoder runs on.
     #[arg(
         short = 'p',
@@ -373,6 +378,11 @@ struct GenArgs {
     /// `target/cuda-ptx`); without it, NVRTC (`libnvrtc.so`) compiles the kernels at start.
     #[arg(long = "cuda-ptx")]
     cuda_ptx: Option<PathBuf>,
+    /// With `--device cuda`: `fast` (tensor cores for the denoiser's F16/BF16 products,
+    /// activations rounded to the weights' type) or `exact` (the CPU's bits for every product).
+    /// Q8_0 products are the CPU's bits either way.
+    #[arg(long = "cuda-math", default_value = "fast")]
+    cuda_math: String,
     /// No progress display.
     #[arg(long)]
     quiet: bool,
@@ -568,11 +578,17 @@ fn open_executor<'p>(
     session: Session<'p>,
     device: &str,
     ptx: Option<&Path>,
+    math: &str,
     verbose: bool,
 ) -> Result<Box<dyn Executor<'p> + 'p>> {
+    let fast = match math {
+        "fast" => true,
+        "exact" => false,
+        other => bail!("--cuda-math {other}: expected fast or exact"),
+    };
     match device {
         "cpu" => Ok(Box::new(session)),
-        "cuda" => open_cuda(session, ptx, verbose),
+        "cuda" => open_cuda(session, ptx, fast, verbose),
         other => bail!("--device {other}: expected cpu or cuda"),
     }
 }
@@ -581,6 +597,7 @@ fn open_executor<'p>(
 fn open_cuda<'p>(
     session: Session<'p>,
     ptx: Option<&Path>,
+    fast: bool,
     verbose: bool,
 ) -> Result<Box<dyn Executor<'p> + 'p>> {
     use edge_kernels_cuda::gpu::Gpu;
@@ -593,11 +610,18 @@ fn open_cuda<'p>(
         None => Gpu::open(),
     }
     .map_err(|e| anyhow::anyhow!("--device cuda: {e}"))?;
-    let cuda = edge_runtime::cuda::CudaSession::new(session, gpu)?;
+    let mut cuda = edge_runtime::cuda::CudaSession::new(session, gpu)?;
+    use edge_runtime::cuda::CudaMath;
+    cuda.set_math(if fast {
+        CudaMath::Fast
+    } else {
+        CudaMath::Exact
+    });
     if verbose {
         say!(
-            "device {}: kernels from {}",
+            "device {} ({} math): kernels from {}",
             cuda.device(),
+            if fast { "fast" } else { "exact" },
             ptx.map_or("NVRTC at start".to_string(), |d| format!(
                 "PTX compiled ahead of time in {}",
                 d.display()
@@ -611,6 +635,7 @@ fn open_cuda<'p>(
 fn open_cuda<'p>(
     _session: Session<'p>,
     _ptx: Option<&Path>,
+    _fast: bool,
     _verbose: bool,
 ) -> Result<Box<dyn Executor<'p> + 'p>> {
     bail!("--device cuda: this edgerun was built without CUDA (build it with `cargo build --release -p edge-tools --features cuda`)")
@@ -891,7 +916,13 @@ fn generate(a: GenArgs) -> Result<()> {
     }
     let session =
         edge_runtime::budget::open_session(&plan, kernels, &rb, a.spill_dir.clone(), &[size])?;
-    let mut exec = open_executor(session, &a.device, a.cuda_ptx.as_deref(), a.verbose)?;
+    let mut exec = open_executor(
+        session,
+        &a.device,
+        a.cuda_ptx.as_deref(),
+        &a.cuda_math,
+        a.verbose,
+    )?;
     let mut timings: HashMap<&str, f64> = HashMap::new();
     // With -v, the resident-set peak of each phase (VmHWM reset at each phase's start).
     let mut phase_peak: HashMap<&str, u64> = HashMap::new();
@@ -1221,26 +1252,25 @@ fn bench(a: BenchArgs) -> Result<()> {
     );
     out!("(\"of peak\" below = achieved rate / (one thread's peak × {threads} threads))");
     let session = Session::new(&plan, kernels, None)?;
-    let mut exec = open_executor(session, &a.device, a.cuda_ptx.as_deref(), true)?;
+    let mut exec = open_executor(
+        session,
+        &a.device,
+        a.cuda_ptx.as_deref(),
+        &a.cuda_math,
+        true,
+    )?;
     let s = exec.as_mut();
     s.set_profiling(true);
     let tok = edge_runtime::tokenizer::Tokenizer::new(&meta.tokenizer)?;
     let run_t5 = which == "all" || which == "t5";
-    let ((hidden, mask, _), t5_s) = timed(|| {
-        Ok(edge_runtime::pipeline::encode_text(
-            s, &tok, &a.prompt,
-        )?)
-    })?;
+    let ((hidden, mask, _), t5_s) =
+        timed(|| Ok(edge_runtime::pipeline::encode_text(s, &tok, &a.prompt)?))?;
     let (cond, kv_s) = timed(|| Ok(edge_runtime::pipeline::condition(s, hidden, mask)?))?;
     if run_t5 {
         // Again, as every later prompt of this process runs (a server's): the first encode
         // also checked its sections' digests and mapped their pages. Not in the op table.
         let kept = s.replace_profile(None);
-        let (_, again_s) = timed(|| {
-            Ok(edge_runtime::pipeline::encode_text(
-                s, &tok, &a.prompt,
-            )?)
-        })?;
+        let (_, again_s) = timed(|| Ok(edge_runtime::pipeline::encode_text(s, &tok, &a.prompt)?))?;
         s.replace_profile(kept);
         out!(
             "t5 encode (one prompt): {t5_s:.3} s (first in this process, with the sections' \
@@ -1283,9 +1313,8 @@ fn bench(a: BenchArgs) -> Result<()> {
     if which == "all" || which == "vae" {
         let lat: Vec<f32> = latent.iter().map(|v| v * 0.5).collect();
         let before = anon_rss_kib().unwrap_or(0);
-        let (r, peak) = with_anon_peak(|| {
-            timed(|| Ok(edge_runtime::pipeline::decode_latents(s, size, &lat)?))
-        });
+        let (r, peak) =
+            with_anon_peak(|| timed(|| Ok(edge_runtime::pipeline::decode_latents(s, size, &lat)?)));
         let (_, t) = r?;
         out!(
             "vae decode: {t:.3} s; anonymous memory (RssAnon, sampled every 5 ms) {} MiB before, peak {} MiB",
