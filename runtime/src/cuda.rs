@@ -38,8 +38,10 @@ use crate::session::{Decoded, Operand, Session};
 pub enum CudaMath {
     /// The CPU's arithmetic (f32 fused multiply-adds in the generic order): the same bits.
     Exact,
-    /// Tensor cores in the denoiser (activations rounded to the weights' type, f32 sums;
-    /// within 2⁻¹¹ (F16) or 2⁻⁸ (BF16) of the exact product per input, see
+    /// Tensor cores in the denoiser of a plan whose matrices are F16, BF16 or quantized (an f32
+    /// plan stays exact): F16/BF16 products with the activations rounded to the
+    /// weights' type (f32 sums; within 2⁻¹¹ (F16) or 2⁻⁸ (BF16) of the exact product per
+    /// input) and attention with head dim ≤ 80 in F16 (within 2e-3 of the largest output, see
     /// `kernels/cuda/tests/twins.rs`); T5 and the VAE stay exact (both overflow F16).
     #[default]
     Fast,
@@ -81,6 +83,9 @@ pub struct CudaSession<'p> {
     qx: DeviceBuffer,
     /// Device copies of the plan's tensors, by tensor index.
     weights: Vec<Option<DeviceBuffer>>,
+    /// Q8_0 tensors in the tensor-core kernel's split layout (quants `[n, k]`, then the
+    /// scales `[n, k/32]` as f32), by tensor index.
+    split: Vec<Option<DeviceBuffer>>,
     /// Stage inputs read in place, uploaded for the running stage.
     bound: Vec<Option<DeviceBuffer>>,
     at: Where,
@@ -90,6 +95,9 @@ pub struct CudaSession<'p> {
     math: CudaMath,
     /// Tensor-core kernels exist for this GPU (sm_80 and later).
     mma: bool,
+    /// Per stage: its matrix products read F16, BF16 or quantized weights (a plan kept in f32
+    /// keeps f32 attention too).
+    reduced: Vec<bool>,
 }
 
 impl std::fmt::Debug for CudaSession<'_> {
@@ -167,12 +175,25 @@ impl<'p> CudaSession<'p> {
                     k,
                     weight: DType::Q8_0,
                     ..
-                } if gpu_runs(d) => m * (k / 32) * 34,
+                } if gpu_runs(d) => m * k + m * (k / 32) * 4,
                 _ => 0,
             })
             .max()
             .unwrap_or(0);
-        let weights: u64 = plan.meta().tensors.iter().map(|t| t.len).sum();
+        // Q8_0 tensors are held split (36 bytes per 34-byte block) on GPUs with tensor cores.
+        let weights: u64 = plan
+            .meta()
+            .tensors
+            .iter()
+            .map(|t| {
+                t.len
+                    + if t.dtype == DType::Q8_0 {
+                        t.len / 17
+                    } else {
+                        0
+                    }
+            })
+            .sum();
         let need = arena_bytes as u64 + qx_bytes as u64 + weights;
         let (free, _) = gpu.memory().map_err(gpu_err)?;
         if need > free as u64 {
@@ -183,6 +204,15 @@ impl<'p> CudaSession<'p> {
             )));
         }
         let gpu_mma = gpu.arch != edge_kernels_cuda::Arch::Sm72;
+        let reduced = host
+            .decoded
+            .iter()
+            .map(|steps| {
+                steps
+                    .iter()
+                    .any(|d| matches!(d.call, Call::Linear { weight, .. } if weight != DType::F32))
+            })
+            .collect();
         let arena = gpu.alloc(arena_bytes).map_err(gpu_err)?;
         let qx = gpu.alloc(qx_bytes).map_err(gpu_err)?;
         let tensors = plan.meta().tensors.len();
@@ -192,12 +222,14 @@ impl<'p> CudaSession<'p> {
             arena,
             qx,
             weights: (0..tensors).map(|_| None).collect(),
+            split: (0..tensors).map(|_| None).collect(),
             bound: Vec::new(),
             at: Where::default(),
             counts: CudaCounts::default(),
             profile: None,
             math: CudaMath::default(),
             mma: gpu_mma,
+            reduced,
         })
     }
 
@@ -267,8 +299,7 @@ impl<'p> CudaSession<'p> {
                 let t = tensor as usize;
                 if self.weights.get(t).is_some_and(Option::is_none) {
                     let bytes = plan.tensor_bytes(tensor)?;
-                    let mut buf = self.gpu.alloc(bytes.len()).map_err(gpu_err)?;
-                    self.gpu.write(&mut buf, 0, bytes).map_err(gpu_err)?;
+                    let buf = self.upload(bytes)?;
                     self.counts.weight_bytes += bytes.len() as u64;
                     self.weights[t] = Some(buf);
                 }
@@ -308,6 +339,57 @@ impl<'p> CudaSession<'p> {
                 "step {i}: operand {j} missing"
             )))),
         }
+    }
+
+    /// A device copy of `bytes`.
+    fn upload(&self, bytes: &[u8]) -> Result<DeviceBuffer> {
+        let mut buf = self.gpu.alloc(bytes.len()).map_err(gpu_err)?;
+        self.gpu.write(&mut buf, 0, bytes).map_err(gpu_err)?;
+        Ok(buf)
+    }
+
+    /// The device address of Q8_0 tensor `tensor` (`rows` × `k`) in the split layout, made
+    /// from the plan's blocks on first use (uploaded, then split by `edge_q8_0_split`).
+    #[allow(unsafe_code)]
+    fn split_weight(&mut self, tensor: u32, rows: usize, k: usize) -> Result<u64> {
+        let t = tensor as usize;
+        if self.split.get(t).is_some_and(Option::is_none) {
+            let bytes = self.host.plan.tensor_bytes(tensor)?;
+            let nblocks = rows * (k / 32);
+            if bytes.len() != nblocks * 34 {
+                return Err(Error::Gpu(format!(
+                    "Q8_0 tensor {tensor}: {} bytes for {rows}×{k}",
+                    bytes.len()
+                )));
+            }
+            let raw = self.upload(bytes)?;
+            let buf = self.gpu.alloc(rows * k + 4 * nblocks).map_err(gpu_err)?;
+            let (qs, d) = (buf.ptr(), buf.ptr() + (rows * k) as u64);
+            // SAFETY: (src, qs, d, blocks): raw holds `nblocks` blocks of 34 bytes, buf
+            // rows·k quants then `nblocks` f32 scales (4-aligned: rows·k is a multiple of 32).
+            unsafe {
+                self.gpu.launch("edge_q8_0_split").map_err(gpu_err)?.run(
+                    (blocks(nblocks), 1),
+                    THREADS,
+                    &[
+                        Arg::Ptr(raw.ptr()),
+                        Arg::Ptr(qs),
+                        Arg::Ptr(d),
+                        Arg::U64(nblocks as u64),
+                    ],
+                )
+            }
+            .map_err(gpu_err)?;
+            // `raw` is freed when dropped; the driver orders the free after the split.
+            self.gpu.synchronize().map_err(gpu_err)?;
+            self.counts.weight_bytes += (rows * k + 4 * nblocks) as u64;
+            self.split[t] = Some(buf);
+        }
+        self.split
+            .get(t)
+            .and_then(Option::as_ref)
+            .map(DeviceBuffer::ptr)
+            .ok_or_else(|| Error::Gpu(format!("no weight tensor {tensor}")))
     }
 
     /// Runs steps `first..end` of stage `index`, segment by segment, each on the GPU or on the
@@ -396,6 +478,17 @@ impl<'p> CudaSession<'p> {
         Ok(())
     }
 
+    /// Whether stage `index` runs its F16/BF16 products and attention on tensor cores: fast
+    /// math, a GPU with them, the denoiser (T5 and the VAE overflow F16), and matrices the plan
+    /// stores in a reduced type (F16, BF16, quantized).
+    fn fast(&self, index: u32) -> bool {
+        self.mma
+            && self.math == CudaMath::Fast
+            && self.reduced.get(index as usize) == Some(&true)
+            && self.host.plan.meta().stages[index as usize].kind
+                == edge_schema::plan::StageKind::Denoiser
+    }
+
     /// Launches the CUDA kernel of step `i` (one that [`gpu_runs`]).
     #[allow(unsafe_code)]
     fn launch(&mut self, index: u32, i: usize, bound: &[StageInput<'_>]) -> Result<()> {
@@ -404,9 +497,25 @@ impl<'p> CudaSession<'p> {
         let out = self.arena.ptr() + out_slot.offset;
         let n_out = out_slot.len as usize / 4;
         let nins = self.host.decoded[index as usize][i].ins.len();
+        // A Q8_0 product on tensor cores reads its weight in the split layout.
+        let split_q8 = match (&call, self.host.decoded[index as usize][i].ins.get(1)) {
+            (
+                Call::Linear {
+                    weight: DType::Q8_0,
+                    n,
+                    k: kd,
+                    ..
+                },
+                Some(Operand::Weight { tensor, .. }),
+            ) if self.mma => Some((*tensor, *n, *kd)),
+            _ => None,
+        };
         let mut p = [0u64; 4];
         for (j, slot) in p.iter_mut().enumerate().take(nins) {
-            *slot = self.operand(index, i, j, bound)?;
+            *slot = match split_q8 {
+                Some((tensor, n, kd)) if j == 1 => self.split_weight(tensor, n, kd)?,
+                _ => self.operand(index, i, j, bound)?,
+            };
         }
         let len_of = |j: usize, this: &Self| -> usize {
             match this.host.decoded[index as usize][i].ins[j] {
@@ -426,7 +535,40 @@ impl<'p> CudaSession<'p> {
                 bias,
             } => {
                 let b = if bias { Arg::Ptr(p[2]) } else { Arg::Null };
-                if weight == DType::Q8_0 {
+                if weight == DType::Q8_0 && split_q8.is_some() {
+                    let nb = kd / 32;
+                    let (xq, xd) = (self.qx.ptr(), self.qx.ptr() + (m * kd) as u64);
+                    let (wq, wd) = (p[1], p[1] + (n * kd) as u64);
+                    // SAFETY: (x, qs, d, blocks): x holds m·k f32 at p[0]; qx m·k quants then
+                    // m·nb scales (sized for the largest Q8_0 product at creation).
+                    unsafe {
+                        k("edge_quantize_q8_0_split")?.run(
+                            (blocks(m * nb), 1),
+                            THREADS,
+                            &[Arg::Ptr(p[0]), Arg::Ptr(xq), Arg::Ptr(xd), u(m * nb)],
+                        )
+                    }
+                    .map_err(gpu_err)?;
+                    // SAFETY: (xq, xd, wq, wd, bias, out, m, k, n): the split weight holds n·k
+                    // quants and n·nb scales, bias n and out m·n values.
+                    unsafe {
+                        k("edge_linear_q8_0_mma")?.run(
+                            (n.div_ceil(128) as u32, m.div_ceil(128) as u32),
+                            256,
+                            &[
+                                Arg::Ptr(xq),
+                                Arg::Ptr(xd),
+                                Arg::Ptr(wq),
+                                Arg::Ptr(wd),
+                                b,
+                                Arg::Ptr(out),
+                                u(m),
+                                u(kd),
+                                u(n),
+                            ],
+                        )
+                    }
+                } else if weight == DType::Q8_0 {
                     let nb = kd / 32;
                     // SAFETY: (x, q, blocks): x holds m·k f32 at p[0], qx m·nb blocks of 34
                     // bytes (sized for the largest Q8_0 product at creation).
@@ -438,16 +580,11 @@ impl<'p> CudaSession<'p> {
                         )
                     }
                     .map_err(gpu_err)?;
-                    let (name, grid) = if self.mma {
-                        ("edge_linear_q8_0_mma", (n.div_ceil(128), m.div_ceil(128)))
-                    } else {
-                        ("edge_linear_q8_0", (n.div_ceil(64), m.div_ceil(4)))
-                    };
                     // SAFETY: (xq, w, bias, out, m, k, n): the Q8_0 weight holds n·nb blocks,
                     // bias n and out m·n values (the plan's verified shapes).
                     unsafe {
-                        k(name)?.run(
-                            (grid.0 as u32, grid.1 as u32),
+                        k("edge_linear_q8_0")?.run(
+                            (n.div_ceil(64) as u32, m.div_ceil(4) as u32),
                             256,
                             &[
                                 Arg::Ptr(self.qx.ptr()),
@@ -466,11 +603,7 @@ impl<'p> CudaSession<'p> {
                         DType::BF16 => 2,
                         _ => 0,
                     };
-                    let fast = code != 0
-                        && self.mma
-                        && self.math == CudaMath::Fast
-                        && self.host.plan.meta().stages[index as usize].kind
-                            == edge_schema::plan::StageKind::Denoiser;
+                    let fast = code != 0 && self.fast(index);
                     let (name, tile) = if fast {
                         ("edge_linear_f16_mma", 128)
                     } else {
@@ -668,11 +801,17 @@ impl<'p> CudaSession<'p> {
                     Arg::Null
                 };
                 let warps = a.lq * a.heads;
-                // SAFETY: edge_attention's argument list; one warp per (query row, head), four
-                // per block; strides and offsets from the verified attention parameters.
+                let (name, grid) = if self.fast(index) && a.head_dim <= 80 {
+                    ("edge_attention_mma", (a.lq.div_ceil(64), a.heads))
+                } else {
+                    ("edge_attention", (warps.div_ceil(4), 1))
+                };
+                // SAFETY: edge_attention's and edge_attention_mma's argument list (one warp per
+                // (query row, head), four per block; or 64 query rows of one head per block);
+                // strides and offsets from the verified attention parameters.
                 unsafe {
-                    k("edge_attention")?.run(
-                        (warps.div_ceil(4) as u32, 1),
+                    k(name)?.run(
+                        (grid.0 as u32, grid.1 as u32),
                         128,
                         &[
                             Arg::Ptr(p[0]),

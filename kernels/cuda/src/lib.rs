@@ -101,7 +101,7 @@ pub struct Source {
 }
 
 /// Every kernel source.
-pub const SOURCES: [Source; 5] = [
+pub const SOURCES: [Source; 6] = [
     Source {
         name: "elementwise.cu",
         text: include_str!("cu/elementwise.cu"),
@@ -138,7 +138,18 @@ pub const SOURCES: [Source; 5] = [
     Source {
         name: "mma.cu",
         text: include_str!("cu/mma.cu"),
-        kernels: &["edge_linear_q8_0_mma", "edge_linear_f16_mma"],
+        kernels: &[
+            "edge_q8_0_split",
+            "edge_quantize_q8_0_split",
+            "edge_linear_q8_0_mma",
+            "edge_linear_f16_mma",
+        ],
+        no_spills: true,
+    },
+    Source {
+        name: "flash.cu",
+        text: include_str!("cu/flash.cu"),
+        kernels: &["edge_attention_mma"],
         no_spills: true,
     },
     Source {

@@ -530,25 +530,66 @@ fn q8_0_tensor_core_product_gives_the_generic_bits() -> Result<(), String> {
         let mut wq = vec![0u8; n * nb * 34];
         edge_kernels::quant::quantize_row(DType::Q8_0, &wf, &mut wq);
         let (dx, dw, db) = (g.upload(&x)?, g.upload(&wq)?, g.upload(&bias)?);
-        let xq = g.zeros::<u8>(m * nb * 34)?;
-        // SAFETY: (x, q, blocks): x holds m·k values, q m·nb blocks of 34 bytes.
+        // The weights split on the GPU; the activations quantized straight into the split form.
+        let (wqs, wd) = (g.zeros::<u8>(n * k)?, g.zeros::<f32>(n * nb)?);
+        let (xqs, xd) = (g.zeros::<u8>(m * k)?, g.zeros::<f32>(m * nb)?);
+        // SAFETY: (src, qs, d, blocks): src holds n·nb blocks of 34 bytes, qs n·k bytes, d n·nb.
         unsafe {
-            g.launch("edge_quantize_q8_0")?.run(
-                (blocks(m * nb), 1),
+            g.launch("edge_q8_0_split")?.run(
+                (blocks(n * nb), 1),
                 256,
-                &[Arg::F32s(&dx), Arg::Bytes(&xq), Arg::U64((m * nb) as u64)],
+                &[
+                    Arg::Bytes(&dw),
+                    Arg::Bytes(&wqs),
+                    Arg::F32s(&wd),
+                    Arg::U64((n * nb) as u64),
+                ],
             )?
         };
+        // SAFETY: (x, qs, d, blocks): x holds m·k values, qs m·k bytes, d m·nb.
+        unsafe {
+            g.launch("edge_quantize_q8_0_split")?.run(
+                (blocks(m * nb), 1),
+                256,
+                &[
+                    Arg::F32s(&dx),
+                    Arg::Bytes(&xqs),
+                    Arg::F32s(&xd),
+                    Arg::U64((m * nb) as u64),
+                ],
+            )?
+        };
+        // The split activations hold the CPU quantizer's values.
+        let mut want_q = vec![0u8; m * nb * 34];
+        edge_kernels::quant::quantize_row(DType::Q8_0, &x, &mut want_q);
+        let (got_q, got_d) = (g.download(&xqs)?, g.download(&xd)?);
+        for b in 0..m * nb {
+            let blk = &want_q[b * 34..(b + 1) * 34];
+            let d = edge_kernels::quant::fp16_to_fp32(u16::from_le_bytes([blk[0], blk[1]]));
+            assert_eq!(
+                got_d[b].to_bits(),
+                d.to_bits(),
+                "edge_quantize_q8_0_split scale {b}"
+            );
+            assert_eq!(
+                got_q[b * 32..(b + 1) * 32],
+                blk[2..],
+                "edge_quantize_q8_0_split quants {b}"
+            );
+        }
         for with_bias in [true, false] {
             let out = g.zeros::<f32>(m * n)?;
-            // SAFETY: (xq, w, bias, out, m, k, n): 128 × 128 outputs per block of 256 threads.
+            // SAFETY: (xq, xd, wq, wd, bias, out, m, k, n): 128 × 128 outputs per block of 256
+            // threads; the buffers hold the split forms above.
             unsafe {
                 g.launch("edge_linear_q8_0_mma")?.run(
                     (n.div_ceil(128) as u32, m.div_ceil(128) as u32),
                     256,
                     &[
-                        Arg::Bytes(&xq),
-                        Arg::Bytes(&dw),
+                        Arg::Bytes(&xqs),
+                        Arg::F32s(&xd),
+                        Arg::Bytes(&wqs),
+                        Arg::F32s(&wd),
                         if with_bias { Arg::F32s(&db) } else { Arg::Null },
                         Arg::F32s(&out),
                         Arg::U64(m as u64),
@@ -630,6 +671,92 @@ fn f16_and_bf16_tensor_core_products_agree_with_generic_within_their_rounding() 
                 bound,
             );
         }
+    }
+    Ok(())
+}
+
+#[test]
+fn tensor_core_attention_agrees_with_generic_within_2e_3() -> Result<(), String> {
+    let Some(g) = gpu() else { return Ok(()) };
+    if !has_mma(&g) {
+        return Ok(());
+    }
+    for (lq, lk, heads, hd, masked, biased) in [
+        (1usize, 1usize, 1usize, 8usize, false, false),
+        (37, 53, 3, 72, true, false),
+        (16, 300, 16, 72, true, false),
+        (200, 130, 2, 64, false, true),
+        (1024, 300, 16, 72, true, false),
+        (129, 1024, 4, 80, false, false),
+    ] {
+        let d = heads * hd;
+        let p = AttentionParams {
+            lq,
+            lk,
+            heads,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            q_stride: d,
+            q_offset: 0,
+            kv_stride: 2 * d,
+            k_offset: 0,
+            v_offset: d,
+            masked_value: -10_000.0,
+        };
+        let q = values(61, lq * d, 1.5);
+        let kv = values(62, lk * 2 * d, 1.5);
+        let mask: Vec<f32> = (0..lk)
+            .map(|j| if masked && j % 5 == 4 { 0.0 } else { 1.0 })
+            .collect();
+        let bias = values(63, heads * lq * lk, 2.0);
+        let (dq, dkv, dm, db) = (
+            g.upload(&q)?,
+            g.upload(&kv)?,
+            g.upload(&mask)?,
+            g.upload(&bias)?,
+        );
+        let out = g.zeros::<f32>(lq * d)?;
+        // SAFETY: edge_attention_mma's argument list; 64 query rows per block of 128 threads,
+        // one block row per head; q holds lq·d, kv lk·2d, mask lk, bias heads·lq·lk values.
+        unsafe {
+            g.launch("edge_attention_mma")?.run(
+                (lq.div_ceil(64) as u32, heads as u32),
+                128,
+                &[
+                    Arg::F32s(&dq),
+                    Arg::F32s(&dkv),
+                    if masked { Arg::F32s(&dm) } else { Arg::Null },
+                    if biased { Arg::F32s(&db) } else { Arg::Null },
+                    Arg::F32s(&out),
+                    Arg::U64(lq as u64),
+                    Arg::U64(lk as u64),
+                    Arg::U32(heads as u32),
+                    Arg::U32(hd as u32),
+                    Arg::F32(p.scale),
+                    Arg::U64(p.q_stride as u64),
+                    Arg::U64(0),
+                    Arg::U64(p.kv_stride as u64),
+                    Arg::U64(0),
+                    Arg::U64(d as u64),
+                    Arg::F32(p.masked_value),
+                ],
+            )?
+        };
+        let mut want = vec![0f32; lq * d];
+        edge_kernels::attention(
+            &p,
+            &q,
+            &kv,
+            masked.then_some(&mask[..]),
+            biased.then_some(&bias[..]),
+            &mut want,
+        );
+        within(
+            &format!("edge_attention_mma {lq}x{lk} {heads}x{hd}"),
+            &g.download(&out)?[..lq * d],
+            &want,
+            2e-3,
+        );
     }
     Ok(())
 }
