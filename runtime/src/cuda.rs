@@ -133,6 +133,16 @@ pub(crate) fn gpu_runs(d: &Decoded) -> bool {
                 }
         }
         Call::Attention { p, .. } => p.head_dim <= 128,
+        Call::Conv2d { weight, .. } => {
+            let row_major = match d.ins.get(1) {
+                Some(Operand::Weight { layout, .. }) => *layout == PackLayout::RowMajor,
+                _ => true,
+            };
+            row_major && matches!(weight, DType::F32 | DType::F16 | DType::BF16)
+        }
+        Call::Rows { dtype, .. } => {
+            matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0)
+        }
         Call::RmsNorm { .. }
         | Call::LayerNorm { .. }
         | Call::GroupNorm { .. }
@@ -149,6 +159,19 @@ pub(crate) fn gpu_runs(d: &Decoded) -> bool {
         | Call::Copy => true,
         _ => false,
     }
+}
+
+/// `p.out_hw()` without its panics (the verifier checked the shapes; a hostile plan gets an
+/// error).
+fn conv_out_hw(p: &edge_kernels::Conv2dParams) -> Result<(usize, usize)> {
+    let ph = p.h + p.pad_top + p.pad_bottom;
+    let pw = p.w + p.pad_left + p.pad_right;
+    if p.stride_h == 0 || p.stride_w == 0 || p.kh == 0 || p.kw == 0 || ph < p.kh || pw < p.kw {
+        return Err(Error::Plan(edge_schema::Error::Invalid(format!(
+            "conv2d geometry {p:?}"
+        ))));
+    }
+    Ok(((ph - p.kh) / p.stride_h + 1, (pw - p.kw) / p.stride_w + 1))
 }
 
 fn blocks(n: usize) -> u32 {
@@ -478,6 +501,21 @@ impl<'p> CudaSession<'p> {
         Ok(())
     }
 
+    /// Bytes of operand 0 of step `i` (a table whose rows a `Rows` step reads).
+    fn source_bytes(&self, index: u32, i: usize, bound: &[StageInput<'_>]) -> Result<usize> {
+        let plan = self.host.plan;
+        Ok(match self.host.decoded[index as usize][i].ins[0] {
+            Operand::Arena(s) => s.len as usize,
+            Operand::Weight { tensor, .. } => plan.meta().tensors[tensor as usize].len as usize,
+            Operand::Input(n) => match bound.get(n as usize) {
+                Some(StageInput::F32(x)) => x.len() * 4,
+                Some(StageInput::I32(x)) => x.len() * 4,
+                Some(StageInput::Bytes(b)) => b.len(),
+                None => 0,
+            },
+        })
+    }
+
     /// Whether stage `index` runs its F16/BF16 products and attention on tensor cores: fast
     /// math, a GPU with them, the denoiser (T5 and the VAE overflow F16), and matrices the plan
     /// stores in a reduced type (F16, BF16, quantized).
@@ -747,7 +785,7 @@ impl<'p> CudaSession<'p> {
                 } else {
                     "edge_mul"
                 };
-                if nb == 0 || n_out % nb != 0 {
+                if nb == 0 || !n_out.is_multiple_of(nb) {
                     return Err(Error::Gpu(format!(
                         "{name}: {n_out} values with {nb} broadcast"
                     )));
@@ -830,6 +868,78 @@ impl<'p> CudaSession<'p> {
                             u(a.k_offset),
                             u(a.v_offset),
                             Arg::F32(a.masked_value),
+                        ],
+                    )
+                }
+            }
+            Call::Conv2d { p: c, weight, bias } => {
+                let code = match weight {
+                    DType::F16 => 1,
+                    DType::BF16 => 2,
+                    _ => 0,
+                };
+                let (oh, ow) = conv_out_hw(&c)?;
+                let b = if bias { Arg::Ptr(p[2]) } else { Arg::Null };
+                let v = |x: usize| Arg::U32(x as u32);
+                // SAFETY: edge_conv2d's argument list; x holds cin·h·w values, the weight
+                // cout·cin·kh·kw of `weight`, bias cout, out cout·oh·ow (verified shapes); 64 × 64
+                // outputs per block of 256 threads.
+                unsafe {
+                    k("edge_conv2d")?.run(
+                        ((oh * ow).div_ceil(64) as u32, c.cout.div_ceil(64) as u32),
+                        256,
+                        &[
+                            Arg::Ptr(p[0]),
+                            Arg::Ptr(p[1]),
+                            Arg::I32(code),
+                            b,
+                            Arg::Ptr(out),
+                            v(c.cin),
+                            v(c.h),
+                            v(c.w),
+                            v(c.cout),
+                            v(c.kh),
+                            v(c.kw),
+                            v(c.stride_h),
+                            v(c.stride_w),
+                            v(c.pad_top),
+                            v(c.pad_left),
+                            v(oh),
+                            v(ow),
+                        ],
+                    )
+                }
+            }
+            Call::Rows {
+                dtype,
+                row_bytes,
+                start,
+                len,
+            } => {
+                let have = self.source_bytes(index, i, bound)?;
+                if (start + len) * row_bytes > have {
+                    return Err(Error::Plan(edge_schema::Error::Invalid(format!(
+                        "rows {start}..{} outside their table",
+                        start + len
+                    ))));
+                }
+                let code = match dtype {
+                    DType::F16 => 1,
+                    DType::BF16 => 2,
+                    DType::Q8_0 => 3,
+                    _ => 0,
+                };
+                // SAFETY: (src, dtype, out, n): the rows lie inside the source (checked above)
+                // and hold n_out values of `dtype`; out holds n_out f32.
+                unsafe {
+                    k("edge_dequantize")?.run(
+                        (blocks(n_out), 1),
+                        THREADS,
+                        &[
+                            Arg::Ptr(p[0] + (start * row_bytes) as u64),
+                            Arg::I32(code),
+                            Arg::Ptr(out),
+                            u(n_out),
                         ],
                     )
                 }

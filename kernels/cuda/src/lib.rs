@@ -101,7 +101,7 @@ pub struct Source {
 }
 
 /// Every kernel source.
-pub const SOURCES: [Source; 6] = [
+pub const SOURCES: [Source; 7] = [
     Source {
         name: "elementwise.cu",
         text: include_str!("cu/elementwise.cu"),
@@ -116,6 +116,7 @@ pub const SOURCES: [Source; 6] = [
             "edge_modulate",
             "edge_gated_residual",
             "edge_upsample_nearest2x",
+            "edge_dequantize",
         ],
         no_spills: false,
     },
@@ -144,6 +145,12 @@ pub const SOURCES: [Source; 6] = [
             "edge_linear_q8_0_mma",
             "edge_linear_f16_mma",
         ],
+        no_spills: true,
+    },
+    Source {
+        name: "conv.cu",
+        text: include_str!("cu/conv.cu"),
+        kernels: &["edge_conv2d"],
         no_spills: true,
     },
     Source {

@@ -760,3 +760,130 @@ fn tensor_core_attention_agrees_with_generic_within_2e_3() -> Result<(), String>
     }
     Ok(())
 }
+
+#[test]
+fn conv2d_gives_the_generic_bits() -> Result<(), String> {
+    use edge_kernels::Conv2dParams;
+    let Some(g) = gpu() else { return Ok(()) };
+    let conv = |cin, h, w, cout, k, s, pads: (usize, usize, usize, usize)| Conv2dParams {
+        cin,
+        h,
+        w,
+        cout,
+        kh: k,
+        kw: k,
+        stride_h: s,
+        stride_w: s,
+        pad_top: pads.0,
+        pad_bottom: pads.1,
+        pad_left: pads.2,
+        pad_right: pads.3,
+    };
+    for (p, dtype) in [
+        (conv(5, 7, 9, 70, 3, 1, (1, 1, 1, 1)), DType::F32),
+        (conv(64, 13, 11, 3, 1, 1, (0, 0, 0, 0)), DType::F16),
+        (conv(8, 16, 15, 9, 3, 2, (0, 1, 0, 1)), DType::BF16),
+        (conv(4, 32, 32, 130, 2, 2, (0, 0, 0, 0)), DType::F16),
+    ] {
+        let (oh, ow) = p.out_hw();
+        let kk = p.cin * p.kh * p.kw;
+        let x = values(71, p.cin * p.h * p.w, 2.0);
+        let wf = values(72, p.cout * kk, 0.5);
+        let bias = values(73, p.cout, 1.0);
+        let (bytes, code): (Vec<u8>, i32) = match dtype {
+            DType::F32 => (wf.iter().flat_map(|v| v.to_le_bytes()).collect(), 0),
+            DType::F16 => (
+                wf.iter()
+                    .flat_map(|v| edge_kernels::quant::fp32_to_fp16(*v).to_le_bytes())
+                    .collect(),
+                1,
+            ),
+            _ => (
+                wf.iter()
+                    .flat_map(|v| edge_kernels::quant::fp32_to_bf16(*v).to_le_bytes())
+                    .collect(),
+                2,
+            ),
+        };
+        let (dx, dw, db) = (g.upload(&x)?, g.upload(&bytes)?, g.upload(&bias)?);
+        let out = g.zeros::<f32>(p.cout * oh * ow)?;
+        let u = |v: usize| Arg::U32(v as u32);
+        // SAFETY: edge_conv2d's argument list; x holds cin·h·w values, w cout·cin·kh·kw of
+        // `dtype`, bias cout, out cout·oh·ow; 64 × 64 outputs per block of 256 threads.
+        unsafe {
+            g.launch("edge_conv2d")?.run(
+                ((oh * ow).div_ceil(64) as u32, p.cout.div_ceil(64) as u32),
+                256,
+                &[
+                    Arg::F32s(&dx),
+                    Arg::Bytes(&dw),
+                    Arg::I32(code),
+                    Arg::F32s(&db),
+                    Arg::F32s(&out),
+                    u(p.cin),
+                    u(p.h),
+                    u(p.w),
+                    u(p.cout),
+                    u(p.kh),
+                    u(p.kw),
+                    u(p.stride_h),
+                    u(p.stride_w),
+                    u(p.pad_top),
+                    u(p.pad_left),
+                    u(oh),
+                    u(ow),
+                ],
+            )?
+        };
+        let mut want = vec![0f32; p.cout * oh * ow];
+        let mut scratch = vec![0u8; edge_kernels::conv2d_scratch_bytes(&p, dtype)];
+        let wr = WeightRef::row_major(dtype, &bytes);
+        edge_kernels::conv2d(&p, &x, wr, Some(&bias), &mut want, &mut scratch);
+        same_bits(
+            &format!("edge_conv2d {p:?} {dtype:?}"),
+            &g.download(&out)?[..want.len()],
+            &want,
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn dequantize_gives_the_generic_bits() -> Result<(), String> {
+    let Some(g) = gpu() else { return Ok(()) };
+    for n in [32usize, 96, 4096] {
+        let x = values(81, n, 7.0);
+        for (dtype, code) in [
+            (DType::F32, 0i32),
+            (DType::F16, 1),
+            (DType::BF16, 2),
+            (DType::Q8_0, 3),
+        ] {
+            let mut bytes = vec![0u8; dtype.bytes_for(n as u64).unwrap() as usize];
+            edge_kernels::quant::quantize_row(dtype, &x, &mut bytes);
+            let src = g.upload(&bytes)?;
+            let out = g.zeros::<f32>(n)?;
+            // SAFETY: (src, dtype, out, n): src holds n values of `dtype`, out n f32.
+            unsafe {
+                g.launch("edge_dequantize")?.run(
+                    (blocks(n), 1),
+                    256,
+                    &[
+                        Arg::Bytes(&src),
+                        Arg::I32(code),
+                        Arg::F32s(&out),
+                        Arg::U64(n as u64),
+                    ],
+                )?
+            };
+            let mut want = vec![0f32; n];
+            edge_kernels::quant::dequantize_row(dtype, &bytes, &mut want);
+            same_bits(
+                &format!("edge_dequantize {dtype:?} n={n}"),
+                &g.download(&out)?[..n],
+                &want,
+            );
+        }
+    }
+    Ok(())
+}

@@ -91,3 +91,26 @@ extern "C" __global__ void edge_upsample_nearest2x(const float* x, float* out,
         out[i] = x[(ch * h + oy / 2) * w + ox / 2];
     }
 }
+
+// Rows of a table widened to f32, as kernels/generic/src/quant.rs::dequantize_row: dtype 0 = F32
+// (copied), 1 = F16, 2 = BF16, 3 = Q8_0 (`q · d` per 34-byte block; n a multiple of 32). The
+// cross-attention K/V cache and the T5 states are read this way.
+extern "C" __global__ void edge_dequantize(const unsigned char* src, int dtype, float* out,
+                                           unsigned long long n) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        float v;
+        if (dtype == 0) {
+            v = ((const float*)src)[i];
+        } else if (dtype == 1) {
+            v = f16_to_f32(((const half_bits*)src)[i]);
+        } else if (dtype == 2) {
+            v = bf16_to_f32(((const half_bits*)src)[i]);
+        } else {
+            const unsigned char* b = src + (i / 32) * 34;
+            float d = f16_to_f32((half_bits)(b[0] | (b[1] << 8)));
+            v = __fmul_rn((float)(signed char)b[2 + i % 32], d);
+        }
+        out[i] = v;
+    }
+}
