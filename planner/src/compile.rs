@@ -66,6 +66,9 @@ pub struct CompileOptions {
     /// folder (`config.json` + weights) or one weights file with diffusers names
     /// (`decoder.layers.N…`, TAESD's default config).
     pub taesd: Option<PathBuf>,
+    /// CUDA kernels compiled for the plan's GPU (by the caller, e.g. `edgeplan compile
+    /// --target cuda-sm87` with NVRTC), stored in the plan as they are.
+    pub cuda: Option<edge_schema::plan::CudaModules>,
 }
 
 impl Default for CompileOptions {
@@ -88,6 +91,7 @@ impl Default for CompileOptions {
             loras: Vec::new(),
             vae_encoder: true,
             taesd: None,
+            cuda: None,
         }
     }
 }
@@ -495,6 +499,7 @@ pub(crate) fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Res
         sections: vec![],
         notes,
         budget: None,
+        cuda: opts.cuda.clone(),
     };
     policy.check_rules_applied(&table.rules_applied)?;
     let mut meta = meta;

@@ -57,6 +57,23 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
         );
     }
     let _ = writeln!(s, "target: {}", meta.target);
+    match &meta.cuda {
+        Some(c) => {
+            let bytes: usize = c.modules.iter().map(|m| m.ptx.len()).sum();
+            let names: Vec<&str> = c.modules.iter().map(|m| m.name.as_str()).collect();
+            let _ = writeln!(
+                s,
+                "cuda: kernels compiled ahead of time for {} by {} ({} modules, {bytes} bytes of PTX: {})",
+                c.arch,
+                c.compiler,
+                c.modules.len(),
+                names.join(", ")
+            );
+        }
+        None => {
+            let _ = writeln!(s, "cuda: none (edgerun --device cuda compiles the kernels at start, or reads --cuda-ptx)");
+        }
+    }
     let _ = writeln!(s, "file: {file_len} bytes ({})", mib(file_len));
     let sizes: Vec<String> = meta
         .sizes

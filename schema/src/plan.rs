@@ -383,6 +383,34 @@ pub struct PlanMeta {
     pub notes: Vec<String>,
     /// The memory budget (weights resident + arena, bytes) the plan was compiled for.
     pub budget: Option<u64>,
+    /// CUDA kernels compiled ahead of time for the plan's GPU (`edgeplan compile --target
+    /// cuda-sm87`); `None` for CPU-only plans. Covered by the metadata digest (and a
+    /// signature) like everything else.
+    pub cuda: Option<CudaModules>,
+}
+
+/// The CUDA kernels of a plan, compiled by the planner for one GPU architecture, so that the
+/// device compiles nothing beyond the driver's own PTX assembly.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CudaModules {
+    /// The architecture they were compiled for: `sm_72` (Xavier), `sm_87` (Orin) or `sm_90`.
+    pub arch: String,
+    /// The compiler that made them, e.g. `NVRTC 12.6`.
+    pub compiler: String,
+    /// One module per kernel source, in the order of `edge_kernels_cuda::SOURCES`.
+    pub modules: Vec<CudaModule>,
+}
+
+/// One compiled kernel source.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CudaModule {
+    /// The source's file name (`linear.cu`, …).
+    pub name: String,
+    /// BLAKE3 digest of the source text compiled: a runtime whose sources differ (another
+    /// release, whose kernels may take other arguments) refuses the module.
+    pub source_digest: [u8; 32],
+    /// The PTX text.
+    pub ptx: String,
 }
 
 impl PlanMeta {

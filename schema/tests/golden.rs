@@ -237,6 +237,15 @@ fn meta() -> PlanMeta {
         }],
         notes: vec!["note".into()],
         budget: Some(1 << 30),
+        cuda: Some(CudaModules {
+            arch: "sm_87".into(),
+            compiler: "NVRTC 12.6".into(),
+            modules: vec![CudaModule {
+                name: "linear.cu".into(),
+                source_digest: [9; 32],
+                ptx: ".version 8.5\n.target sm_87\n".into(),
+            }],
+        }),
     }
 }
 
@@ -246,7 +255,7 @@ fn metadata_bytes_are_frozen() {
     let digest = blake3::hash(&bytes).to_hex().to_string();
     assert_eq!(
         (FORMAT_VERSION, bytes.len(), digest.as_str()),
-        (6, GOLDEN_LEN, GOLDEN_DIGEST),
+        (7, GOLDEN_LEN, GOLDEN_DIGEST),
         "the postcard encoding of PlanMeta changed: bump FORMAT_VERSION and update the golden values"
     );
     assert_eq!(PlanMeta::decode(&bytes).unwrap(), meta());
@@ -271,5 +280,5 @@ fn header_layout_is_frozen() {
     assert_eq!(&b[224..256], &[0x44; 32]);
 }
 
-const GOLDEN_LEN: usize = 441;
-const GOLDEN_DIGEST: &str = "fcdc94ede2bbe532abac41636d3a77c3f25483343ddc95a190d6b408471124ea";
+const GOLDEN_LEN: usize = 530;
+const GOLDEN_DIGEST: &str = "7ca53e1b34af078ffa37e4333ab1b4bd24274afa473c4ba52b92651f8738bdce";

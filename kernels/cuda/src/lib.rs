@@ -173,6 +173,73 @@ pub fn source(s: &Source) -> String {
     s.text.replace("#include \"common.cuh\"", COMMON)
 }
 
+/// BLAKE3 digest of the text [`source`] compiles for `s` (what a plan's module records, so
+/// that a runtime refuses PTX made from other sources than its own).
+pub fn source_digest(s: &Source) -> [u8; 32] {
+    *blake3::hash(source(s).as_bytes()).as_bytes()
+}
+
+/// The PTX of source `s` for `arch` from a plan's compiled modules.
+///
+/// # Errors
+/// One line when the plan's kernels are for another architecture than `arch` (the device's),
+/// lack `s`, or were compiled from other sources (an edgeplan of another release).
+pub fn plan_ptx(
+    m: &edge_schema::plan::CudaModules,
+    s: &Source,
+    arch: Arch,
+) -> Result<String, String> {
+    if m.arch != arch.name() {
+        return Err(format!(
+            "the plan's CUDA kernels were compiled for {}, this GPU is {} (compile the plan with --target cuda-{})",
+            m.arch,
+            arch.name(),
+            arch.name().replace('_', "")
+        ));
+    }
+    let module = m
+        .modules
+        .iter()
+        .find(|x| x.name == s.name)
+        .ok_or_else(|| format!("the plan has no CUDA module {}", s.name))?;
+    if module.source_digest != source_digest(s) {
+        return Err(format!(
+            "the plan's CUDA module {} was compiled from other sources than this edgerun's (edgeplan and edgerun of different releases): compile the plan again",
+            s.name
+        ));
+    }
+    Ok(module.ptx.clone())
+}
+
+/// Every source compiled for `arch` with NVRTC, as a plan stores them.
+///
+/// # Errors
+/// As [`compile_ptx`].
+#[cfg(feature = "nvrtc")]
+pub fn compile_modules(arch: Arch) -> Result<edge_schema::plan::CudaModules, String> {
+    let modules = SOURCES
+        .iter()
+        .map(|s| {
+            Ok(edge_schema::plan::CudaModule {
+                name: s.name.to_string(),
+                source_digest: source_digest(s),
+                ptx: compile_ptx(s, arch)?,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(edge_schema::plan::CudaModules {
+        arch: arch.name().to_string(),
+        compiler: nvrtc_version(),
+        modules,
+    })
+}
+
+/// `NVRTC major.minor` of the loaded library.
+#[cfg(feature = "nvrtc")]
+fn nvrtc_version() -> String {
+    nvrtc_loader::version().map_or_else(|| "NVRTC".to_string(), |(a, b)| format!("NVRTC {a}.{b}"))
+}
+
 /// Compiles `s` for `arch` to PTX with NVRTC (`-arch=compute_XX`, no fast-math: IEEE division
 /// and square root, denormals kept, no contraction of the explicit intrinsics).
 ///
@@ -211,6 +278,17 @@ mod nvrtc_loader {
         // function is called.
         unsafe { cudarc::nvrtc::sys::is_culib_present() }
     }
+
+    /// NVRTC's `(major, minor)` version, if it loads.
+    pub(super) fn version() -> Option<(i32, i32)> {
+        if !present() {
+            return None;
+        }
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: the library loaded (checked above); nvrtcVersion writes two ints.
+        let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+        (r == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
+    }
 }
 
 #[cfg(test)]
@@ -229,6 +307,50 @@ mod tests {
         assert!(Arch::parse("sm_80")
             .unwrap_err()
             .contains("sm_72, sm_87 or sm_90"));
+    }
+
+    fn modules(arch: &str) -> edge_schema::plan::CudaModules {
+        edge_schema::plan::CudaModules {
+            arch: arch.into(),
+            compiler: "NVRTC 12.6".into(),
+            modules: SOURCES
+                .iter()
+                .map(|s| edge_schema::plan::CudaModule {
+                    name: s.name.into(),
+                    source_digest: source_digest(s),
+                    ptx: format!("// {}", s.name),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_plans_kernels_load_only_on_their_architecture_and_from_these_sources() {
+        let s = &SOURCES[2];
+        let m = modules("sm_87");
+        assert_eq!(plan_ptx(&m, s, Arch::Sm87).unwrap(), "// linear.cu");
+        let e = plan_ptx(&m, s, Arch::Sm72).unwrap_err();
+        assert!(e.contains("compiled for sm_87, this GPU is sm_72"), "{e}");
+        assert!(e.contains("--target cuda-sm72"), "{e}");
+        let mut other = m.clone();
+        other.modules[2].source_digest[0] ^= 1;
+        let e = plan_ptx(&other, s, Arch::Sm87).unwrap_err();
+        assert!(e.contains("compiled from other sources"), "{e}");
+        let mut missing = m;
+        missing.modules.remove(2);
+        let e = plan_ptx(&missing, s, Arch::Sm87).unwrap_err();
+        assert!(e.contains("no CUDA module linear.cu"), "{e}");
+    }
+
+    #[test]
+    fn source_digests_differ_per_source_and_cover_the_shared_header() {
+        let d: Vec<[u8; 32]> = SOURCES.iter().map(source_digest).collect();
+        for i in 0..d.len() {
+            for j in 0..i {
+                assert_ne!(d[i], d[j], "{} and {}", SOURCES[i].name, SOURCES[j].name);
+            }
+        }
+        assert!(source(&SOURCES[0]).contains("edge_exp"));
     }
 
     #[test]

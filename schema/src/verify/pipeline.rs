@@ -32,6 +32,9 @@ pub(super) fn verify_pipeline(meta: &PlanMeta) -> Result<()> {
             )));
         }
     }
+    if let Some(c) = &meta.cuda {
+        verify_cuda(c)?;
+    }
     if meta.vae.downscale == 0 || meta.vae.latent_channels == 0 {
         return Err(invalid(
             "vae downscale and latent channels must be positive".into(),
@@ -220,4 +223,92 @@ pub(super) fn verify_pipeline(meta: &PlanMeta) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Largest PTX text a plan may carry in all (the kernels of this release are about 0.3 MB).
+pub const MAX_CUDA_PTX_BYTES: usize = 64 << 20;
+
+/// A plan's CUDA kernels: a known architecture, named modules without repeats, non-empty PTX
+/// within [`MAX_CUDA_PTX_BYTES`]. Whether the modules match the runtime's own sources is the
+/// CUDA executor's check (their digests).
+fn verify_cuda(c: &crate::plan::CudaModules) -> Result<()> {
+    if !matches!(c.arch.as_str(), "sm_72" | "sm_87" | "sm_90") {
+        return Err(invalid(format!(
+            "CUDA kernels for architecture {:?} (expected sm_72, sm_87 or sm_90)",
+            c.arch
+        )));
+    }
+    let mut total = 0usize;
+    for (i, m) in c.modules.iter().enumerate() {
+        if m.name.is_empty()
+            || m.name.len() > 64
+            || m.name.chars().any(|ch| ch.is_control() || ch == '/')
+            || c.modules[..i].iter().any(|o| o.name == m.name)
+        {
+            return Err(invalid(format!(
+                "CUDA module {i}: name {:?} (expected a unique file name)",
+                m.name
+            )));
+        }
+        if m.ptx.is_empty() || m.ptx.contains('\0') {
+            return Err(invalid(format!(
+                "CUDA module {}: empty PTX or a NUL byte",
+                m.name
+            )));
+        }
+        total = total.saturating_add(m.ptx.len());
+    }
+    if total > MAX_CUDA_PTX_BYTES {
+        return Err(invalid(format!(
+            "CUDA modules hold {total} bytes of PTX, more than {MAX_CUDA_PTX_BYTES}"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{CudaModule, CudaModules};
+
+    fn m(name: &str, ptx: &str) -> CudaModule {
+        CudaModule {
+            name: name.into(),
+            source_digest: [0; 32],
+            ptx: ptx.into(),
+        }
+    }
+
+    #[test]
+    fn cuda_modules_are_checked() {
+        let ok = CudaModules {
+            arch: "sm_87".into(),
+            compiler: "NVRTC 12.6".into(),
+            modules: vec![m("a.cu", ".version 8.5"), m("b.cu", ".version 8.5")],
+        };
+        assert!(verify_cuda(&ok).is_ok());
+        let bad = |c: CudaModules, what: &str| {
+            let e = verify_cuda(&c).unwrap_err().to_string();
+            assert!(e.contains(what), "{e}");
+        };
+        bad(
+            CudaModules {
+                arch: "sm_80".into(),
+                ..ok.clone()
+            },
+            "architecture \"sm_80\"",
+        );
+        let mut c = ok.clone();
+        c.modules[1].name = "a.cu".into();
+        bad(c, "unique file name");
+        let mut c = ok.clone();
+        c.modules[0].name = "../x.cu".into();
+        bad(c, "unique file name");
+        let mut c = ok.clone();
+        c.modules[0].ptx.clear();
+        bad(c, "empty PTX");
+        let mut c = ok;
+        c.modules[0].ptx = "x".repeat(MAX_CUDA_PTX_BYTES + 1);
+        bad(c, "bytes of PTX");
+    }
 }

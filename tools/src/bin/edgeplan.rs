@@ -236,7 +236,10 @@ struct CompileArgs {
     /// VAE tile size relative to the image: ≤ 1 a fraction of each axis, > 1 a tile count (X or XxY).
     #[arg(long = "vae-relative-tile-size", allow_hyphen_values = true)]
     vae_relative_tile_size: Option<String>,
-    /// Target the plan is packed for: generic, x86_64, aarch64-neon.
+    /// Target the plan is packed for: generic, x86_64, aarch64-neon, or a GPU: cuda-sm72
+    /// (Xavier), cuda-sm87 (Orin), cuda-sm90 (generic packs plus the CUDA kernels compiled
+    /// here with NVRTC and stored in the plan; needs an edgeplan built with `--features cuda`
+    /// and libnvrtc.so.12).
     #[arg(long, default_value = "generic")]
     target: String,
     /// No progress display (a bar on a terminal, plain lines otherwise).
@@ -275,13 +278,39 @@ fn parse_family(s: &str) -> Result<edge_schema::plan::ModelFamily> {
     }
 }
 
+/// The CUDA kernels `--target cuda-smXX` asks for, compiled now; `None` for a CPU target.
+fn cuda_modules(target: &str) -> Result<Option<edge_schema::plan::CudaModules>> {
+    let Some(arch) = target.strip_prefix("cuda-") else {
+        return Ok(None);
+    };
+    compile_cuda(arch).map(Some)
+}
+
+#[cfg(feature = "cuda")]
+fn compile_cuda(arch: &str) -> Result<edge_schema::plan::CudaModules> {
+    let a = edge_kernels_cuda::Arch::parse(arch).map_err(|e| anyhow::anyhow!("--target: {e}"))?;
+    edge_kernels_cuda::compile_modules(a).map_err(|e| anyhow::anyhow!("--target cuda-{arch}: {e}"))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn compile_cuda(arch: &str) -> Result<edge_schema::plan::CudaModules> {
+    bail!("--target cuda-{arch}: this edgeplan was built without CUDA (build it with `cargo build --release -p edge-tools --features cuda`; NVRTC compiles the kernels)")
+}
+
 fn parse_target(s: &str) -> Result<Target> {
+    if s.starts_with("cuda-") {
+        // The GPU reads the generic row-major packs (the CPU can check the plan too).
+        return Ok(Target {
+            isa: Isa::Generic,
+            features: vec![],
+        });
+    }
     let (isa, features) = match s {
         "generic" => (Isa::Generic, vec![]),
         "x86_64" | "x86-64" => (Isa::X86_64, vec![]),
         "aarch64" | "aarch64-neon" => (Isa::Aarch64, vec!["neon".to_string()]),
         other => {
-            bail!("--target: unknown target `{other}` (expected generic, x86_64 (or x86-64), aarch64-neon (or aarch64))")
+            bail!("--target: unknown target `{other}` (expected generic, x86_64 (or x86-64), aarch64-neon (or aarch64), cuda-sm72, cuda-sm87, cuda-sm90)")
         }
     };
     Ok(Target { isa, features })
@@ -326,6 +355,7 @@ fn compile(a: CompileArgs) -> Result<()> {
         max_sequence_length: a.max_sequence_length,
         policy,
         target: parse_target(&a.target)?,
+        cuda: cuda_modules(&a.target)?,
         vae_scale_factor: a.vae_scale_factor,
         max_ram: match (a.max_ram.as_deref(), a.max_vram.as_deref()) {
             (Some(r), _) => Some(parse_size(r, "--max-ram")?),

@@ -601,15 +601,28 @@ fn open_cuda<'p>(
     verbose: bool,
 ) -> Result<Box<dyn Executor<'p> + 'p>> {
     use edge_kernels_cuda::gpu::Gpu;
-    let gpu = match ptx {
-        Some(dir) => Gpu::open_with(&|s, arch| {
-            let path = dir.join(arch.name()).join(s.name.replace(".cu", ".ptx"));
-            std::fs::read_to_string(&path)
-                .map_err(|e| format!("--cuda-ptx {}: {e}", path.display()))
-        }),
-        None => Gpu::open(),
-    }
-    .map_err(|e| anyhow::anyhow!("--device cuda: {e}"))?;
+    let modules = session.plan().meta().cuda.clone();
+    // The plan's kernels (compiled by edgeplan for its --target) unless --cuda-ptx names
+    // others; NVRTC at start only for a plan without kernels.
+    let (gpu, from) = match (ptx, &modules) {
+        (Some(dir), _) => (
+            Gpu::open_with(&|s, arch| {
+                let path = dir.join(arch.name()).join(s.name.replace(".cu", ".ptx"));
+                std::fs::read_to_string(&path)
+                    .map_err(|e| format!("--cuda-ptx {}: {e}", path.display()))
+            }),
+            format!("PTX compiled ahead of time in {}", dir.display()),
+        ),
+        (None, Some(m)) => (
+            Gpu::open_with(&|s, arch| edge_kernels_cuda::plan_ptx(m, s, arch)),
+            format!("the plan ({} for {})", m.compiler, m.arch),
+        ),
+        (None, None) => (
+            Gpu::open(),
+            "NVRTC at start (the plan has none)".to_string(),
+        ),
+    };
+    let gpu = gpu.map_err(|e| anyhow::anyhow!("--device cuda: {e}"))?;
     let mut cuda = edge_runtime::cuda::CudaSession::new(session, gpu)?;
     use edge_runtime::cuda::CudaMath;
     cuda.set_math(if fast {
@@ -622,10 +635,7 @@ fn open_cuda<'p>(
             "device {} ({} math): kernels from {}",
             cuda.device(),
             if fast { "fast" } else { "exact" },
-            ptx.map_or("NVRTC at start".to_string(), |d| format!(
-                "PTX compiled ahead of time in {}",
-                d.display()
-            ))
+            from
         );
     }
     Ok(Box::new(cuda))
