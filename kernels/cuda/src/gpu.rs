@@ -28,9 +28,9 @@ impl std::fmt::Debug for Gpu {
 }
 
 #[allow(unsafe_code)]
-fn driver_present() -> bool {
+fn driver_probe() -> crate::Probe {
     // SAFETY: only opens the shared library and resolves its symbols; no driver call is made.
-    unsafe { cudarc::driver::sys::is_culib_present() }
+    crate::probe_with(|| unsafe { cudarc::driver::sys::is_culib_present() })
 }
 
 impl Gpu {
@@ -53,8 +53,10 @@ impl Gpu {
     pub fn open_with(
         ptx_of: &dyn Fn(&crate::Source, Arch) -> Result<String, String>,
     ) -> Result<Gpu, String> {
-        if !driver_present() {
-            return Err("no CUDA driver: libcuda.so.1 was not found (no NVIDIA driver installed, or its folder is not on LD_LIBRARY_PATH)".into());
+        match driver_probe() {
+            crate::Probe::Usable => {}
+            crate::Probe::Missing => return Err("no CUDA driver: libcuda.so.1 was not found (no NVIDIA driver installed, or its folder is not on LD_LIBRARY_PATH)".into()),
+            crate::Probe::Incomplete => return Err("the CUDA driver (libcuda.so.1) lacks functions of CUDA 12.6: the driver is too old (JetPack 6 or a driver for CUDA 12.6 and later is needed)".into()),
         }
         let ctx = CudaContext::new(0).map_err(|e| format!("no CUDA GPU: {e}"))?;
         let name = ctx.name().unwrap_or_else(|_| "GPU 0".into());

@@ -247,8 +247,10 @@ fn nvrtc_version() -> String {
 /// NVRTC's log, naming the source; or that `libnvrtc.so` could not be loaded.
 #[cfg(feature = "nvrtc")]
 pub fn compile_ptx(s: &Source, arch: Arch) -> Result<String, String> {
-    if !nvrtc_present() {
-        return Err("NVRTC not found (libnvrtc.so.12: install nvidia-cuda-nvrtc-cu12==12.6.* and put its lib folder on LD_LIBRARY_PATH)".into());
+    match nvrtc_loader::probe() {
+        Probe::Usable => {}
+        Probe::Missing => return Err("NVRTC not found (libnvrtc.so.12: install nvidia-cuda-nvrtc-cu12==12.6.* and put its lib folder on LD_LIBRARY_PATH)".into()),
+        Probe::Incomplete => return Err("the NVRTC found first (libnvrtc.so) lacks functions of NVRTC 12.6 (CUDA 13 removed some): put a folder holding libnvrtc.so -> libnvrtc.so.12 (from nvidia-cuda-nvrtc-cu12==12.6.*) first on LD_LIBRARY_PATH".into()),
     }
     let opts = cudarc::nvrtc::CompileOptions {
         arch: Some(arch.compute()),
@@ -260,10 +262,36 @@ pub fn compile_ptx(s: &Source, arch: Arch) -> Result<String, String> {
         .map_err(|e| format!("{} for {}: {e}", s.name, arch.name()))
 }
 
-/// Whether NVRTC can be loaded.
+/// Whether NVRTC can be loaded (and has every function this build calls).
 #[cfg(feature = "nvrtc")]
 pub fn nvrtc_present() -> bool {
-    nvrtc_loader::present()
+    nvrtc_loader::probe() == Probe::Usable
+}
+
+/// What loading a CUDA library found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// It loads with every function of the CUDA 12.6 API this build uses.
+    Usable,
+    /// No candidate library was found.
+    Missing,
+    /// A library was found that lacks some of those functions (another CUDA major version, or
+    /// a driver older than CUDA 12.6).
+    Incomplete,
+}
+
+/// Runs `check` (cudarc's `is_culib_present`, which panics instead of failing when a library
+/// lacks a symbol it binds) with the panic caught and its message kept off stderr.
+pub fn probe_with(check: impl FnOnce() -> bool + std::panic::UnwindSafe) -> Probe {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let r = std::panic::catch_unwind(check);
+    std::panic::set_hook(hook);
+    match r {
+        Ok(true) => Probe::Usable,
+        Ok(false) => Probe::Missing,
+        Err(_) => Probe::Incomplete,
+    }
 }
 
 #[cfg(feature = "driver")]
@@ -272,11 +300,15 @@ pub mod gpu;
 #[cfg(feature = "nvrtc")]
 #[allow(unsafe_code)]
 mod nvrtc_loader {
-    /// Whether `libnvrtc.so` loads (cudarc panics on first use otherwise).
-    pub(super) fn present() -> bool {
+    /// Whether `libnvrtc.so` loads with every symbol (cudarc panics on first use otherwise).
+    pub(super) fn probe() -> super::Probe {
         // SAFETY: only tries to open the shared library and resolve its symbols; no NVRTC
         // function is called.
-        unsafe { cudarc::nvrtc::sys::is_culib_present() }
+        super::probe_with(|| unsafe { cudarc::nvrtc::sys::is_culib_present() })
+    }
+
+    fn present() -> bool {
+        probe() == super::Probe::Usable
     }
 
     /// NVRTC's `(major, minor)` version, if it loads.
