@@ -267,6 +267,7 @@ fn verify_cuda(c: &crate::plan::CudaModules) -> Result<()> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::plan::{CudaModule, CudaModules};
