@@ -31,6 +31,7 @@ use zerocopy::IntoBytes;
 use crate::error::{Error, Result};
 use crate::executor::{Executor, StageInput};
 use crate::plan::Plan;
+use crate::residency::{Move, Residency};
 use crate::session::{Decoded, Operand, Session};
 
 /// How the GPU computes matrix products from F16 and BF16 weights.
@@ -65,14 +66,6 @@ pub struct CudaCounts {
     pub weight_bytes: u64,
 }
 
-/// Where the current bytes of each value of the running stage are.
-#[derive(Debug, Default)]
-struct Where {
-    stage: Option<u32>,
-    gpu: Vec<bool>,
-    host: Vec<bool>,
-}
-
 /// A plan bound to a GPU: a device arena, the weights uploaded on first use, and a CPU
 /// [`Session`] for the steps that have no CUDA kernel.
 pub struct CudaSession<'p> {
@@ -88,7 +81,7 @@ pub struct CudaSession<'p> {
     split: Vec<Option<DeviceBuffer>>,
     /// Stage inputs read in place, uploaded for the running stage.
     bound: Vec<Option<DeviceBuffer>>,
-    at: Where,
+    at: Residency,
     counts: CudaCounts,
     /// Per-op times when profiling (each step synchronised).
     profile: Option<crate::profile::Profile>,
@@ -247,7 +240,7 @@ impl<'p> CudaSession<'p> {
             weights: (0..tensors).map(|_| None).collect(),
             split: (0..tensors).map(|_| None).collect(),
             bound: Vec::new(),
-            at: Where::default(),
+            at: Residency::default(),
             counts: CudaCounts::default(),
             profile: None,
             math: CudaMath::default(),
@@ -272,20 +265,14 @@ impl<'p> CudaSession<'p> {
         self.counts
     }
 
-    /// Starts tracking the values of stage `index` (nothing valid on either side) unless it is
-    /// the stage already tracked.
-    fn track(&mut self, index: u32) {
-        if self.at.stage != Some(index) {
-            let n = self.host.plan.meta().stages[index as usize].values.len();
-            self.at = Where {
-                stage: Some(index),
-                gpu: vec![false; n],
-                host: vec![false; n],
-            };
-        }
+    /// Starts tracking the values of stage `index` (nothing current on either side) unless it
+    /// is the stage already tracked and not `fresh`.
+    fn track(&mut self, index: u32, fresh: bool) {
+        let n = self.host.plan.meta().stages[index as usize].values.len();
+        self.at.track(index, n, fresh);
     }
 
-    /// Makes the arena value `id` of the tracked stage valid on the GPU (`to_gpu`) or on the
+    /// Makes the arena value `id` of the tracked stage current on the GPU (`to_gpu`) or on the
     /// host, copying it across when only the other side holds it.
     fn sync(&mut self, index: u32, id: u32, to_gpu: bool) -> Result<()> {
         let plan = self.host.plan;
@@ -294,20 +281,23 @@ impl<'p> CudaSession<'p> {
             return Ok(());
         };
         let (o, l) = (s.offset as usize, s.len as usize);
-        let i = id as usize;
-        if to_gpu && !self.at.gpu[i] && self.at.host[i] {
-            self.gpu
-                .write(&mut self.arena, o, &self.host.arena[o..o + l])
-                .map_err(gpu_err)?;
-            self.counts.uploaded += l as u64;
-            self.at.gpu[i] = true;
-        } else if !to_gpu && !self.at.host[i] && self.at.gpu[i] {
-            self.gpu
-                .read(&self.arena, o, &mut self.host.arena[o..o + l])
-                .map_err(gpu_err)?;
-            self.counts.downloaded += l as u64;
-            self.at.host[i] = true;
+        let m = self.at.need(id, to_gpu);
+        match m {
+            Move::ToDevice => {
+                self.gpu
+                    .write(&mut self.arena, o, &self.host.arena[o..o + l])
+                    .map_err(gpu_err)?;
+                self.counts.uploaded += l as u64;
+            }
+            Move::ToHost => {
+                self.gpu
+                    .read(&self.arena, o, &mut self.host.arena[o..o + l])
+                    .map_err(gpu_err)?;
+                self.counts.downloaded += l as u64;
+            }
+            Move::None => {}
         }
+        self.at.moved(id, m);
         Ok(())
     }
 
@@ -433,7 +423,7 @@ impl<'p> CudaSession<'p> {
                 stage.name
             ))));
         }
-        self.track(index);
+        self.track(index, false);
         for (j, seg) in stage.segments.iter().enumerate() {
             let (a, b) = (
                 (seg.first_step as usize).max(first),
@@ -471,18 +461,17 @@ impl<'p> CudaSession<'p> {
         let plan = self.host.plan;
         let step = &plan.meta().stages[index as usize].steps[i];
         let d = &self.host.decoded[index as usize][i];
-        let out = step.outputs[0] as usize;
+        let out = step.outputs[0];
         if d.noop {
             // A reshape in place or a concatenation whose inputs were written inside its
-            // output: the output is where all its inputs are.
-            let on_gpu = step.inputs.iter().all(|&v| self.at.gpu[v as usize]);
-            if !on_gpu {
+            // output: the output is where all its inputs are (on the host unless all are on
+            // the GPU).
+            if !self.at.all_on_device(&step.inputs) {
                 for &v in &step.inputs {
                     self.sync(index, v, false)?;
                 }
             }
-            self.at.gpu[out] = on_gpu;
-            self.at.host[out] = step.inputs.iter().all(|&v| self.at.host[v as usize]);
+            self.at.in_place(&step.inputs, out);
             return Ok(());
         }
         let on_gpu = stats.is_none() && gpu_runs(d);
@@ -496,8 +485,7 @@ impl<'p> CudaSession<'p> {
             self.host.run_step(index as usize, i, stats, bound)?;
             self.counts.host_steps += 1;
         }
-        self.at.gpu[out] = on_gpu;
-        self.at.host[out] = !on_gpu;
+        self.at.written(out, on_gpu);
         Ok(())
     }
 
@@ -984,13 +972,12 @@ impl<'p> Executor<'p> for CudaSession<'p> {
     ) -> Result<()> {
         self.host.load_inputs(index, inputs, outputs.len())?;
         // A new run: every arena value is stale except the inputs just written to the host.
-        self.at.stage = None;
-        self.track(index);
+        self.track(index, true);
         self.bound.clear();
         let plan = self.host.plan;
         let stage = &plan.meta().stages[index as usize];
         for &v in &stage.inputs {
-            self.at.host[v as usize] = true;
+            self.at.written(v, false);
         }
         let r = self.run_range(index, 0, stage.steps.len(), None, inputs);
         self.bound.clear();
@@ -1018,9 +1005,7 @@ impl<'p> Executor<'p> for CudaSession<'p> {
         f: &mut dyn FnMut(&[f32]) -> Result<()>,
     ) -> Result<()> {
         // Read-only: a value that lives only on the device is read through a copy.
-        let on_gpu_only = self.at.stage == Some(stage)
-            && self.at.gpu.get(id as usize) == Some(&true)
-            && self.at.host.get(id as usize) != Some(&true);
+        let on_gpu_only = self.at.stage() == Some(stage) && self.at.device_only(id);
         if !on_gpu_only {
             return f(self.host.value(stage, id)?);
         }
@@ -1042,14 +1027,10 @@ impl<'p> Executor<'p> for CudaSession<'p> {
         id: u32,
         f: &mut dyn FnMut(&mut [f32]) -> Result<()>,
     ) -> Result<()> {
-        self.track(stage);
+        self.track(stage, false);
         self.sync(stage, id, false)?;
         f(self.host.value_mut(stage, id)?)?;
-        let i = id as usize;
-        if let (Some(h), Some(g)) = (self.at.host.get_mut(i), self.at.gpu.get_mut(i)) {
-            *h = true;
-            *g = false;
-        }
+        self.at.written(id, false);
         Ok(())
     }
 

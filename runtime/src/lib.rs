@@ -26,6 +26,7 @@ pub mod parameters;
 pub mod pipeline;
 pub mod plan;
 pub mod profile;
+pub mod residency;
 pub mod rng;
 pub mod sampler;
 pub mod session;
