@@ -204,3 +204,19 @@ pub fn demo_params(steps: usize) -> edge_runtime::GenerateParams {
         preview: None,
     }
 }
+
+/// The fixture pipeline `name` compiled for 64×64 and 64×96 with matrices of type `quant`
+/// (`None`: as stored), opened and verified.
+pub fn sized_plan(name: &str, quant: Option<edge_schema::DType>) -> edge_runtime::Plan {
+    let opts = edge_planner::CompileOptions {
+        sizes: vec![(64, 64), (64, 96)],
+        policy: edge_planner::pack::PackPolicy {
+            default: quant,
+            rules: Vec::new(),
+        },
+        ..Default::default()
+    };
+    let mut c = edge_planner::compile_folder(&fixture(name), &opts).expect("compiles");
+    let bytes = edge_planner::write::assemble(&mut c.meta, &c.table).expect("assemble");
+    edge_runtime::Plan::from_bytes(&bytes).expect("plan verifies")
+}

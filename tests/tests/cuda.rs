@@ -14,22 +14,13 @@
 
 use edge_e2e::*;
 use edge_kernels_cuda::gpu::Gpu;
-use edge_planner::pack::PackPolicy;
 use edge_runtime::cuda::{CudaMath, CudaSession};
 use edge_runtime::sampler::SamplingMethod;
 use edge_runtime::{GenerateParams, Plan, Session};
 use edge_schema::DType;
 
 fn gpu() -> Option<Gpu> {
-    let opened = match std::env::var_os("EDGE_CUDA_PTX_DIR") {
-        Some(dir) => Gpu::open_with(&|s, arch| {
-            let path = std::path::Path::new(&dir)
-                .join(arch.name())
-                .join(s.name.replace(".cu", ".ptx"));
-            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))
-        }),
-        None => Gpu::open(),
-    };
+    let opened = Gpu::open_from_env();
     match opened {
         Ok(g) => Some(g),
         Err(e) if std::env::var_os("EDGE_REQUIRE_GPU").is_some() => panic!("{e}"),
@@ -41,17 +32,7 @@ fn gpu() -> Option<Gpu> {
 }
 
 fn plan(name: &str, quant: Option<DType>) -> Plan {
-    let opts = edge_planner::CompileOptions {
-        sizes: vec![(64, 64), (64, 96)],
-        policy: PackPolicy {
-            default: quant,
-            rules: Vec::new(),
-        },
-        ..Default::default()
-    };
-    let mut c = edge_planner::compile_folder(&fixture(name), &opts).expect("compiles");
-    let bytes = edge_planner::write::assemble(&mut c.meta, &c.table).expect("assemble");
-    Plan::from_bytes(&bytes).expect("plan verifies")
+    sized_plan(name, quant)
 }
 
 fn params(

@@ -5,23 +5,12 @@
 //! A table this CPU lacks is reported on stderr (see `kernels/x86/tests/twins.rs`).
 
 use edge_e2e::*;
-use edge_planner::pack::PackPolicy;
 use edge_runtime::sampler::SamplingMethod;
 use edge_runtime::{GenerateParams, Plan, Session};
 use edge_schema::DType;
 
 fn plan(name: &str, quant: Option<DType>) -> Plan {
-    let opts = edge_planner::CompileOptions {
-        sizes: vec![(64, 64), (64, 96)],
-        policy: PackPolicy {
-            default: quant,
-            rules: Vec::new(),
-        },
-        ..Default::default()
-    };
-    let mut c = edge_planner::compile_folder(&fixture(name), &opts).expect("compiles");
-    let bytes = edge_planner::write::assemble(&mut c.meta, &c.table).expect("assemble");
-    Plan::from_bytes(&bytes).expect("plan verifies")
+    sized_plan(name, quant)
 }
 
 fn run(

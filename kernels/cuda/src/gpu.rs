@@ -44,6 +44,20 @@ impl Gpu {
         Gpu::open_with(&|s, arch| compile_ptx(s, arch))
     }
 
+    /// Opens GPU 0 for tests and checks: the PTX read from `$EDGE_CUDA_PTX_DIR`
+    /// ([`crate::ptx_from_dir`]) when that is set, else compiled by NVRTC ([`Gpu::open`]).
+    ///
+    /// # Errors
+    /// As [`Gpu::open_with`].
+    pub fn open_from_env() -> Result<Gpu, String> {
+        match std::env::var_os("EDGE_CUDA_PTX_DIR") {
+            Some(dir) => {
+                Gpu::open_with(&|s, arch| crate::ptx_from_dir(std::path::Path::new(&dir), s, arch))
+            }
+            None => Gpu::open(),
+        }
+    }
+
     /// Opens GPU 0 and loads every source's PTX as `ptx_of(source, arch)` gives it for the
     /// device's architecture: compiled ahead of time (read from a plan or a folder), so that
     /// nothing is compiled on the device beyond the driver's own PTX assembly.

@@ -211,6 +211,16 @@ pub fn plan_ptx(
     Ok(module.ptx.clone())
 }
 
+/// The PTX of source `s` for `arch` from a folder laid out as `scripts/test-cuda
+/// --compile-only` writes it: `DIR/ARCH/NAME.ptx` (`sm_90/linear.ptx`).
+///
+/// # Errors
+/// The file's read error, naming it.
+pub fn ptx_from_dir(dir: &std::path::Path, s: &Source, arch: Arch) -> Result<String, String> {
+    let path = dir.join(arch.name()).join(s.name.replace(".cu", ".ptx"));
+    std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// Every source compiled for `arch` with NVRTC, as a plan stores them.
 ///
 /// # Errors

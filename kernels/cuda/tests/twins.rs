@@ -15,15 +15,7 @@ use edge_schema::DType;
 /// from `$EDGE_CUDA_PTX_DIR/ARCH/NAME.ptx` as `scripts/test-cuda --compile-only` writes them
 /// (a machine with a GPU but without NVRTC 12).
 fn gpu() -> Option<Gpu> {
-    let opened = match std::env::var_os("EDGE_CUDA_PTX_DIR") {
-        Some(dir) => Gpu::open_with(&|s, arch| {
-            let path = std::path::Path::new(&dir)
-                .join(arch.name())
-                .join(s.name.replace(".cu", ".ptx"));
-            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))
-        }),
-        None => Gpu::open(),
-    };
+    let opened = Gpu::open_from_env();
     match opened {
         Ok(g) => Some(g),
         // `scripts/test-cuda` (GPU mode) sets EDGE_REQUIRE_GPU: a missing GPU fails there.

@@ -196,6 +196,27 @@ fn serve(a: ServeArgs) -> Result<()> {
     })
 }
 
+/// Where `generate` and `bench` run their stages.
+#[derive(clap::Args)]
+struct DeviceArgs {
+    /// Where the stages run: `cpu`, or `cuda` (the first NVIDIA GPU; needs a build with
+    /// `--features cuda` and the NVIDIA driver; `bench` times each GPU step to its end).
+    #[arg(long = "device", default_value = "cpu")]
+    device: String,
+    /// With `--device cuda`: a folder of PTX compiled ahead of time for the GPU's architecture
+    /// (`ARCH/NAME.ptx`, as `scripts/test-cuda --compile-only` writes them under
+    /// `target/cuda-ptx`), instead of the kernels the plan carries (`edgeplan compile --target
+    /// cuda-smXX`); with neither, NVRTC (`libnvrtc.so`) compiles the kernels at start.
+    #[arg(long = "cuda-ptx")]
+    cuda_ptx: Option<PathBuf>,
+    /// With `--device cuda`: `fast` (tensor cores in the denoiser of a plan with F16, BF16 or
+    /// quantized matrices: F16/BF16 products with the activations rounded, F16 attention) or
+    /// `exact` (the CPU's arithmetic for every product). Q8_0 products are the CPU's bits either
+    /// way.
+    #[arg(long = "cuda-math", default_value = "fast")]
+    cuda_math: String,
+}
+
 #[derive(clap::Args)]
 struct BenchArgs {
     /// The plan file (from `edgeplan compile`).
@@ -219,18 +240,8 @@ struct BenchArgs {
     /// Kernel table: `best` or a label `edgerun generate -v` lists.
     #[arg(long = "kernels", default_value = "best")]
     kernels: String,
-    /// Where the stages run: `cpu` or `cuda` (as `edgerun generate --device`); on the GPU
-    /// each step is timed to its end (the stream is synchronised after every step).
-    #[arg(long = "device", default_value = "cpu")]
-    device: String,
-    /// With `--device cuda`: a folder of PTX compiled ahead of time (as `generate --cuda-ptx`).
-    #[arg(long = "cuda-ptx")]
-    cuda_ptx: Option<PathBuf>,
-    /// With `--device cuda`: `fast` (tensor cores for the denoiser's F16/BF16 products,
-    /// activations rounded to the weights' type) or `exact` (the CPU's bits for every product).
-    /// Q8_0 products are the CPU's bits either way.
-    #[arg(long = "cuda-math", default_value = "fast")]
-    cuda_math: String,
+    #[command(flatten)]
+    dev: DeviceArgs,
     /// The prompt the text encoder runs on.
     #[arg(
         short = 'p',
@@ -369,20 +380,8 @@ struct GenArgs {
     /// soon as it is created, so nothing is left behind.
     #[arg(long = "spill-dir")]
     spill_dir: Option<PathBuf>,
-    /// Where the stages run: `cpu`, or `cuda` (the first NVIDIA GPU; needs a build with
-    /// `--features cuda` and the NVIDIA driver).
-    #[arg(long = "device", default_value = "cpu")]
-    device: String,
-    /// With `--device cuda`: a folder of PTX compiled ahead of time for the GPU's architecture
-    /// (`ARCH/NAME.ptx`, as `scripts/test-cuda --compile-only` writes them under
-    /// `target/cuda-ptx`); without it, NVRTC (`libnvrtc.so`) compiles the kernels at start.
-    #[arg(long = "cuda-ptx")]
-    cuda_ptx: Option<PathBuf>,
-    /// With `--device cuda`: `fast` (tensor cores for the denoiser's F16/BF16 products,
-    /// activations rounded to the weights' type) or `exact` (the CPU's bits for every product).
-    /// Q8_0 products are the CPU's bits either way.
-    #[arg(long = "cuda-math", default_value = "fast")]
-    cuda_math: String,
+    #[command(flatten)]
+    dev: DeviceArgs,
     /// No progress display.
     #[arg(long)]
     quiet: bool,
@@ -576,12 +575,11 @@ fn pick_size(
 /// The executor `--device` names: the CPU `session` itself, or a CUDA executor around it.
 fn open_executor<'p>(
     session: Session<'p>,
-    device: &str,
-    ptx: Option<&Path>,
-    math: &str,
+    dev: &DeviceArgs,
     verbose: bool,
 ) -> Result<Box<dyn Executor<'p> + 'p>> {
-    let fast = match math {
+    let (device, ptx) = (dev.device.as_str(), dev.cuda_ptx.as_deref());
+    let fast = match dev.cuda_math.as_str() {
         "fast" => true,
         "exact" => false,
         other => bail!("--cuda-math {other}: expected fast or exact"),
@@ -607,9 +605,7 @@ fn open_cuda<'p>(
     let (gpu, from) = match (ptx, &modules) {
         (Some(dir), _) => (
             Gpu::open_with(&|s, arch| {
-                let path = dir.join(arch.name()).join(s.name.replace(".cu", ".ptx"));
-                std::fs::read_to_string(&path)
-                    .map_err(|e| format!("--cuda-ptx {}: {e}", path.display()))
+                edge_kernels_cuda::ptx_from_dir(dir, s, arch).map_err(|e| format!("--cuda-ptx {e}"))
             }),
             format!("PTX compiled ahead of time in {}", dir.display()),
         ),
@@ -926,13 +922,7 @@ fn generate(a: GenArgs) -> Result<()> {
     }
     let session =
         edge_runtime::budget::open_session(&plan, kernels, &rb, a.spill_dir.clone(), &[size])?;
-    let mut exec = open_executor(
-        session,
-        &a.device,
-        a.cuda_ptx.as_deref(),
-        &a.cuda_math,
-        a.verbose,
-    )?;
+    let mut exec = open_executor(session, &a.dev, a.verbose)?;
     let mut timings: HashMap<&str, f64> = HashMap::new();
     // With -v, the resident-set peak of each phase (VmHWM reset at each phase's start).
     let mut phase_peak: HashMap<&str, u64> = HashMap::new();
@@ -1243,7 +1233,7 @@ fn bench(a: BenchArgs) -> Result<()> {
     );
     // Peaks measured in this run, per thread (run on one thread; the pool's threads are alike).
     // On a GPU the CPU's peaks say nothing of the steps' rates: "of peak" is left out there.
-    let pk = if a.device == "cpu" {
+    let pk = if a.dev.device == "cpu" {
         edge_kernels_cpu::peak(20_000_000)
     } else {
         edge_kernels_cpu::Peak::default()
@@ -1262,13 +1252,7 @@ fn bench(a: BenchArgs) -> Result<()> {
     );
     out!("(\"of peak\" below = achieved rate / (one thread's peak × {threads} threads))");
     let session = Session::new(&plan, kernels, None)?;
-    let mut exec = open_executor(
-        session,
-        &a.device,
-        a.cuda_ptx.as_deref(),
-        &a.cuda_math,
-        true,
-    )?;
+    let mut exec = open_executor(session, &a.dev, true)?;
     let s = exec.as_mut();
     s.set_profiling(true);
     let tok = edge_runtime::tokenizer::Tokenizer::new(&meta.tokenizer)?;
@@ -1302,7 +1286,7 @@ fn bench(a: BenchArgs) -> Result<()> {
         s.set_profiling(true);
     }
     if which == "all" || which == "denoiser" {
-        if a.device != "cpu" {
+        if a.dev.device != "cpu" {
             // A GPU uploads each weight on first use: one evaluation outside the figures.
             let kept = s.replace_profile(None);
             edge_runtime::pipeline::denoise(s, size, &latent, 500.0, &cond, &mut eps)?;
