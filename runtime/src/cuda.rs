@@ -85,6 +85,8 @@ pub struct CudaSession<'p> {
     counts: CudaCounts,
     /// Per-op times when profiling (each step synchronised).
     profile: Option<crate::profile::Profile>,
+    /// Copy every f32 step output back and check it for NaN and infinity.
+    check_finite: bool,
     math: CudaMath,
     /// Tensor-core kernels exist for this GPU (sm_80 and later).
     mma: bool,
@@ -243,6 +245,7 @@ impl<'p> CudaSession<'p> {
             at: Residency::default(),
             counts: CudaCounts::default(),
             profile: None,
+            check_finite: false,
             math: CudaMath::default(),
             mma: gpu_mma,
             reduced,
@@ -486,6 +489,10 @@ impl<'p> CudaSession<'p> {
             self.counts.host_steps += 1;
         }
         self.at.written(out, on_gpu);
+        if self.check_finite {
+            self.sync(index, out, false)?;
+            self.host.check_output(index as usize, i)?;
+        }
         Ok(())
     }
 
@@ -1059,6 +1066,10 @@ impl<'p> Executor<'p> for CudaSession<'p> {
 
     fn profile(&self) -> Option<&crate::profile::Profile> {
         self.profile.as_ref()
+    }
+
+    fn set_check_finite(&mut self, on: bool) {
+        self.check_finite = on;
     }
 
     fn device_summary(&self) -> Option<String> {

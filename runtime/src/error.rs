@@ -76,6 +76,14 @@ pub enum Error {
         host: u64,
         held: u64,
     },
+    /// With finiteness checks on, the first step whose output holds NaN or infinity.
+    #[error("stage {stage}: step {step} ({op}) produced {what} (the first non-finite output of this run)")]
+    NonFinite {
+        stage: String,
+        step: usize,
+        op: String,
+        what: String,
+    },
     /// A GPU failure (no driver or device, out of memory, a failed launch), naming the device.
     #[error("GPU: {0}")]
     Gpu(String),

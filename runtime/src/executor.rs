@@ -109,6 +109,11 @@ pub trait Executor<'p> {
     /// The per-op table collected since profiling started, if profiling.
     fn profile(&self) -> Option<&crate::profile::Profile>;
 
+    /// Checks (`true`) every f32 step output for NaN and infinity, failing the run at the
+    /// first with [`crate::Error::NonFinite`] naming the stage, step and op (`edgerun generate
+    /// --check-finite`; a GPU executor copies each output back to look).
+    fn set_check_finite(&mut self, on: bool);
+
     /// One line on the device that ran the steps and what crossed to it (a GPU executor's
     /// steps on each side and bytes copied); `None` for the CPU session.
     fn device_summary(&self) -> Option<String> {

@@ -31,6 +31,8 @@ pub struct Session<'p> {
     streamer: crate::stream::Streamer,
     profile: Option<crate::profile::Profile>,
     spill_dir: Option<std::path::PathBuf>,
+    /// Check every f32 step output for NaN and infinity ([`Session::check_output`]).
+    check_finite: bool,
 }
 
 impl std::fmt::Debug for Session<'_> {
@@ -318,6 +320,7 @@ impl<'p> Session<'p> {
             ),
             profile: None,
             spill_dir: None,
+            check_finite: false,
         })
     }
 
@@ -507,6 +510,9 @@ impl<'p> Session<'p> {
                 } else {
                     self.run_step(index as usize, i, given, bound)?;
                 }
+                if self.check_finite {
+                    self.check_output(index as usize, i)?;
+                }
             }
         }
         Ok(())
@@ -529,6 +535,31 @@ impl<'p> Session<'p> {
             }
         }
         Ok(())
+    }
+
+    /// [`crate::Error::NonFinite`] when the f32 output of step `i` of stage `index` (as it is
+    /// now in the host arena) holds NaN or infinity.
+    pub(crate) fn check_output(&self, index: usize, i: usize) -> Result<()> {
+        let stage = &self.plan.meta().stages[index];
+        let d = &self.decoded[index][i];
+        if d.out_dtype != DType::F32 {
+            return Ok(());
+        }
+        let (o, l) = (d.out.offset as usize, d.out.len as usize);
+        let out = as_f32(&self.arena.as_bytes()[o..o + l])?;
+        match out.iter().position(|v| !v.is_finite()) {
+            None => Ok(()),
+            Some(at) => Err(Error::NonFinite {
+                stage: stage.name.clone(),
+                step: i,
+                op: stage.steps[i].op.name().to_string(),
+                what: format!(
+                    "{} at element {at} of {}",
+                    if out[at].is_nan() { "NaN" } else { "infinity" },
+                    out.len()
+                ),
+            }),
+        }
     }
 
     fn slot(&self, index: u32, id: u32) -> Result<(usize, usize)> {
@@ -882,5 +913,9 @@ impl<'p> crate::executor::Executor<'p> for Session<'p> {
 
     fn profile(&self) -> Option<&crate::profile::Profile> {
         Session::profile(self)
+    }
+
+    fn set_check_finite(&mut self, on: bool) {
+        self.check_finite = on;
     }
 }

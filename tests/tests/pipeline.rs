@@ -328,3 +328,59 @@ fn text_buckets_are_exact() {
     edge_runtime::pipeline::denoise(&mut s, &size, &lat, 999.0, &cb, &mut b).unwrap();
     assert_eq!(a, b, "denoiser output depends on padded rows");
 }
+
+/// `--check-finite`: a NaN in the latents passes silently through the VAE decoder (NaN pixels)
+/// unless the check is on; then the run fails at the first step whose output holds it, naming
+/// the stage, the step and its op.
+#[test]
+fn check_finite_names_the_first_step_that_produces_nan() {
+    let plan = plan_for("pixart-sigma-tiny");
+    let size = plan.meta().size(64, 64).unwrap().clone();
+    let stage = &plan.meta().stages[size.decoder_stage as usize];
+    let mut lat = vec![0.1f32; 4 * 8 * 8];
+    lat[77] = f32::NAN;
+    let n = 3 * 64 * 64;
+    let mut s = Session::new(&plan, edge_kernels::generic(), None).unwrap();
+    let mut out = vec![0f32; n];
+    s.run_stage(
+        size.decoder_stage,
+        &[StageInput::F32(&lat)],
+        &mut [&mut out],
+    )
+    .unwrap();
+    assert!(
+        out.iter().any(|v| v.is_nan()),
+        "unchecked: NaN reaches the image"
+    );
+    s.set_check_finite(true);
+    let e = s
+        .run_stage(
+            size.decoder_stage,
+            &[StageInput::F32(&lat)],
+            &mut [&mut out],
+        )
+        .unwrap_err();
+    let edge_runtime::Error::NonFinite {
+        stage: st,
+        step,
+        op,
+        what,
+    } = &e
+    else {
+        panic!("expected NonFinite, got {e}");
+    };
+    assert_eq!(st, &stage.name);
+    // The first step that reads the latents.
+    let first = stage
+        .steps
+        .iter()
+        .position(|p| p.inputs.contains(&stage.inputs[0]))
+        .unwrap();
+    assert_eq!(*step, first, "{e}");
+    assert_eq!(op, stage.steps[first].op.name());
+    assert!(what.starts_with("NaN at element"), "{e}");
+    assert!(
+        e.to_string().contains(&format!("step {first} ({op})")),
+        "{e}"
+    );
+}

@@ -382,6 +382,10 @@ struct GenArgs {
     spill_dir: Option<PathBuf>,
     #[command(flatten)]
     dev: DeviceArgs,
+    /// Check every step's output for NaN and infinity and stop at the first, naming the stage,
+    /// step and op (slower; on a GPU each output is copied back to look).
+    #[arg(long = "check-finite")]
+    check_finite: bool,
     /// No progress display.
     #[arg(long)]
     quiet: bool,
@@ -923,6 +927,7 @@ fn generate(a: GenArgs) -> Result<()> {
     let session =
         edge_runtime::budget::open_session(&plan, kernels, &rb, a.spill_dir.clone(), &[size])?;
     let mut exec = open_executor(session, &a.dev, a.verbose)?;
+    exec.set_check_finite(a.check_finite);
     let mut timings: HashMap<&str, f64> = HashMap::new();
     // With -v, the resident-set peak of each phase (VmHWM reset at each phase's start).
     let mut phase_peak: HashMap<&str, u64> = HashMap::new();
