@@ -994,3 +994,52 @@ fn wrong_input_and_output_counts_are_named() {
         "{e}"
     );
 }
+
+/// A plan's CUDA kernels (`--target cuda-smXX`) are verified like the rest of the metadata:
+/// a known architecture, unique file names, PTX present and within bounds; a well-formed set
+/// opens (and the CPU can run the plan).
+#[test]
+fn cuda_modules_are_verified() {
+    use edge_schema::plan::{CudaModule, CudaModules};
+    let modules = |arch: &str, names: &[&str], ptx: &str| CudaModules {
+        arch: arch.into(),
+        compiler: "NVRTC 12.6".into(),
+        modules: names
+            .iter()
+            .map(|n| CudaModule {
+                name: (*n).into(),
+                source_digest: [1; 32],
+                ptx: ptx.into(),
+            })
+            .collect(),
+    };
+    let good = good_plan();
+    let mut meta = edge_planner::inspect::read_meta(&good).expect("good plan decodes");
+    meta.cuda = Some(modules("sm_87", &["linear.cu", "norm.cu"], ".version 8.5"));
+    let bytes = reassemble(&good, &meta, FORMAT_VERSION);
+    let plan = open("well-formed CUDA modules", &bytes).expect("accepted");
+    assert_eq!(
+        plan.meta().cuda.as_ref().map(|c| c.arch.as_str()),
+        Some("sm_87")
+    );
+    refused("unknown architecture", &["CUDA kernels", "sm_80"], |m| {
+        m.cuda = Some(modules("sm_80", &["linear.cu"], ".version 8.5"));
+    });
+    refused(
+        "repeated module",
+        &["CUDA module 1", "unique file name"],
+        |m| {
+            m.cuda = Some(modules(
+                "sm_87",
+                &["linear.cu", "linear.cu"],
+                ".version 8.5",
+            ));
+        },
+    );
+    refused("module name with a folder", &["CUDA module 0"], |m| {
+        m.cuda = Some(modules("sm_72", &["../linear.cu"], ".version 8.5"));
+    });
+    refused("empty PTX", &["empty PTX"], |m| {
+        m.cuda = Some(modules("sm_90", &["linear.cu"], ""));
+    });
+}
