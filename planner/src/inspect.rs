@@ -69,6 +69,23 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
                 c.modules.len(),
                 names.join(", ")
             );
+            let host: Vec<&str> = c
+                .host_stages
+                .iter()
+                .filter_map(|&i| meta.stages.get(i as usize).map(|st| st.name.as_str()))
+                .collect();
+            let _ = writeln!(
+                s,
+                "cuda placement: {}; the GPU needs {} bytes{}",
+                if host.is_empty() {
+                    "every stage on the GPU".to_string()
+                } else {
+                    format!("{} on the CPU cores, the rest on the GPU", host.join(", "))
+                },
+                c.device_bytes,
+                c.vram_budget
+                    .map_or(String::new(), |b| format!(" (--max-vram {b})"))
+            );
         }
         None => {
             let _ = writeln!(s, "cuda: none (edgerun --device cuda compiles the kernels at start, or reads --cuda-ptx)");

@@ -11,6 +11,7 @@
 pub mod arena;
 pub mod budget;
 pub mod compile;
+pub mod cuda_place;
 pub mod decoder;
 pub mod error;
 pub mod files;

@@ -67,6 +67,7 @@ fn lay_out(meta: &mut PlanMeta, table: &TensorTable) -> Result<Layout> {
     let weights_len = align_up(pos, SECTION_ALIGN);
     meta.tensors = entries;
     meta.sections = sections;
+    crate::cuda_place::place(meta)?;
     edge_schema::verify::verify_meta(meta, weights_len)?;
     let meta_bytes = meta.encode()?;
     let meta_offset = weights_offset + weights_len;

@@ -90,6 +90,8 @@ pub struct CudaSession<'p> {
     math: CudaMath,
     /// Tensor-core kernels exist for this GPU (sm_80 and later).
     mma: bool,
+    /// Stages the plan runs on the CPU cores (its `CudaModules::host_stages`).
+    host_stages: Vec<u32>,
     /// Per stage: its matrix products read F16, BF16 or quantized weights (a plan kept in f32
     /// keeps f32 attention too).
     reduced: Vec<bool>,
@@ -182,11 +184,30 @@ impl<'p> CudaSession<'p> {
     /// fit in the GPU's free memory (both sizes named), or an allocation fails.
     pub fn new(host: Session<'p>, gpu: Gpu) -> Result<Self> {
         let plan = host.plan;
-        let arena_bytes = crate::session::arena_bytes(plan) as usize;
+        // Stages the plan places on the CPU cores (the text encoder under a tight
+        // --max-vram) never touch the device.
+        let host_stages: Vec<u32> = plan
+            .meta()
+            .cuda
+            .as_ref()
+            .map(|c| c.host_stages.clone())
+            .unwrap_or_default();
+        let on_gpu = |i: usize| !host_stages.contains(&(i as u32));
+        let arena_bytes = plan
+            .meta()
+            .stages
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| on_gpu(i))
+            .map(|(_, s)| s.arena_size)
+            .max()
+            .unwrap_or(0) as usize;
         let qx_bytes = host
             .decoded
             .iter()
-            .flatten()
+            .enumerate()
+            .filter(|&(i, _)| on_gpu(i))
+            .flat_map(|(_, steps)| steps)
             .map(|d| match d.call {
                 Call::Linear {
                     m,
@@ -198,26 +219,15 @@ impl<'p> CudaSession<'p> {
             })
             .max()
             .unwrap_or(0);
-        // Q8_0 tensors are held split (36 bytes per 34-byte block) on GPUs with tensor cores.
-        let weights: u64 = plan
-            .meta()
-            .tensors
-            .iter()
-            .map(|t| {
-                t.len
-                    + if t.dtype == DType::Q8_0 {
-                        t.len / 17
-                    } else {
-                        0
-                    }
-            })
-            .sum();
-        let need = arena_bytes as u64 + qx_bytes as u64 + weights;
+        // Weights (Q8_0 held split), the arena and the Q8_0 activations of the GPU's stages,
+        // as the planner counted them (`--max-vram`).
+        let need = edge_schema::memory::cuda_device_bytes(plan.meta(), &host_stages);
         let (free, _) = gpu.memory().map_err(gpu_err)?;
         if need > free as u64 {
             return Err(Error::Gpu(format!(
-                "{}: the plan needs {need} bytes of device memory (arena {arena_bytes}, weights \
-                 {weights}, Q8_0 activations {qx_bytes}); {free} bytes are free",
+                "{}: the plan needs {need} bytes of device memory (arena {arena_bytes}, Q8_0 \
+                 activations {qx_bytes}, the rest weights); {free} bytes are free (edgeplan \
+                 --max-vram places the text encoder on the CPU cores when it does not fit)",
                 gpu.label
             )));
         }
@@ -249,6 +259,7 @@ impl<'p> CudaSession<'p> {
             math: CudaMath::default(),
             mma: gpu_mma,
             reduced,
+            host_stages,
         })
     }
 
@@ -977,6 +988,14 @@ impl<'p> Executor<'p> for CudaSession<'p> {
         inputs: &[StageInput<'_>],
         outputs: &mut [&mut [u8]],
     ) -> Result<()> {
+        if self.host_stages.contains(&index) {
+            // Placed on the CPU cores: the host session runs it whole; the host arena it
+            // writes is no longer what any tracked value's host side holds.
+            self.at = Residency::default();
+            self.counts.host_steps +=
+                self.host.plan.meta().stages[index as usize].steps.len() as u64;
+            return self.host.run_stage_bytes(index, inputs, outputs);
+        }
         self.host.load_inputs(index, inputs, outputs.len())?;
         // A new run: every arena value is stale except the inputs just written to the host.
         self.track(index, true);
@@ -1070,6 +1089,8 @@ impl<'p> Executor<'p> for CudaSession<'p> {
 
     fn set_check_finite(&mut self, on: bool) {
         self.check_finite = on;
+        // Stages placed on the CPU cores run in the host session's own loop.
+        self.host.set_check_finite(on);
     }
 
     fn device_summary(&self) -> Option<String> {

@@ -258,3 +258,52 @@ pub fn needed_weights(st: &Stage, by_segments: bool, charge: &dyn Fn(&[u32]) -> 
         .max()
         .unwrap_or(0)
 }
+
+/// Device bytes the stages outside `host` need: the weights they read (Q8_0 ones held split,
+/// 36 bytes per 34-byte block), the largest of their arenas, and the Q8_0 activation buffer of
+/// their largest Q8_0 product (`m·k` quants and `m·k/32` f32 scales), as the CUDA executor
+/// allocates them (`runtime/src/cuda.rs`); the planner places stages with it
+/// (`planner/src/cuda_place.rs`).
+pub fn cuda_device_bytes(meta: &crate::plan::PlanMeta, host: &[u32]) -> u64 {
+    let mut tensors: Vec<u32> = Vec::new();
+    let (mut arena, mut qx) = (0u64, 0u64);
+    for (i, st) in meta.stages.iter().enumerate() {
+        if host.contains(&(i as u32)) {
+            continue;
+        }
+        arena = arena.max(st.arena_size);
+        for t in step_tensors(&st.steps, &st.values) {
+            if !tensors.contains(&t) {
+                tensors.push(t);
+            }
+        }
+        for step in &st.steps {
+            let (crate::op::Op::Linear { .. }, Some(&x), Some(&w)) =
+                (&step.op, step.inputs.first(), step.inputs.get(1))
+            else {
+                continue;
+            };
+            let (Some(x), Some(w)) = (st.values.get(x as usize), st.values.get(w as usize)) else {
+                continue;
+            };
+            if w.dtype != crate::DType::Q8_0 {
+                continue;
+            }
+            let n: u64 = x.shape.iter().product();
+            qx = qx.max(n + n / 32 * 4);
+        }
+    }
+    let weights: u64 = tensors
+        .iter()
+        .filter_map(|&t| meta.tensors.get(t as usize))
+        .map(|e| {
+            e.len
+                + if e.dtype == crate::DType::Q8_0 {
+                    e.len / 17
+                } else {
+                    0
+                }
+        })
+        .sum();
+    weights + arena + qx
+}

@@ -399,6 +399,15 @@ pub struct CudaModules {
     pub compiler: String,
     /// One module per kernel source, in the order of `edge_kernels_cuda::SOURCES`.
     pub modules: Vec<CudaModule>,
+    /// The device memory budget the placement was planned for (`edgeplan --max-vram`), bytes.
+    pub vram_budget: Option<u64>,
+    /// Stages the device runs on its CPU cores instead of the GPU, by index: the text encoder
+    /// when the budget cannot hold it beside the denoiser and the VAE (its weights then stay
+    /// in the mapped plan and never reach the GPU).
+    pub host_stages: Vec<u32>,
+    /// Device bytes the GPU's stages need as planned: their weights (Q8_0 split for the
+    /// tensor-core kernels), the largest of their arenas and the Q8_0 activation buffer.
+    pub device_bytes: u64,
 }
 
 /// One compiled kernel source.

@@ -245,6 +245,9 @@ fn meta() -> PlanMeta {
                 source_digest: [9; 32],
                 ptx: ".version 8.5\n.target sm_87\n".into(),
             }],
+            vram_budget: Some(6 << 30),
+            host_stages: vec![0],
+            device_bytes: 5 << 30,
         }),
     }
 }
@@ -255,7 +258,7 @@ fn metadata_bytes_are_frozen() {
     let digest = blake3::hash(&bytes).to_hex().to_string();
     assert_eq!(
         (FORMAT_VERSION, bytes.len(), digest.as_str()),
-        (7, GOLDEN_LEN, GOLDEN_DIGEST),
+        (8, GOLDEN_LEN, GOLDEN_DIGEST),
         "the postcard encoding of PlanMeta changed: bump FORMAT_VERSION and update the golden values"
     );
     assert_eq!(PlanMeta::decode(&bytes).unwrap(), meta());
@@ -280,5 +283,5 @@ fn header_layout_is_frozen() {
     assert_eq!(&b[224..256], &[0x44; 32]);
 }
 
-const GOLDEN_LEN: usize = 530;
-const GOLDEN_DIGEST: &str = "7ca53e1b34af078ffa37e4333ab1b4bd24274afa473c4ba52b92651f8738bdce";
+const GOLDEN_LEN: usize = 543;
+const GOLDEN_DIGEST: &str = "1940c9099bfb3f76831b425e7f99b91ab4774b11d8bfe3d974517396d6ba0a93";

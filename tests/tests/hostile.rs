@@ -1012,6 +1012,9 @@ fn cuda_modules_are_verified() {
                 ptx: ptx.into(),
             })
             .collect(),
+        vram_budget: None,
+        host_stages: Vec::new(),
+        device_bytes: 0,
     };
     let good = good_plan();
     let mut meta = edge_planner::inspect::read_meta(&good).expect("good plan decodes");
@@ -1041,5 +1044,24 @@ fn cuda_modules_are_verified() {
     });
     refused("empty PTX", &["empty PTX"], |m| {
         m.cuda = Some(modules("sm_90", &["linear.cu"], ""));
+    });
+    refused(
+        "a denoiser placed on the CPU cores",
+        &["CUDA placement", "expected each text encoder stage once"],
+        |m| {
+            let den = m
+                .stages
+                .iter()
+                .position(|s| s.kind == StageKind::Denoiser)
+                .unwrap() as u32;
+            let mut c = modules("sm_87", &["linear.cu"], ".version 8.5");
+            c.host_stages = vec![den];
+            m.cuda = Some(c);
+        },
+    );
+    refused("a stage index past the end", &["CUDA placement"], |m| {
+        let mut c = modules("sm_87", &["linear.cu"], ".version 8.5");
+        c.host_stages = vec![9999];
+        m.cuda = Some(c);
     });
 }

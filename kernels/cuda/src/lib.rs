@@ -241,6 +241,9 @@ pub fn compile_modules(arch: Arch) -> Result<edge_schema::plan::CudaModules, Str
         arch: arch.name().to_string(),
         compiler: nvrtc_version(),
         modules,
+        vram_budget: None,
+        host_stages: Vec::new(),
+        device_bytes: 0,
     })
 }
 
@@ -363,6 +366,9 @@ mod tests {
                     ptx: format!("// {}", s.name),
                 })
                 .collect(),
+            vram_budget: None,
+            host_stages: Vec::new(),
+            device_bytes: 0,
         }
     }
 

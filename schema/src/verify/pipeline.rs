@@ -34,6 +34,14 @@ pub(super) fn verify_pipeline(meta: &PlanMeta) -> Result<()> {
     }
     if let Some(c) = &meta.cuda {
         verify_cuda(c)?;
+        for (i, &st) in c.host_stages.iter().enumerate() {
+            let kind = meta.stages.get(st as usize).map(|s| s.kind);
+            if !matches!(kind, Some(StageKind::TextEncoder)) || c.host_stages[..i].contains(&st) {
+                return Err(invalid(format!(
+                    "CUDA placement: stage {st} on the CPU cores is {kind:?} (expected each text encoder stage once)"
+                )));
+            }
+        }
     }
     if meta.vae.downscale == 0 || meta.vae.latent_channels == 0 {
         return Err(invalid(
@@ -286,6 +294,9 @@ mod tests {
             arch: "sm_87".into(),
             compiler: "NVRTC 12.6".into(),
             modules: vec![m("a.cu", ".version 8.5"), m("b.cu", ".version 8.5")],
+            vram_budget: None,
+            host_stages: vec![],
+            device_bytes: 0,
         };
         assert!(verify_cuda(&ok).is_ok());
         let bad = |c: CudaModules, what: &str| {

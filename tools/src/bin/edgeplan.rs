@@ -204,7 +204,10 @@ struct CompileArgs {
     /// Memory budget for weights resident + arena on the device (e.g. `1.5G`, `800M`).
     #[arg(long = "max-ram")]
     max_ram: Option<String>,
-    /// Same as --max-ram, for GPU targets (device memory).
+    /// GPU memory budget for a `--target cuda-smXX` plan (e.g. `6G`): the planner places the
+    /// text encoder on the device's CPU cores when the GPU cannot hold it beside the denoiser
+    /// and the VAE, and refuses a plan whose GPU part does not fit (`edgeplan inspect` shows
+    /// the placement). For a CPU target, the same as --max-ram.
     #[arg(long = "max-vram")]
     max_vram: Option<String>,
     /// Execution per stage: auto (segmented only when over budget), monolithic, every-cut.
@@ -350,17 +353,26 @@ fn compile(a: CompileArgs) -> Result<()> {
             .rules
             .push((p.to_string(), parse_type(t, "--quant-rule")?));
     }
+    let gpu_target = a.target.starts_with("cuda-");
+    let vram = match (gpu_target, a.max_vram.as_deref()) {
+        (true, Some(v)) => Some(parse_size(v, "--max-vram")?),
+        _ => None,
+    };
     let mut opts = CompileOptions {
         sizes,
         max_sequence_length: a.max_sequence_length,
         policy,
         target: parse_target(&a.target)?,
-        cuda: cuda_modules(&a.target)?,
+        cuda: cuda_modules(&a.target)?.map(|mut c| {
+            c.vram_budget = vram;
+            c
+        }),
         vae_scale_factor: a.vae_scale_factor,
         max_ram: match (a.max_ram.as_deref(), a.max_vram.as_deref()) {
             (Some(r), _) => Some(parse_size(r, "--max-ram")?),
-            (None, Some(v)) => Some(parse_size(v, "--max-vram")?),
-            (None, None) => None,
+            // A CPU target: --max-vram is --max-ram (a GPU target plans it separately).
+            (None, Some(v)) if !gpu_target => Some(parse_size(v, "--max-vram")?),
+            _ => None,
         },
         headroom: match a.planning_headroom.as_deref() {
             Some("0") => 0,
