@@ -1039,9 +1039,13 @@ fn cuda_modules_are_verified() {
             ));
         },
     );
-    refused("module name with a folder", &["CUDA module 0"], |m| {
-        m.cuda = Some(modules("sm_72", &["../linear.cu"], ".version 8.5"));
-    });
+    refused(
+        "module name with a folder",
+        &["CUDA module 0", "without folders"],
+        |m| {
+            m.cuda = Some(modules("sm_72", &["../linear.cu"], ".version 8.5"));
+        },
+    );
     refused("empty PTX", &["empty PTX"], |m| {
         m.cuda = Some(modules("sm_90", &["linear.cu"], ""));
     });

@@ -71,8 +71,12 @@ impl Arch {
     /// # Errors
     /// A message listing the supported names.
     pub fn parse(s: &str) -> Result<Arch, String> {
-        let t = s.trim().trim_start_matches("cuda-").replace('_', "");
-        match t.trim_start_matches("sm") {
+        let t = s.strip_prefix("cuda-").unwrap_or(s);
+        let t = t
+            .strip_prefix("sm_")
+            .or_else(|| t.strip_prefix("sm"))
+            .unwrap_or(t);
+        match t {
             "72" => Ok(Arch::Sm72),
             "87" => Ok(Arch::Sm87),
             "90" => Ok(Arch::Sm90),
@@ -272,7 +276,20 @@ pub fn compile_ptx(s: &Source, arch: Arch) -> Result<String, String> {
     };
     cudarc::nvrtc::compile_ptx_with_opts(source(s), opts)
         .map(|p| p.to_src())
-        .map_err(|e| format!("{} for {}: {e}", s.name, arch.name()))
+        .map_err(|e| {
+            let why = match &e {
+                cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+                    let log = log.to_string_lossy();
+                    if log.contains("libnvrtc-builtins") {
+                        "NVRTC cannot open libnvrtc-builtins.so.12.6: put the folder of libnvrtc.so.12 (which holds it) on LD_LIBRARY_PATH".to_string()
+                    } else {
+                        log.lines().take(4).collect::<Vec<_>>().join("; ")
+                    }
+                }
+                other => format!("{other:?}"),
+            };
+            format!("{} for {}: {why}", s.name, arch.name())
+        })
 }
 
 /// Whether NVRTC can be loaded (and has every function this build calls).
@@ -352,6 +369,16 @@ mod tests {
         assert!(Arch::parse("sm_80")
             .unwrap_err()
             .contains("sm_72, sm_87 or sm_90"));
+        for bad in [
+            "cuda-smsm87",
+            "cuda-cuda-sm87",
+            "cuda- sm87",
+            "sm8_7",
+            "SM87",
+            "",
+        ] {
+            assert!(Arch::parse(bad).is_err(), "{bad}");
+        }
     }
 
     fn modules(arch: &str) -> edge_schema::plan::CudaModules {

@@ -233,8 +233,15 @@ pub(super) fn verify_pipeline(meta: &PlanMeta) -> Result<()> {
     Ok(())
 }
 
-/// Largest PTX text a plan may carry in all (the kernels of this release are about 0.3 MB).
+/// Largest PTX text a plan may carry in all (the kernels of this release are about 0.5 MB).
 pub const MAX_CUDA_PTX_BYTES: usize = 64 << 20;
+
+/// Most CUDA modules a plan may carry (one per kernel source: 7 in this release), so that the
+/// name checks stay cheap on a hostile plan.
+pub const MAX_CUDA_MODULES: usize = 64;
+
+/// Longest module name or compiler label, in bytes.
+pub const MAX_CUDA_LABEL: usize = 64;
 
 /// A plan's CUDA kernels: a known architecture, named modules without repeats, non-empty PTX
 /// within [`MAX_CUDA_PTX_BYTES`]. Whether the modules match the runtime's own sources is the
@@ -246,15 +253,35 @@ fn verify_cuda(c: &crate::plan::CudaModules) -> Result<()> {
             c.arch
         )));
     }
+    if c.compiler.is_empty()
+        || c.compiler.len() > MAX_CUDA_LABEL
+        || c.compiler.chars().any(char::is_control)
+    {
+        return Err(invalid(format!(
+            "CUDA compiler label of {} bytes (expected 1 to {MAX_CUDA_LABEL} printable characters)",
+            c.compiler.len()
+        )));
+    }
+    if c.modules.len() > MAX_CUDA_MODULES {
+        return Err(invalid(format!(
+            "{} CUDA modules (at most {MAX_CUDA_MODULES})",
+            c.modules.len()
+        )));
+    }
     let mut total = 0usize;
     for (i, m) in c.modules.iter().enumerate() {
         if m.name.is_empty()
-            || m.name.len() > 64
+            || m.name.len() > MAX_CUDA_LABEL
             || m.name.chars().any(|ch| ch.is_control() || ch == '/')
-            || c.modules[..i].iter().any(|o| o.name == m.name)
         {
             return Err(invalid(format!(
-                "CUDA module {i}: name {:?} (expected a unique file name)",
+                "CUDA module {i}: name of {} bytes (expected a file name of 1 to {MAX_CUDA_LABEL} printable characters, without folders)",
+                m.name.len()
+            )));
+        }
+        if c.modules[..i].iter().any(|o| o.name == m.name) {
+            return Err(invalid(format!(
+                "CUDA module {i}: name {:?} repeated (expected a unique file name)",
                 m.name
             )));
         }
@@ -315,7 +342,21 @@ mod tests {
         bad(c, "unique file name");
         let mut c = ok.clone();
         c.modules[0].name = "../x.cu".into();
-        bad(c, "unique file name");
+        bad(c, "without folders");
+        let mut c = ok.clone();
+        c.modules[0].name = "x".repeat(65);
+        bad(c, "name of 65 bytes");
+        let mut c = ok.clone();
+        c.compiler = "\u{1b}[2JNVRTC\nforged".into();
+        bad(c, "compiler label");
+        let mut c = ok.clone();
+        c.compiler = "N".repeat(MAX_CUDA_LABEL + 1);
+        bad(c, "compiler label");
+        let mut c = ok.clone();
+        c.modules = (0..=MAX_CUDA_MODULES)
+            .map(|i| m(&format!("{i}.cu"), "x"))
+            .collect();
+        bad(c, "CUDA modules (at most 64)");
         let mut c = ok.clone();
         c.modules[0].ptx.clear();
         bad(c, "empty PTX");

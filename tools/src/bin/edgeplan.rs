@@ -281,23 +281,31 @@ fn parse_family(s: &str) -> Result<edge_schema::plan::ModelFamily> {
     }
 }
 
-/// The CUDA kernels `--target cuda-smXX` asks for, compiled now; `None` for a CPU target.
-fn cuda_modules(target: &str) -> Result<Option<edge_schema::plan::CudaModules>> {
-    let Some(arch) = target.strip_prefix("cuda-") else {
+/// The GPU architecture `--target cuda-smXX` names (`sm_87`), checked before anything is read;
+/// `None` for a CPU target.
+fn cuda_arch(target: &str) -> Result<Option<&'static str>> {
+    let Some(rest) = target.strip_prefix("cuda-") else {
         return Ok(None);
     };
-    compile_cuda(arch).map(Some)
+    match rest {
+        "sm72" => Ok(Some("sm_72")),
+        "sm87" => Ok(Some("sm_87")),
+        "sm90" => Ok(Some("sm_90")),
+        _ => bail!("--target {target}: unknown GPU target (expected cuda-sm72 (Xavier), cuda-sm87 (Orin) or cuda-sm90)"),
+    }
 }
 
+/// The CUDA kernels for `arch` (from [`cuda_arch`]), compiled now.
 #[cfg(feature = "cuda")]
 fn compile_cuda(arch: &str) -> Result<edge_schema::plan::CudaModules> {
     let a = edge_kernels_cuda::Arch::parse(arch).map_err(|e| anyhow::anyhow!("--target: {e}"))?;
-    edge_kernels_cuda::compile_modules(a).map_err(|e| anyhow::anyhow!("--target cuda-{arch}: {e}"))
+    let target = format!("cuda-{}", arch.replace('_', ""));
+    edge_kernels_cuda::compile_modules(a).map_err(|e| anyhow::anyhow!("--target {target}: {e}"))
 }
 
 #[cfg(not(feature = "cuda"))]
 fn compile_cuda(arch: &str) -> Result<edge_schema::plan::CudaModules> {
-    bail!("--target cuda-{arch}: this edgeplan was built without CUDA (build it with `cargo build --release -p edge-tools --features cuda`; NVRTC compiles the kernels)")
+    bail!("--target cuda-{}: this edgeplan was built without CUDA (build it with `cargo build --release -p edge-tools --features cuda`; NVRTC compiles the kernels)", arch.replace('_', ""))
 }
 
 fn parse_target(s: &str) -> Result<Target> {
@@ -353,7 +361,8 @@ fn compile(a: CompileArgs) -> Result<()> {
             .rules
             .push((p.to_string(), parse_type(t, "--quant-rule")?));
     }
-    let gpu_target = a.target.starts_with("cuda-");
+    let gpu_arch = cuda_arch(&a.target)?;
+    let gpu_target = gpu_arch.is_some();
     let vram = match (gpu_target, a.max_vram.as_deref()) {
         (true, Some(v)) => Some(parse_size(v, "--max-vram")?),
         _ => None,
@@ -363,10 +372,8 @@ fn compile(a: CompileArgs) -> Result<()> {
         max_sequence_length: a.max_sequence_length,
         policy,
         target: parse_target(&a.target)?,
-        cuda: cuda_modules(&a.target)?.map(|mut c| {
-            c.vram_budget = vram;
-            c
-        }),
+        // Compiled once the inputs and -o are checked (below).
+        cuda: None,
         vae_scale_factor: a.vae_scale_factor,
         max_ram: match (a.max_ram.as_deref(), a.max_vram.as_deref()) {
             (Some(r), _) => Some(parse_size(r, "--max-ram")?),
@@ -459,6 +466,11 @@ fn compile(a: CompileArgs) -> Result<()> {
     // Refused before any weight is read.
     common::check_output_dir("-o", &a.output)?;
     common::check_output_file("-o", &a.output)?;
+    if let Some(arch) = gpu_arch {
+        let mut c = compile_cuda(arch)?;
+        c.vram_budget = vram;
+        opts.cuda = Some(c);
+    }
     let started = std::time::Instant::now();
     let files = edge_planner::compile::ComponentFiles {
         diffusion_model: a.diffusion_model.clone(),

@@ -200,8 +200,8 @@ fn serve(a: ServeArgs) -> Result<()> {
 #[derive(clap::Args)]
 struct DeviceArgs {
     /// Where the stages run: `cpu`, or `cuda` (the first NVIDIA GPU; needs a build with
-    /// `--features cuda` and the NVIDIA driver; `bench` times each GPU step to its end).
-    #[arg(long = "device", default_value = "cpu")]
+    /// `--features cuda` and the NVIDIA driver). On the GPU, `bench` times each step to its end.
+    #[arg(long = "device", default_value = "cpu", value_parser = ["cpu", "cuda"])]
     device: String,
     /// With `--device cuda`: a folder of PTX compiled ahead of time for the GPU's architecture
     /// (`ARCH/NAME.ptx`, as `scripts/test-cuda --compile-only` writes them under
@@ -213,7 +213,7 @@ struct DeviceArgs {
     /// quantized matrices: F16/BF16 products with the activations rounded, F16 attention) or
     /// `exact` (the CPU's arithmetic for every product). Q8_0 products are the CPU's bits either
     /// way.
-    #[arg(long = "cuda-math", default_value = "fast")]
+    #[arg(long = "cuda-math", default_value = "fast", value_parser = ["fast", "exact"])]
     cuda_math: String,
 }
 
