@@ -236,7 +236,7 @@ pub fn check_output_dir(flag: &str, out: &std::path::Path) -> anyhow::Result<()>
         _ => std::path::Path::new("."),
     };
     match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => Ok(()),
+        Ok(m) if m.is_dir() => writable(flag, out, dir),
         Ok(_) => anyhow::bail!(
             "{flag} {}: {} is not a folder",
             out.display(),
@@ -250,9 +250,54 @@ pub fn check_output_dir(flag: &str, out: &std::path::Path) -> anyhow::Result<()>
     }
 }
 
+/// Refuses, before any work, a folder where no file can be created (read-only, not ours): a
+/// probe file is created there and removed at once.
+fn writable(flag: &str, out: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<()> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let probe = dir.join(format!(".edge-write-probe-{}-{nanos}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => anyhow::bail!(
+            "{flag} {}: no file can be written in the folder {}: {e}; nothing was done",
+            out.display(),
+            dir.display()
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_size;
+
+    #[test]
+    fn an_output_folder_where_nothing_can_be_written_is_refused_first() {
+        // /proc refuses new files even to root (a chmod would not stop root).
+        let e = super::check_output_dir("-o", std::path::Path::new("/proc/edge-test.plan"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no file can be written in the folder /proc"), "{e}");
+        let dir = std::env::temp_dir();
+        super::check_output_dir("-o", &dir.join("edge-test.plan")).unwrap();
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!(".edge-write-probe-{}-", std::process::id()))
+            })
+            .collect();
+        assert!(left.is_empty(), "the probe file is removed");
+    }
 
     #[test]
     fn sizes_parse_strictly() {
