@@ -262,7 +262,7 @@ pub fn needed_weights(st: &Stage, by_segments: bool, charge: &dyn Fn(&[u32]) -> 
 /// Device bytes the stages outside `host` need: the weights they read (Q8_0 ones held split,
 /// 36 bytes per 34-byte block), the largest of their arenas, and the Q8_0 activation buffer of
 /// their largest Q8_0 product (`m·k` quants and `m·k/32` f32 scales), as the CUDA executor
-/// allocates them (`runtime/src/cuda.rs`); the planner places stages with it
+/// allocates them (`runtime/src/cuda/mod.rs`); the planner places stages with it
 /// (`planner/src/cuda_place.rs`).
 pub fn cuda_device_bytes(meta: &crate::plan::PlanMeta, host: &[u32]) -> u64 {
     let mut tensors: Vec<u32> = Vec::new();

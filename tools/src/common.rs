@@ -284,7 +284,10 @@ mod tests {
         let e = super::check_output_dir("-o", std::path::Path::new("/proc/edge-test.plan"))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("no file can be written in the folder /proc"), "{e}");
+        assert!(
+            e.contains("no file can be written in the folder /proc"),
+            "{e}"
+        );
         let dir = std::env::temp_dir();
         super::check_output_dir("-o", &dir.join("edge-test.plan")).unwrap();
         let left: Vec<_> = std::fs::read_dir(&dir)
