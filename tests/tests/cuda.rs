@@ -20,15 +20,7 @@ use edge_runtime::{GenerateParams, Plan, Session};
 use edge_schema::DType;
 
 fn gpu() -> Option<Gpu> {
-    let opened = Gpu::open_from_env();
-    match opened {
-        Ok(g) => Some(g),
-        Err(e) if std::env::var_os("EDGE_REQUIRE_GPU").is_some() => panic!("{e}"),
-        Err(e) => {
-            eprintln!("skipped (no GPU here): {e}");
-            None
-        }
-    }
+    Gpu::for_tests()
 }
 
 fn plan(name: &str, quant: Option<DType>) -> Plan {

@@ -58,6 +58,25 @@ impl Gpu {
         }
     }
 
+    /// For test harnesses: [`Gpu::open_from_env`], or `None` after saying on stderr why the
+    /// tests are skipped. With `EDGE_REQUIRE_GPU` set (as `scripts/test-cuda` does on a GPU
+    /// machine) a missing GPU is a test failure instead.
+    ///
+    /// # Panics
+    /// When no GPU opens and `EDGE_REQUIRE_GPU` is set.
+    pub fn for_tests() -> Option<Gpu> {
+        match Gpu::open_from_env() {
+            Ok(g) => Some(g),
+            Err(e) if std::env::var_os("EDGE_REQUIRE_GPU").is_some() => {
+                panic!("EDGE_REQUIRE_GPU is set: {e}")
+            }
+            Err(e) => {
+                eprintln!("skipped (no GPU here): {e}");
+                None
+            }
+        }
+    }
+
     /// Opens GPU 0 and loads every source's PTX as `ptx_of(source, arch)` gives it for the
     /// device's architecture: compiled ahead of time (read from a plan or a folder), so that
     /// nothing is compiled on the device beyond the driver's own PTX assembly.

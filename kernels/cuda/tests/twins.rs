@@ -15,16 +15,7 @@ use edge_schema::DType;
 /// from `$EDGE_CUDA_PTX_DIR/ARCH/NAME.ptx` as `scripts/test-cuda --compile-only` writes them
 /// (a machine with a GPU but without NVRTC 12).
 fn gpu() -> Option<Gpu> {
-    let opened = Gpu::open_from_env();
-    match opened {
-        Ok(g) => Some(g),
-        // `scripts/test-cuda` (GPU mode) sets EDGE_REQUIRE_GPU: a missing GPU fails there.
-        Err(e) if std::env::var_os("EDGE_REQUIRE_GPU").is_some() => panic!("{e}"),
-        Err(e) => {
-            eprintln!("skipped (no GPU here): {e}");
-            None
-        }
-    }
+    Gpu::for_tests()
 }
 
 /// SplitMix64 values in `[-scale, scale)`.
@@ -40,6 +31,51 @@ fn values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
             ((z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
         })
         .collect()
+}
+
+/// `wf` stored as `dtype` (F32, F16 or BF16) with the kernels' dtype code (0, 1, 2).
+fn stored(dtype: DType, wf: &[f32]) -> (Vec<u8>, i32) {
+    match dtype {
+        DType::F32 => (wf.iter().flat_map(|v| v.to_le_bytes()).collect(), 0),
+        DType::F16 => (
+            wf.iter()
+                .flat_map(|v| edge_kernels::quant::fp32_to_fp16(*v).to_le_bytes())
+                .collect(),
+            1,
+        ),
+        _ => (
+            wf.iter()
+                .flat_map(|v| edge_kernels::quant::fp32_to_bf16(*v).to_le_bytes())
+                .collect(),
+            2,
+        ),
+    }
+}
+
+/// The generic kernels' `x[m, k] · w[n, k]ᵀ (+ bias)` for a row-major `w` of `dtype`.
+#[allow(clippy::too_many_arguments)]
+fn generic_linear(
+    x: &[f32],
+    dtype: DType,
+    w: &[u8],
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Vec<f32> {
+    let mut want = vec![0f32; m * n];
+    let mut scratch = vec![0u8; edge_kernels::linear_scratch_bytes(dtype, m, k)];
+    edge_kernels::linear(
+        x,
+        WeightRef::row_major(dtype, w),
+        bias,
+        &mut want,
+        m,
+        k,
+        n,
+        &mut scratch,
+    );
+    want
 }
 
 /// A generic element-wise kernel.
@@ -170,17 +206,7 @@ fn plain_and_q8_0_linear_give_the_generic_bits() -> Result<(), String> {
         let dx = g.upload(&x)?;
         let dbias = g.upload(&bias)?;
         for (dtype, code) in [(DType::F32, 0i32), (DType::F16, 1), (DType::BF16, 2)] {
-            let bytes: Vec<u8> = match dtype {
-                DType::F32 => wf.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                DType::F16 => wf
-                    .iter()
-                    .flat_map(|v| edge_kernels::quant::fp32_to_fp16(*v).to_le_bytes())
-                    .collect(),
-                _ => wf
-                    .iter()
-                    .flat_map(|v| edge_kernels::quant::fp32_to_bf16(*v).to_le_bytes())
-                    .collect(),
-            };
+            let (bytes, _) = stored(dtype, &wf);
             let dw = g.upload(&bytes)?;
             let out = g.zeros::<f32>(m * n)?;
             // SAFETY: (x, w, dtype, bias, out, m, k, n) as declared; x holds m·k, w n·k values
@@ -201,10 +227,7 @@ fn plain_and_q8_0_linear_give_the_generic_bits() -> Result<(), String> {
                     ],
                 )?
             };
-            let mut want = vec![0f32; m * n];
-            let mut scratch = vec![0u8; edge_kernels::linear_scratch_bytes(dtype, m, k)];
-            let wr = WeightRef::row_major(dtype, &bytes);
-            edge_kernels::linear(&x, wr, Some(&bias), &mut want, m, k, n, &mut scratch);
+            let want = generic_linear(&x, dtype, &bytes, Some(&bias), m, k, n);
             same_bits(
                 &format!("edge_linear_plain {dtype:?} {m}x{k}x{n}"),
                 &g.download(&out)?[..m * n],
@@ -590,11 +613,15 @@ fn q8_0_tensor_core_product_gives_the_generic_bits() -> Result<(), String> {
                     ],
                 )?
             };
-            let mut want = vec![0f32; m * n];
-            let mut scratch = vec![0u8; edge_kernels::linear_scratch_bytes(DType::Q8_0, m, k)];
-            let wr = WeightRef::row_major(DType::Q8_0, &wq);
-            let b = with_bias.then_some(&bias[..]);
-            edge_kernels::linear(&x, wr, b, &mut want, m, k, n, &mut scratch);
+            let want = generic_linear(
+                &x,
+                DType::Q8_0,
+                &wq,
+                with_bias.then_some(&bias[..]),
+                m,
+                k,
+                n,
+            );
             same_bits(
                 &format!("edge_linear_q8_0_mma {m}x{k}x{n} bias {with_bias}"),
                 &g.download(&out)?[..m * n],
@@ -624,14 +651,7 @@ fn f16_and_bf16_tensor_core_products_agree_with_generic_within_their_rounding() 
         let (dx, db) = (g.upload(&x)?, g.upload(&bias)?);
         // Bounds: activations rounded to F16 (2⁻¹¹ relative) or BF16 (2⁻⁸), sums in f32.
         for (dtype, code, bound) in [(DType::F16, 1i32, 2e-3f32), (DType::BF16, 2, 1.5e-2)] {
-            let bits: Vec<u16> = wf
-                .iter()
-                .map(|v| match dtype {
-                    DType::F16 => edge_kernels::quant::fp32_to_fp16(*v),
-                    _ => edge_kernels::quant::fp32_to_bf16(*v),
-                })
-                .collect();
-            let bytes: Vec<u8> = bits.iter().flat_map(|h| h.to_le_bytes()).collect();
+            let (bytes, _) = stored(dtype, &wf);
             let dw = g.upload(&bytes)?;
             let out = g.zeros::<f32>(m * n)?;
             // SAFETY: (x, w, dtype, bias, out, m, k, n): x m·k f32, w n·k halves, bias n,
@@ -652,10 +672,7 @@ fn f16_and_bf16_tensor_core_products_agree_with_generic_within_their_rounding() 
                     ],
                 )?
             };
-            let mut want = vec![0f32; m * n];
-            let mut scratch = vec![0u8; edge_kernels::linear_scratch_bytes(dtype, m, k)];
-            let wr = WeightRef::row_major(dtype, &bytes);
-            edge_kernels::linear(&x, wr, Some(&bias), &mut want, m, k, n, &mut scratch);
+            let want = generic_linear(&x, dtype, &bytes, Some(&bias), m, k, n);
             within(
                 &format!("edge_linear_f16_mma {dtype:?} {m}x{k}x{n}"),
                 &g.download(&out)?[..m * n],
@@ -782,21 +799,7 @@ fn conv2d_gives_the_generic_bits() -> Result<(), String> {
         let x = values(71, p.cin * p.h * p.w, 2.0);
         let wf = values(72, p.cout * kk, 0.5);
         let bias = values(73, p.cout, 1.0);
-        let (bytes, code): (Vec<u8>, i32) = match dtype {
-            DType::F32 => (wf.iter().flat_map(|v| v.to_le_bytes()).collect(), 0),
-            DType::F16 => (
-                wf.iter()
-                    .flat_map(|v| edge_kernels::quant::fp32_to_fp16(*v).to_le_bytes())
-                    .collect(),
-                1,
-            ),
-            _ => (
-                wf.iter()
-                    .flat_map(|v| edge_kernels::quant::fp32_to_bf16(*v).to_le_bytes())
-                    .collect(),
-                2,
-            ),
-        };
+        let (bytes, code) = stored(dtype, &wf);
         let (dx, dw, db) = (g.upload(&x)?, g.upload(&bytes)?, g.upload(&bias)?);
         let out = g.zeros::<f32>(p.cout * oh * ow)?;
         let u = |v: usize| Arg::U32(v as u32);
