@@ -56,7 +56,16 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
             hex(&l.blake3[..8])
         );
     }
-    let _ = writeln!(s, "target: {}", meta.target);
+    let _ = writeln!(
+        s,
+        "target: {}{}",
+        meta.target,
+        meta.cuda.as_ref().map_or(String::new(), |c| format!(
+            " packs (any CPU can run them), GPU kernels for {} (--target cuda-{})",
+            c.arch,
+            c.arch.replace('_', "")
+        ))
+    );
     match &meta.cuda {
         Some(c) => {
             let bytes: usize = c.modules.iter().map(|m| m.ptx.len()).sum();

@@ -1230,6 +1230,9 @@ fn bench(a: BenchArgs) -> Result<()> {
         .with_context(|| format!("plan {}", a.plan.display()))?;
     let (width, height, size) = pick_size(meta, a.width, a.height)?;
     let (label, kernels) = pick_kernels(&a.kernels)?;
+    // The executor first: a missing GPU or driver fails before anything is printed or measured.
+    let session = Session::new(&plan, kernels, None)?;
+    let mut exec = open_executor(session, &a.dev, true)?;
     out!(
         "plan {} at {width}x{height}; kernels {label}; {threads} thread{}; cpu: {}",
         a.plan.display(),
@@ -1238,26 +1241,29 @@ fn bench(a: BenchArgs) -> Result<()> {
     );
     // Peaks measured in this run, per thread (run on one thread; the pool's threads are alike).
     // On a GPU the CPU's peaks say nothing of the steps' rates: "of peak" is left out there.
-    let pk = if a.dev.device == "cpu" {
+    let on_cpu = a.dev.device == "cpu";
+    let pk = if on_cpu {
         edge_kernels_cpu::peak(20_000_000)
     } else {
         edge_kernels_cpu::Peak::default()
     };
-    let bw = memory_bandwidth();
-    let fmt_peak =
-        |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{:.1} GOP/s", v / 1e9));
-    out!(
-        "peak of one thread, measured now: f32 fused multiply-add {} (matmul, conv2d and \
-         attention), f32 multiply then add {} (element-wise ops), int8 dot {}; memory read, all \
-         threads: {}",
-        fmt_peak(pk.f32_fma_ops),
-        fmt_peak(pk.f32_ops),
-        fmt_peak(pk.int8_ops),
-        bw.map_or("n/a".to_string(), |b| format!("{:.1} GB/s", b / 1e9))
-    );
-    out!("(\"of peak\" below = achieved rate / (one thread's peak × {threads} threads))");
-    let session = Session::new(&plan, kernels, None)?;
-    let mut exec = open_executor(session, &a.dev, true)?;
+    if on_cpu {
+        let bw = memory_bandwidth();
+        let fmt_peak =
+            |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{:.1} GOP/s", v / 1e9));
+        out!(
+            "peak of one thread, measured now: f32 fused multiply-add {} (matmul, conv2d and \
+             attention), f32 multiply then add {} (element-wise ops), int8 dot {}; memory read, \
+             all threads: {}",
+            fmt_peak(pk.f32_fma_ops),
+            fmt_peak(pk.f32_ops),
+            fmt_peak(pk.int8_ops),
+            bw.map_or("n/a".to_string(), |b| format!("{:.1} GB/s", b / 1e9))
+        );
+        out!("(\"of peak\" below = achieved rate / (one thread's peak × {threads} threads))");
+    } else {
+        out!("(rates below are the GPU's, each step timed to its end; no GPU peak is measured here: scripts/bench-gpu measures PyTorch's beside)");
+    }
     let s = exec.as_mut();
     s.set_profiling(true);
     let tok = edge_runtime::tokenizer::Tokenizer::new(&meta.tokenizer)?;
