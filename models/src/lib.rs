@@ -5,8 +5,9 @@
 //! * [`pixart::build_pixart_denoiser`]: `PixArtTransformer2DModel`, one batch-1 forward that
 //!   returns the noise prediction;
 //! * [`vae::build_vae_decoder`] (also split into [`vae::build_vae_decoder_head`] and
-//!   [`vae::build_vae_decoder_tail`] for tiles) / [`vae::build_vae_encoder`]: `AutoencoderKL`'s decoder and
-//!   encoder;
+//!   [`vae::build_vae_decoder_tail`] for tiles) / [`vae::build_vae_encoder`] (also split into
+//!   [`vae::build_vae_encoder_down`] and [`vae::build_vae_encoder_mid`]): `AutoencoderKL`'s
+//!   decoder and encoder;
 //! * [`taesd::build_tiny_decoder`] / [`taesd::build_tiny_encoder`]: `AutoencoderTiny` (TAESD,
 //!   TAESDXL), the preview decoder.
 //!
@@ -35,6 +36,7 @@ pub use t5::build_t5_encoder;
 pub use taesd::{build_tiny_decoder, build_tiny_encoder};
 pub use vae::{
     build_vae_decoder, build_vae_decoder_head, build_vae_decoder_tail, build_vae_encoder,
+    build_vae_encoder_down, build_vae_encoder_mid,
 };
 
 /// Why a model graph could not be built.

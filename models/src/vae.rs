@@ -234,7 +234,8 @@ pub fn build_vae_decoder_tail(
 /// Input: `image [in_channels, image_h, image_w]` in [−1, 1]. Output:
 /// `moments [2·latent_channels, image_h/f, image_w/f]` (`f` as in [`build_vae_decoder`]): the
 /// mean in the first `latent_channels` channels and the (unclamped) log-variance in the rest,
-/// after `quant_conv` when the config uses it.
+/// after `quant_conv` when the config uses it. The graph is [`build_vae_encoder_down`]
+/// followed by [`build_vae_encoder_mid`], node for node.
 ///
 /// `Downsample2D` pads right and bottom by one and applies a 3×3 stride-2 convolution.
 /// Cuts: `encoder.down_blocks.N`, `encoder.mid_block`, `encoder.conv_out` (before
@@ -246,6 +247,65 @@ pub fn build_vae_encoder(
     image_h: usize,
     image_w: usize,
 ) -> Result<Graph, ModelError> {
+    check_image(cfg, image_h, image_w)?;
+    let mut g = Graph::new("vae_encoder");
+    let image = g.input("image", &[cfg.in_channels, image_h, image_w], DType::F32);
+    let x = encoder_down(&mut g, image, cfg)?;
+    let moments = encoder_mid(&mut g, x, cfg)?;
+    g.output(moments);
+    Ok(g)
+}
+
+/// Builds the front of the VAE encoder for a window of `latent_h × latent_w` latent pixels
+/// (`f·latent_h × f·latent_w` image pixels): `conv_in` and the down blocks, which hold only
+/// local operations (3×3 convolutions, stride 1 or 2) and GroupNorms, so a window of the image
+/// encodes to the matching window of the down blocks' output when every GroupNorm uses the
+/// whole image's statistics and the window carries enough context.
+///
+/// Input: `image [in_channels, f·latent_h, f·latent_w]`. Output:
+/// `hidden [block_out_channels[-1], latent_h, latent_w]`. Cuts: `encoder.down_blocks.N`.
+///
+/// Errors: [`ModelError::Size`] for a zero latent side.
+pub fn build_vae_encoder_down(
+    cfg: &VaeConfig,
+    latent_h: usize,
+    latent_w: usize,
+) -> Result<Graph, ModelError> {
+    check_latent(latent_h, latent_w)?;
+    let f = cfg.downscale_factor();
+    let mut g = Graph::new("vae_encoder_down");
+    let image = g.input(
+        "image",
+        &[cfg.in_channels, f * latent_h, f * latent_w],
+        DType::F32,
+    );
+    let x = encoder_down(&mut g, image, cfg)?;
+    g.output(x);
+    Ok(g)
+}
+
+/// Builds the back of the VAE encoder for a whole `latent_h × latent_w` latent: the mid block
+/// (whose attention needs the whole image), the output head and `quant_conv`.
+///
+/// Input: `hidden [block_out_channels[-1], latent_h, latent_w]`. Output: `moments` as
+/// [`build_vae_encoder`]. Cuts: `encoder.mid_block`, `encoder.conv_out`.
+///
+/// Errors: [`ModelError::Size`] for a zero latent side.
+pub fn build_vae_encoder_mid(
+    cfg: &VaeConfig,
+    latent_h: usize,
+    latent_w: usize,
+) -> Result<Graph, ModelError> {
+    check_latent(latent_h, latent_w)?;
+    let top = top_channels(cfg)?;
+    let mut g = Graph::new("vae_encoder_mid");
+    let hidden = g.input("hidden", &[top, latent_h, latent_w], DType::F32);
+    let moments = encoder_mid(&mut g, hidden, cfg)?;
+    g.output(moments);
+    Ok(g)
+}
+
+fn check_image(cfg: &VaeConfig, image_h: usize, image_w: usize) -> Result<(), ModelError> {
     let f = cfg.downscale_factor();
     if image_h == 0 || image_w == 0 || !image_h.is_multiple_of(f) || !image_w.is_multiple_of(f) {
         return Err(ModelError::Size {
@@ -253,22 +313,24 @@ pub fn build_vae_encoder(
             msg: format!("image {image_h}×{image_w} (h×w) must be a positive multiple of {f}"),
         });
     }
+    Ok(())
+}
+
+/// `conv_in` and the down blocks.
+fn encoder_down(g: &mut Graph, image: ValueId, cfg: &VaeConfig) -> Result<ValueId, ModelError> {
     let groups = cfg.norm_num_groups;
     let blocks = &cfg.block_out_channels;
     top_channels(cfg)?;
-    let mut g = Graph::new("vae_encoder");
-    let image = g.input("image", &[cfg.in_channels, image_h, image_w], DType::F32);
-    let mut x = conv2d(&mut g, image, "encoder.conv_in", blocks[0], 3, 1, SAME)?;
-
+    let mut x = conv2d(g, image, "encoder.conv_in", blocks[0], 3, 1, SAME)?;
     for (i, &cout) in blocks.iter().enumerate() {
         let p = format!("encoder.down_blocks.{i}");
         g.cut(p.clone());
         for r in 0..cfg.layers_per_block {
-            x = resnet(&mut g, x, &format!("{p}.resnets.{r}"), cout, groups)?;
+            x = resnet(g, x, &format!("{p}.resnets.{r}"), cout, groups)?;
         }
         if i + 1 < blocks.len() {
             x = conv2d(
-                &mut g,
+                g,
                 x,
                 &format!("{p}.downsamplers.0.conv"),
                 cout,
@@ -278,16 +340,18 @@ pub fn build_vae_encoder(
             )?;
         }
     }
+    Ok(x)
+}
 
+/// The mid block, the output head and `quant_conv`.
+fn encoder_mid(g: &mut Graph, x: ValueId, cfg: &VaeConfig) -> Result<ValueId, ModelError> {
     g.cut("encoder.mid_block");
-    x = mid_block(&mut g, x, "encoder.mid_block", cfg)?;
-
+    let x = mid_block(g, x, "encoder.mid_block", cfg)?;
     g.cut("encoder.conv_out");
     let lc2 = 2 * cfg.latent_channels;
-    let mut moments = out_head(&mut g, x, "encoder", lc2, groups)?;
+    let mut moments = out_head(g, x, "encoder", lc2, cfg.norm_num_groups)?;
     if cfg.use_quant_conv {
-        moments = conv2d(&mut g, moments, "quant_conv", lc2, 1, 1, [0; 4])?;
+        moments = conv2d(g, moments, "quant_conv", lc2, 1, 1, [0; 4])?;
     }
-    g.output(moments);
-    Ok(g)
+    Ok(moments)
 }

@@ -395,7 +395,7 @@ pub(crate) fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Res
             &vae_src,
             policy,
         )?;
-        let encoder_stage = if !opts.vae_encoder {
+        let encoder = if !opts.vae_encoder {
             None
         } else if inp.vae.tensor("encoder.conv_in.weight")?.is_none() {
             if sizes.is_empty() {
@@ -406,38 +406,34 @@ pub(crate) fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Res
             }
             None
         } else {
-            let g = edge_models::build_vae_encoder(vae_cfg, h as usize, w as usize)?;
-            let moments = 2
-                * vae_cfg.latent_channels as u64
-                * u64::from(h / downscale)
-                * u64::from(w / downscale)
-                * 4;
-            let need = crate::lower::arena_estimate(&g, DType::F32)?
-                + edge_schema::memory::image_bytes(w, h)
-                + moments
-                + opts.headroom;
-            match opts.max_ram {
-                Some(b) if need > b => {
-                    notes.push(format!(
-                        "no VAE encoder for {w}x{h}: its arena and buffers need {} MiB, more than --max-ram allows (tiled encoding is not built); image to image is unavailable at this size",
-                        need.div_ceil(1 << 20)
-                    ));
-                    None
-                }
-                _ => {
-                    let idx = stages.len() as u32;
-                    stages.push(lower(
-                        &g,
-                        StageKind::VaeEncoder,
-                        w,
-                        h,
-                        &mut table,
-                        &vae_src,
-                        policy,
-                    )?);
-                    Some(idx)
-                }
+            // What the budget leaves the encoder's arena and buffers: minus the headroom.
+            let budget = opts.max_ram.map(|b| b.saturating_sub(opts.headroom));
+            match crate::encoder::plan_encoder(
+                vae_cfg,
+                w,
+                h,
+                downscale,
+                &opts.tiling,
+                budget,
+                &mut notes,
+            )? {
+                None => None,
+                Some(p) => Some(crate::encoder::lower_encoder(
+                    vae_cfg,
+                    w,
+                    h,
+                    downscale,
+                    p,
+                    &mut stages,
+                    &mut table,
+                    &vae_src,
+                    policy,
+                )?),
             }
+        };
+        let (encoder_stage, encoder_tiling) = match encoder {
+            Some((s, t)) => (Some(s), t),
+            None => (None, None),
         };
         let tiny_decoder_stage = match (&tiny, &tiny_src) {
             (Some((cfg, _)), Some(src)) => {
@@ -467,6 +463,7 @@ pub(crate) fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Res
             decoder_stage,
             decoder_tiling,
             encoder_stage,
+            encoder_tiling,
             tiny_decoder_stage,
         });
     }

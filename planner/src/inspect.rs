@@ -144,10 +144,21 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
                     sync.sync_steps.len()
                 )
             }
-            None => format!(
-                "blended tiles of {tile}, overlap {}x{} latent pixels (mode blend: each tile normalised alone)",
-                t.overlap_latent_w, t.overlap_latent_h
-            ),
+            None => match &t.estimate {
+                Some(e) => format!(
+                    "blended tiles of {tile}, overlap {}x{} latent pixels, GroupNorm statistics estimated by a whole-image decode of the latent reduced to {}x{} (1/{} per axis; mode estimate: {})",
+                    t.overlap_latent_w,
+                    t.overlap_latent_h,
+                    edge_schema::tiles::reduced_len(z.width / ds, e.factor),
+                    edge_schema::tiles::reduced_len(z.height / ds, e.factor),
+                    e.factor,
+                    edge_schema::tiles::estimate_error(e.factor)
+                ),
+                None => format!(
+                    "blended tiles of {tile}, overlap {}x{} latent pixels (mode blend: each tile normalised alone)",
+                    t.overlap_latent_w, t.overlap_latent_h
+                ),
+            },
         };
         let _ = writeln!(s, "  {}x{}: VAE decoded in {how}", z.width, z.height);
     }

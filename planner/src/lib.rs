@@ -13,6 +13,7 @@ pub mod budget;
 pub mod compile;
 pub mod cuda_place;
 pub mod decoder;
+pub mod encoder;
 pub mod error;
 pub mod files;
 pub mod inspect;

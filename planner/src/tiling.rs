@@ -23,6 +23,12 @@ pub enum TileMode {
     /// GroupNorms as whole-image tensors.
     #[default]
     Exact,
+    /// Blended tiles whose GroupNorms normalise with statistics estimated by a whole-image
+    /// decode of the latent reduced `factor` times per axis (`edge_schema::plan::StatsEstimate`):
+    /// little more memory than blending, close to the whole-image decode (measured bounds in
+    /// `edge_schema::tiles::ESTIMATE_BOUND_LEVELS`). What exact mode falls back to when its
+    /// held activations fit nowhere.
+    Estimate,
     /// Each tile decoded alone (its own GroupNorm statistics) and the overlaps blended, as
     /// stable-diffusion.cpp and diffusers' `tiled_decode` do: the least memory, but the picture
     /// changes (colours shift where a tile's statistics differ from the image's).
@@ -34,9 +40,10 @@ impl std::str::FromStr for TileMode {
     fn from_str(s: &str) -> Result<Self> {
         match s {
             "exact" => Ok(TileMode::Exact),
+            "estimate" => Ok(TileMode::Estimate),
             "blend" => Ok(TileMode::Blend),
             other => Err(PlanError::Invalid(format!(
-                "--vae-tile-mode `{other}`: expected exact or blend"
+                "--vae-tile-mode `{other}`: expected exact, estimate or blend"
             ))),
         }
     }
@@ -47,6 +54,7 @@ impl TileMode {
     pub fn name(self) -> &'static str {
         match self {
             TileMode::Exact => "exact",
+            TileMode::Estimate => "estimate",
             TileMode::Blend => "blend",
         }
     }
@@ -91,6 +99,22 @@ pub struct TileRequest {
     pub relative: Option<(f32, f32)>,
     /// `--vae-tile-overlap`: fraction of a tile shared with its neighbour (0…0.5).
     pub overlap: Option<f32>,
+    /// `--vae-estimate-factor`: the reduction of the statistics estimate's latent (2…64);
+    /// by default the smallest power of two whose decoder fits the budget.
+    pub estimate_factor: Option<u32>,
+}
+
+/// Largest latent reduction a statistics estimate may use.
+pub const MAX_ESTIMATE_FACTOR: u32 = 64;
+
+/// Validates `--vae-estimate-factor`.
+pub fn validate_estimate_factor(f: u32) -> Result<u32> {
+    if !(2..=MAX_ESTIMATE_FACTOR).contains(&f) {
+        return Err(PlanError::Invalid(format!(
+            "--vae-estimate-factor {f}: must be 2…{MAX_ESTIMATE_FACTOR} (latent pixels per reduced pixel)"
+        )));
+    }
+    Ok(f)
 }
 
 /// Parses `WxH` or `N` (both axes) into a pair of positive integers.
@@ -201,6 +225,7 @@ pub fn explicit_tiling(
         overlap_latent_w: overlap_px(tw, overlap),
         overlap_latent_h: overlap_px(th, overlap),
         sync: None,
+        estimate: None,
     }))
 }
 
@@ -226,6 +251,7 @@ pub fn largest_fitting(
                 overlap_latent_w: overlap_px(tw, overlap),
                 overlap_latent_h: overlap_px(th, overlap),
                 sync: None,
+                estimate: None,
             }));
         }
         // Shrink faster on large images: about 10 % per try, at least one latent pixel.
@@ -246,6 +272,7 @@ mod tests {
             size,
             relative,
             overlap,
+            estimate_factor: None,
         };
         let t = explicit_tiling(512, 256, 8, &r(Some((256, 128)), None, None))
             .unwrap()

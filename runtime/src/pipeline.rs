@@ -99,8 +99,9 @@ pub struct Generated {
     pub truncated: bool,
     /// Weight bytes made resident (first loads and re-reads) during each sampler step.
     pub streamed_per_step: Vec<u64>,
-    /// What the exact tiled VAE decode did, when the plan decodes this size in exact tiles.
-    pub exact_tiles: Option<crate::tiling::ExactReport>,
+    /// What the tiled VAE decode did, when the plan decodes this size in exact tiles or in
+    /// tiles with estimated statistics.
+    pub tiles: Option<crate::tiling::TileReport>,
 }
 
 /// Progress events reported while generating.
@@ -234,7 +235,7 @@ pub fn decode_latents_reported(
     session: &mut dyn Executor<'_>,
     size: &edge_schema::plan::ImageSize,
     latents: &[f32],
-) -> Result<(Vec<f32>, Option<crate::tiling::ExactReport>)> {
+) -> Result<(Vec<f32>, Option<crate::tiling::TileReport>)> {
     let mut report = None;
     let meta = session.plan().meta();
     let ds = meta.vae.downscale as usize;
@@ -253,9 +254,18 @@ pub fn decode_latents_reported(
                 sync: Some(sync), ..
             },
         ) => {
-            report = Some(crate::tiling::decode_exact(
-                session, size, t, sync, latents, &mut image,
-            )?);
+            report = Some(crate::tiling::TileReport::Exact(
+                crate::tiling::decode_exact(session, size, t, sync, latents, &mut image)?,
+            ));
+        }
+        Some(
+            t @ edge_schema::plan::VaeTiling {
+                estimate: Some(e), ..
+            },
+        ) => {
+            report = Some(crate::tiling::TileReport::Estimate(
+                crate::tiling::decode_estimated(session, size, t, e, latents, &mut image)?,
+            ));
         }
         Some(t) => {
             let grid = crate::tiling::TileGrid {
@@ -331,7 +341,12 @@ pub fn encode_image(
     let scale = meta.vae.scaling_factor;
     let image = crate::image::rgb8_to_vae_input(rgb, w, h);
     let mut moments = vec![0f32; 2 * c * (h / ds) * (w / ds)];
-    session.run_stage(stage, &[StageInput::F32(&image)], &mut [&mut moments])?;
+    match &size.encoder_tiling {
+        Some(t) => {
+            crate::tiling::encode_exact(session, size, t, image, &mut moments)?;
+        }
+        None => session.run_stage(stage, &[StageInput::F32(&image)], &mut [&mut moments])?,
+    }
     moments.truncate(c * (h / ds) * (w / ds));
     for m in moments.iter_mut() {
         *m *= scale;
@@ -375,7 +390,7 @@ fn decode_with(
     size: &edge_schema::plan::ImageSize,
     decoder: Decoder,
     latents: &[f32],
-) -> Result<(Vec<f32>, Option<crate::tiling::ExactReport>)> {
+) -> Result<(Vec<f32>, Option<crate::tiling::TileReport>)> {
     match decoder {
         Decoder::Vae => decode_latents_reported(session, size, latents),
         Decoder::Tiny => Ok((decode_tiny(session, size, latents)?, None)),
@@ -617,7 +632,7 @@ pub fn generate_previewing(
     // decode: freed first, so the decoder's peak does not include them.
     drop(cond);
     drop(uncond);
-    let (image, exact_tiles) = decode_with(session, &size, params.decoder, &latents)?;
+    let (image, tiles) = decode_with(session, &size, params.decoder, &latents)?;
     session.plan().check_unchanged()?;
     report(Progress::Decoded)?;
     let rgb = crate::image::to_rgb8(&image, params.width as usize, params.height as usize);
@@ -626,6 +641,6 @@ pub fn generate_previewing(
         rgb,
         truncated,
         streamed_per_step,
-        exact_tiles,
+        tiles,
     })
 }

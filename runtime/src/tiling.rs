@@ -18,7 +18,7 @@
 //! the blending hides seams (as in stable-diffusion.cpp's `sd_tiling` and diffusers'
 //! `AutoencoderKL.tiled_decode`).
 
-use edge_schema::plan::{GroupNormSync, HeldIn, StageKind, VaeTiling};
+use edge_schema::plan::{GroupNormSync, HeldIn, StageKind, StatsEstimate, VaeTiling};
 use edge_schema::tiles::{self, AxisWindow};
 
 use crate::error::{Error, Result};
@@ -42,10 +42,306 @@ pub struct ExactReport {
     pub work_factor: f64,
 }
 
+/// What a tiled decode with estimated GroupNorm statistics did, for `edgerun -v`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EstimateReport {
+    /// Latent pixels per reduced pixel.
+    pub factor: u32,
+    /// The reduced latent the statistics were estimated on, latent pixels.
+    pub reduced_w: usize,
+    pub reduced_h: usize,
+    /// GroupNorms given the estimate (all of the tile decoder's).
+    pub norms: usize,
+    /// Bytes held for the estimate: the reduced latent and the statistics.
+    pub held_bytes: u64,
+    /// Blended tiles decoded.
+    pub tiles: usize,
+    /// Seconds the estimate pass took (part of the decode).
+    pub estimate_secs: f64,
+}
+
+/// What a tiled VAE decode did, for `edgerun -v`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TileReport {
+    Exact(ExactReport),
+    Estimate(EstimateReport),
+}
+
+/// Decodes `latents` `[c, latent_h, latent_w]` into `image` `[3, H, W]` in blended tiles whose
+/// GroupNorms normalise with statistics estimated on the reduced latent (see
+/// [`edge_schema::plan::StatsEstimate`]): the estimate stage runs on
+/// [`tiles::reduce_latent`]'s output up to its last GroupNorm, the statistics of every
+/// GroupNorm's input are taken as it goes, and each tile then runs interval by interval between
+/// its GroupNorms with the statistics of the same rank.
+///
+/// # Errors
+/// A plan error when the stages do not pair (the verifier checks it first), the executor's own.
+pub fn decode_estimated(
+    session: &mut dyn Executor<'_>,
+    size: &edge_schema::plan::ImageSize,
+    t: &VaeTiling,
+    e: &StatsEstimate,
+    latents: &[f32],
+    image: &mut [f32],
+) -> Result<EstimateReport> {
+    let meta = session.plan().meta();
+    let ds = meta.vae.downscale.max(1) as usize;
+    let c = meta.vae.latent_channels as usize;
+    let (lw, lh) = (size.width as usize / ds, size.height as usize / ds);
+    let bad = |what: String| {
+        Error::Plan(edge_schema::Error::Invalid(format!(
+            "estimated VAE tile statistics: {what}"
+        )))
+    };
+    let reduced = tiles::reduce_latent(latents, c, lh, lw, e.factor as usize).ok_or_else(|| {
+        Error::Argument {
+            flag: "latents",
+            reason: format!("{} values for a {lw}x{lh} latent", latents.len()),
+        }
+    })?;
+    let (probe, tile) = (
+        &meta.stages[e.stage as usize],
+        &meta.stages[t.stage as usize],
+    );
+    let (pn, tn) = (tiles::group_norms(probe), tiles::group_norms(tile));
+    if pn.len() != tn.len() {
+        return Err(bad(format!("{} and {} GroupNorms", pn.len(), tn.len())));
+    }
+    let started = std::time::Instant::now();
+    session.with_value_mut(e.stage, probe.inputs[0], &mut |v| {
+        if v.len() != reduced.len() {
+            return Err(bad(format!("estimate input of {} values", v.len())));
+        }
+        v.copy_from_slice(&reduced);
+        Ok(())
+    })?;
+    let kernels = *session.host_kernels();
+    let mut stats: Vec<Vec<edge_kernels::GroupStats>> = Vec::with_capacity(pn.len());
+    let mut at = 0usize;
+    for &(step, groups, ch) in &pn {
+        let step = step as usize;
+        session.run_steps(e.stage, at, step, None)?;
+        let s = &probe.steps[step];
+        let edge_schema::op::Op::GroupNorm { eps, .. } = s.op else {
+            return Err(bad(format!("step {step} is not a GroupNorm")));
+        };
+        let (groups, ch) = (groups as usize, ch as usize);
+        let mut st = vec![edge_kernels::GroupStats::default(); groups];
+        session.with_value(e.stage, s.inputs[0], &mut |x| {
+            if groups == 0 || ch == 0 || ch % groups != 0 || x.len() % ch != 0 {
+                return Err(bad(format!("{groups} groups over {ch} channels")));
+            }
+            (kernels.group_norm_stats.run)(x, ch, x.len() / ch, groups, eps, &mut st);
+            Ok(())
+        })?;
+        stats.push(st);
+        at = step;
+    }
+    let estimate_secs = started.elapsed().as_secs_f64();
+    let grid = TileGrid {
+        channels: c,
+        latent_h: lh,
+        latent_w: lw,
+        tile_h: t.tile_latent_h as usize,
+        tile_w: t.tile_latent_w as usize,
+        overlap_h: t.overlap_latent_h as usize,
+        overlap_w: t.overlap_latent_w as usize,
+        scale: ds,
+    };
+    let mut count = 0usize;
+    let (stage, input, output) = (t.stage, tile.inputs[0], tile.outputs[0]);
+    let bounds: Vec<usize> = tn.iter().map(|g| g.0 as usize).collect();
+    let n = tile.steps.len();
+    decode_tiled(&grid, latents, image, |lat, out| {
+        count += 1;
+        session.with_value_mut(stage, input, &mut |v| {
+            if v.len() != lat.len() {
+                return Err(bad(format!("tile input of {} values", v.len())));
+            }
+            v.copy_from_slice(lat);
+            Ok(())
+        })?;
+        // Up to the first GroupNorm alone, then from each GroupNorm to the next with its
+        // estimated statistics.
+        session.run_steps(stage, 0, bounds.first().copied().unwrap_or(n), None)?;
+        for (k, &b) in bounds.iter().enumerate() {
+            let end = bounds.get(k + 1).copied().unwrap_or(n);
+            session.run_steps(stage, b, end, Some(&stats[k]))?;
+        }
+        session.with_value(stage, output, &mut |v| {
+            if v.len() != out.len() {
+                return Err(bad(format!("tile output of {} values", v.len())));
+            }
+            out.copy_from_slice(v);
+            Ok(())
+        })
+    })?;
+    let groups: u64 = pn.iter().map(|g| u64::from(g.1)).sum();
+    Ok(EstimateReport {
+        factor: e.factor,
+        reduced_w: tiles::reduced_len(lw as u32, e.factor) as usize,
+        reduced_h: tiles::reduced_len(lh as u32, e.factor) as usize,
+        norms: pn.len(),
+        held_bytes: tiles::estimate_bytes(groups, c as u64, lw as u32, lh as u32, e.factor),
+        tiles: count,
+        estimate_secs,
+    })
+}
+
 /// Creates (and at once removes) a spill file in `dir`, so that a run whose decode spills finds
 /// out before any work that the folder is missing or not writable; the error names it.
 pub fn check_spill_dir(dir: &std::path::Path) -> Result<()> {
     Held::new(0, Some(dir)).map(drop)
+}
+
+/// One exact tiled stage's run: the stage run window by window, interval by interval between
+/// its GroupNorms, on tensors held whole (the scheme of [`edge_schema::tiles`]).
+struct Windows<'a> {
+    stage: u32,
+    st: &'a edge_schema::plan::Stage,
+    sync_steps: &'a [u32],
+    /// Window size and the whole latent, latent pixels `(h, w)`.
+    win: (usize, usize),
+    latent: (usize, usize),
+    ys: Vec<AxisWindow>,
+    xs: Vec<AxisWindow>,
+    schedule: tiles::SyncSchedule,
+}
+
+impl<'a> Windows<'a> {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        meta: &'a edge_schema::plan::PlanMeta,
+        stage: u32,
+        sync_steps: &'a [u32],
+        halo: usize,
+        win: (usize, usize),
+        latent: (usize, usize),
+        bad: &dyn Fn(String) -> Error,
+    ) -> Result<Self> {
+        let st = meta
+            .stages
+            .get(stage as usize)
+            .ok_or_else(|| bad(format!("no stage {stage}")))?;
+        let (ys, xs) = match (
+            tiles::axis_windows(latent.0, win.0, halo),
+            tiles::axis_windows(latent.1, win.1, halo),
+        ) {
+            (Some(y), Some(x)) => (y, x),
+            _ => {
+                return Err(bad(format!(
+                    "{}x{} windows with halo {halo} do not cover {}x{}",
+                    win.1, win.0, latent.1, latent.0
+                )))
+            }
+        };
+        let schedule = tiles::sync_schedule(st, sync_steps);
+        Ok(Windows {
+            stage,
+            st,
+            sync_steps,
+            win,
+            latent,
+            ys,
+            xs,
+            schedule,
+        })
+    }
+
+    /// Channels and spatial factor of held value `id`.
+    fn geo(&self, id: u32, bad: &dyn Fn(String) -> Error) -> Result<(usize, usize)> {
+        let f = tiles::spatial_factor(self.st, id, self.win.0, self.win.1)
+            .ok_or_else(|| bad(format!("value {id} is not a window")))?;
+        Ok((self.st.values[id as usize].shape[0] as usize, f))
+    }
+
+    /// Whole-image dimensions of a held value of `c` channels and factor `f`.
+    fn whole(&self, c: usize, f: usize) -> Dims {
+        Dims {
+            c,
+            h: self.latent.0 * f,
+            w: self.latent.1 * f,
+        }
+    }
+
+    fn report(&self, in_file: bool) -> ExactReport {
+        let (th, tw) = self.win;
+        let (lh, lw) = self.latent;
+        ExactReport {
+            windows: self.ys.len() * self.xs.len(),
+            intervals: self.schedule.intervals.len(),
+            held_bytes: tiles::peak_held_bytes(self.st, &self.schedule, self.win, lh, lw)
+                .unwrap_or(0),
+            in_file,
+            work_factor: (self.ys.len() * th * self.xs.len() * tw) as f64 / (lh * lw) as f64,
+        }
+    }
+
+    /// Runs every interval over every window; the stage input must be in `held`, the stage
+    /// output is there afterwards.
+    fn run(
+        &self,
+        session: &mut dyn Executor<'_>,
+        held: &mut Held,
+        bad: &dyn Fn(String) -> Error,
+    ) -> Result<()> {
+        let (th, tw) = self.win;
+        let kernels = *session.host_kernels();
+        for iv in &self.schedule.intervals {
+            // The leading GroupNorm's statistics over the whole held input.
+            let stats = match self
+                .st
+                .steps
+                .get(iv.first)
+                .map(|s| (&s.op, s.inputs.first()))
+            {
+                Some((edge_schema::op::Op::GroupNorm { groups, eps }, Some(&x)))
+                    if self.sync_steps.contains(&(iv.first as u32)) =>
+                {
+                    let mut st = vec![edge_kernels::GroupStats::default(); *groups as usize];
+                    held.stats(x, &kernels, *groups as usize, *eps, &mut st)?;
+                    Some(st)
+                }
+                _ => None,
+            };
+            for &v in &iv.save {
+                let (c, f) = self.geo(v, bad)?;
+                held.alloc(v, self.whole(c, f))?;
+            }
+            for wy in &self.ys {
+                for wx in &self.xs {
+                    for &v in &iv.restore {
+                        let (_, f) = self.geo(v, bad)?;
+                        session.with_value_mut(self.stage, v, &mut |win| {
+                            held.crop(
+                                v,
+                                (wy.win_start * f, wx.win_start * f),
+                                (th * f, tw * f),
+                                win,
+                            )
+                        })?;
+                    }
+                    session.run_steps(self.stage, iv.first, iv.end, stats.as_deref())?;
+                    for &v in &iv.save {
+                        let (_, f) = self.geo(v, bad)?;
+                        session.with_value(self.stage, v, &mut |win| {
+                            held.paste(
+                                v,
+                                win,
+                                (th * f, tw * f),
+                                core_of(wy, wx, f),
+                                (wy.win_start * f, wx.win_start * f),
+                            )
+                        })?;
+                    }
+                }
+            }
+            for &v in &iv.release {
+                held.release(v);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Decodes `latents` `[c, latent_h, latent_w]` into `image` `[3, H, W]` exactly: the head
@@ -64,114 +360,105 @@ pub fn decode_exact(
     let meta = plan.meta();
     let ds = meta.vae.downscale.max(1) as usize;
     let (lh, lw) = (size.height as usize / ds, size.width as usize / ds);
-    let (th, tw) = (t.tile_latent_h as usize, t.tile_latent_w as usize);
-    let tail = &meta.stages[t.stage as usize];
-    let head = &meta.stages[sync.head_stage as usize];
     let bad = |what: String| {
         Error::Plan(edge_schema::Error::Invalid(format!(
             "exact VAE tiles: {what}"
         )))
     };
-    if tail.kind != StageKind::VaeDecoderTail || head.kind != StageKind::VaeDecoderHead {
+    let w = Windows::new(
+        meta,
+        t.stage,
+        &sync.sync_steps,
+        sync.halo_latent as usize,
+        (t.tile_latent_h as usize, t.tile_latent_w as usize),
+        (lh, lw),
+        &bad,
+    )?;
+    let head = meta
+        .stages
+        .get(sync.head_stage as usize)
+        .ok_or_else(|| bad(format!("no stage {}", sync.head_stage)))?;
+    if w.st.kind != StageKind::VaeDecoderTail || head.kind != StageKind::VaeDecoderHead {
         return Err(bad("stages of the wrong kind".into()));
     }
-    let halo = sync.halo_latent as usize;
-    let (ys, xs) = match (
-        tiles::axis_windows(lh, th, halo),
-        tiles::axis_windows(lw, tw, halo),
-    ) {
-        (Some(y), Some(x)) => (y, x),
-        _ => {
-            return Err(bad(format!(
-                "{tw}x{th} windows with halo {halo} do not cover {lw}x{lh}"
-            )))
-        }
-    };
-    let schedule = tiles::sync_schedule(tail, &sync.sync_steps);
-    // Geometry of a held value: (channels, spatial factor).
-    let geo = |id: u32| -> Result<(usize, usize)> {
-        let f = tiles::spatial_factor(tail, id, th, tw)
-            .ok_or_else(|| bad(format!("value {id} is not a window")))?;
-        Ok((tail.values[id as usize].shape[0] as usize, f))
-    };
     let spill_dir = match sync.held {
         HeldIn::Memory => None,
         HeldIn::File => Some(session.spill_dir()),
     };
-    let mut held = Held::new(tail.values.len(), spill_dir.as_deref())?;
-    let whole = |c: usize, f: usize| Dims {
-        c,
-        h: lh * f,
-        w: lw * f,
-    };
-    let hidden_id = tail.inputs[0];
-    let (hc, _) = geo(hidden_id)?;
+    let mut held = Held::new(w.st.values.len(), spill_dir.as_deref())?;
+    let hidden_id = w.st.inputs[0];
+    let (hc, _) = w.geo(hidden_id, &bad)?;
     let mut hidden = vec![0f32; hc * lh * lw];
     session.run_stage(
         sync.head_stage,
         &[StageInput::F32(latents)],
         &mut [&mut hidden],
     )?;
-    held.put(hidden_id, whole(hc, 1), hidden)?;
-    let report = ExactReport {
-        windows: ys.len() * xs.len(),
-        intervals: schedule.intervals.len(),
-        held_bytes: tiles::peak_held_bytes(tail, &schedule, (th, tw), lh, lw).unwrap_or(0),
-        in_file: sync.held == HeldIn::File,
-        work_factor: (ys.len() * th * xs.len() * tw) as f64 / (lh * lw) as f64,
-    };
-    let kernels = *session.host_kernels();
-    for iv in &schedule.intervals {
-        // The leading GroupNorm's statistics over the whole held input.
-        let stats = match tail.steps.get(iv.first).map(|s| (&s.op, s.inputs.first())) {
-            Some((edge_schema::op::Op::GroupNorm { groups, eps }, Some(&x)))
-                if sync.sync_steps.contains(&(iv.first as u32)) =>
-            {
-                let mut st = vec![edge_kernels::GroupStats::default(); *groups as usize];
-                held.stats(x, &kernels, *groups as usize, *eps, &mut st)?;
-                Some(st)
-            }
-            _ => None,
-        };
-        for &v in &iv.save {
-            let (c, f) = geo(v)?;
-            held.alloc(v, whole(c, f))?;
-        }
-        for wy in &ys {
-            for wx in &xs {
-                for &v in &iv.restore {
-                    let (_, f) = geo(v)?;
-                    session.with_value_mut(t.stage, v, &mut |win| {
-                        held.crop(
-                            v,
-                            (wy.win_start * f, wx.win_start * f),
-                            (th * f, tw * f),
-                            win,
-                        )
-                    })?;
-                }
-                session.run_steps(t.stage, iv.first, iv.end, stats.as_deref())?;
-                for &v in &iv.save {
-                    let (_, f) = geo(v)?;
-                    session.with_value(t.stage, v, &mut |win| {
-                        held.paste(
-                            v,
-                            win,
-                            (th * f, tw * f),
-                            core_of(wy, wx, f),
-                            (wy.win_start * f, wx.win_start * f),
-                        )
-                    })?;
-                }
-            }
-        }
-        for &v in &iv.release {
-            held.release(v);
-        }
-    }
+    held.put(hidden_id, w.whole(hc, 1), hidden)?;
+    let report = w.report(sync.held == HeldIn::File);
+    w.run(session, &mut held, &bad)?;
     // Straight into the caller's image, not through a second image-sized buffer that the memory
     // model does not count.
-    held.take_into(tail.outputs[0], image)?;
+    held.take_into(w.st.outputs[0], image)?;
+    Ok(report)
+}
+
+/// Encodes `image` `[3, H, W]` (f32 planes in −1…1, moved into the held tensors) into
+/// `moments` `[2c, h, w]` exactly ([`edge_schema::plan::EncoderTiling`]): the front's
+/// intervals window by window with the whole image's GroupNorm statistics, then the back on
+/// the whole latent. Errors name the plan's geometry when it does not hold (the verifier
+/// checks it first).
+pub fn encode_exact(
+    session: &mut dyn Executor<'_>,
+    size: &edge_schema::plan::ImageSize,
+    t: &edge_schema::plan::EncoderTiling,
+    image: Vec<f32>,
+    moments: &mut [f32],
+) -> Result<ExactReport> {
+    let plan = session.plan();
+    let meta = plan.meta();
+    let ds = meta.vae.downscale.max(1) as usize;
+    let (lh, lw) = (size.height as usize / ds, size.width as usize / ds);
+    let bad = |what: String| {
+        Error::Plan(edge_schema::Error::Invalid(format!(
+            "exact VAE encoder tiles: {what}"
+        )))
+    };
+    let w = Windows::new(
+        meta,
+        t.down_stage,
+        &t.sync_steps,
+        t.halo_latent as usize,
+        (t.tile_latent_h as usize, t.tile_latent_w as usize),
+        (lh, lw),
+        &bad,
+    )?;
+    let mid = meta
+        .stages
+        .get(t.mid_stage as usize)
+        .ok_or_else(|| bad(format!("no stage {}", t.mid_stage)))?;
+    if w.st.kind != StageKind::VaeEncoderDown || mid.kind != StageKind::VaeEncoderMid {
+        return Err(bad("stages of the wrong kind".into()));
+    }
+    let spill_dir = match t.held {
+        HeldIn::Memory => None,
+        HeldIn::File => Some(session.spill_dir()),
+    };
+    let mut held = Held::new(w.st.values.len(), spill_dir.as_deref())?;
+    let image_id = w.st.inputs[0];
+    let (ic, f) = w.geo(image_id, &bad)?;
+    if f != ds || image.len() != ic * lh * ds * lw * ds {
+        return Err(bad(format!("an image of {} values", image.len())));
+    }
+    held.put(image_id, w.whole(ic, ds), image)?;
+    let report = w.report(t.held == HeldIn::File);
+    w.run(session, &mut held, &bad)?;
+    let out = w.st.outputs[0];
+    let (hc, _) = w.geo(out, &bad)?;
+    let mut hidden = vec![0f32; hc * lh * lw];
+    held.take_into(out, &mut hidden)?;
+    drop(held);
+    session.run_stage(t.mid_stage, &[StageInput::F32(&hidden)], &mut [moments])?;
     Ok(report)
 }
 

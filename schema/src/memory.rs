@@ -116,6 +116,21 @@ pub fn host_bytes_at(meta: &PlanMeta, size: &ImageSize, stage: &Stage) -> u64 {
                 .unwrap_or(0);
             conditions_bytes(meta) + image_bytes(size.width, size.height) + moments
         }
+        // Exact encoder tiles: the image planes move into the held tensors (or the spill
+        // file), which hold the front's output at the end.
+        StageKind::VaeEncoderDown => {
+            conditions_bytes(meta) + crate::tiles::encoder_host_bytes(meta, size)
+        }
+        // The back: the front's output and the moments.
+        StageKind::VaeEncoderMid => {
+            let io = |ids: &[u32]| -> u64 {
+                ids.first()
+                    .and_then(|&o| stage.values.get(o as usize))
+                    .and_then(|v| v.byte_len())
+                    .unwrap_or(0)
+            };
+            conditions_bytes(meta) + io(&stage.inputs) + io(&stage.outputs)
+        }
         // Previews decode while the conditions are held.
         StageKind::TinyDecoder => conditions_bytes(meta) + image_bytes(size.width, size.height),
         _ => conditions_bytes(meta),
@@ -173,15 +188,25 @@ pub struct StagePeak {
 /// The stages one image of `size` runs, in order: the text encoder (the full-length one),
 /// the cross-attention K/V stage, the VAE encoder when the plan has one for the size (an
 /// image-to-image run; counted for every run, so a prediction covers both kinds), the
-/// denoiser, the tiny decoder when the plan has one (previews, `--decoder tae`), the decoder (head, then tail, for exact tiles).
+/// denoiser, the tiny decoder when the plan has one (previews, `--decoder tae`), the decoder
+/// (head, then tail, for exact tiles; the reduced whole-image decoder, then the tile decoder,
+/// for estimated statistics).
 pub fn run_order(meta: &PlanMeta, size: &ImageSize) -> Vec<u32> {
     let mut order = vec![meta.text_stage];
     order.extend(meta.cross_kv_stage);
     order.extend(size.encoder_stage);
+    order.extend(size.encoder_tiling.as_ref().map(|t| t.mid_stage));
     order.push(size.denoiser_stage);
     order.extend(size.tiny_decoder_stage);
     if let Some(sync) = size.decoder_tiling.as_ref().and_then(|t| t.sync.as_ref()) {
         order.push(sync.head_stage);
+    }
+    if let Some(e) = size
+        .decoder_tiling
+        .as_ref()
+        .and_then(|t| t.estimate.as_ref())
+    {
+        order.push(e.stage);
     }
     order.push(size.decoder_stage);
     order.dedup();

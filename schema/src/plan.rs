@@ -120,9 +120,13 @@ pub struct ImageSize {
     /// equals `decoder_stage`) instead of at once.
     pub decoder_tiling: Option<VaeTiling>,
     /// Index into [`PlanMeta::stages`] of the VAE encoder for this size (image to image), a
-    /// `VaeEncoder` stage over the whole image; `None` when the plan was compiled without it
-    /// (`--no-vae-encoder`, or it did not fit the budget).
+    /// `VaeEncoder` stage over the whole image (the window stage when `encoder_tiling` is set);
+    /// `None` when the plan was compiled without it (`--no-vae-encoder`, or it did not fit the
+    /// budget).
     pub encoder_stage: Option<u32>,
+    /// When set, the image is encoded in exact tiles (see [`EncoderTiling`]) and
+    /// `encoder_stage` is its `down_stage`.
+    pub encoder_tiling: Option<EncoderTiling>,
     /// Index into [`PlanMeta::stages`] of the tiny decoder (TAESD, `edgeplan compile
     /// --taesd`) for this size: a `TinyDecoder` stage over the whole latent, for previews and
     /// `edgerun --decoder tae`.
@@ -150,6 +154,27 @@ pub struct VaeTiling {
     /// of `tile_latent_w × tile_latent_h` latent pixels whose GroupNorms use the whole image's
     /// statistics (see [`crate::tiles`]), the overlaps are 0 and nothing is blended.
     pub sync: Option<GroupNormSync>,
+    /// When set (never with `sync`), the blended tiles' GroupNorms normalise with statistics
+    /// estimated by a whole-image decode of a reduced latent instead of each tile's own.
+    pub estimate: Option<StatsEstimate>,
+}
+
+/// GroupNorm statistics estimated from a lower-resolution whole-image pass (the approach of
+/// the tiled-VAE extension `multidiffusion-upscaler-for-automatic1111`, `tilevae.py`'s fast
+/// mode): the latent `[c, lh, lw]` is reduced to `[c, ⌈lh/factor⌉, ⌈lw/factor⌉]` by averaging
+/// each `factor × factor` box (boxes cut by the border average the pixels they hold,
+/// [`crate::tiles::reduce_latent`]), `stage` decodes it, and the mean and variance each of its
+/// GroupNorms computes replace those of the tile decoder's GroupNorm of the same rank (the two
+/// decoders have the same GroupNorms in the same order). The tiles are still blended and the
+/// mid-block attention still sees only its tile, so the image is close to the whole-image
+/// decode, not equal to it (measured bounds: `edge_schema::tiles::ESTIMATE_BOUND_LEVELS`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StatsEstimate {
+    /// Index into [`PlanMeta::stages`] of the whole decoder ([`StageKind::VaeDecoder`]) for
+    /// the reduced latent (its size is the reduced latent's times the VAE factor).
+    pub stage: u32,
+    /// Latent pixels per reduced-latent pixel along each axis, 2…64.
+    pub factor: u32,
 }
 
 /// An exact tiled decode (see [`crate::tiles`]): the decoder's head runs on the whole latent,
@@ -164,6 +189,33 @@ pub struct GroupNormSync {
     /// least [`crate::tiles::required_halo`] of the tail stage.
     pub halo_latent: u32,
     /// The tail stage's GroupNorm steps, ascending: all of them.
+    pub sync_steps: Vec<u32>,
+    /// Where the whole-image activations between GroupNorms are held.
+    pub held: HeldIn,
+}
+
+/// An exact tiled VAE encode (image to image at sizes whose whole-image encoder does not fit
+/// the budget; see [`crate::tiles`]): the encoder's front (`conv_in` and the down blocks, local
+/// operations and GroupNorms, stride-2 convolutions included) runs window by window with every
+/// GroupNorm normalised by the whole image's statistics, its output is held as a whole latent,
+/// and the back (mid block, output head, `quant_conv`) runs on it at once. The moments equal
+/// the whole-image encode's bit for bit on the CPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EncoderTiling {
+    /// Index into [`PlanMeta::stages`] of the front, a [`StageKind::VaeEncoderDown`] for
+    /// windows of `tile_latent_w × tile_latent_h` latent pixels.
+    pub down_stage: u32,
+    /// Index into [`PlanMeta::stages`] of the back, a [`StageKind::VaeEncoderMid`] for the
+    /// whole latent.
+    pub mid_stage: u32,
+    /// Window width in latent pixels.
+    pub tile_latent_w: u32,
+    /// Window height in latent pixels.
+    pub tile_latent_h: u32,
+    /// Context a window carries around its core on every interior side, latent pixels; at
+    /// least [`crate::tiles::required_halo`] of the front.
+    pub halo_latent: u32,
+    /// The front's GroupNorm steps, ascending: all of them.
     pub sync_steps: Vec<u32>,
     /// Where the whole-image activations between GroupNorms are held.
     pub held: HeldIn,
@@ -190,6 +242,8 @@ pub enum HeldIn {
 /// | `VaeEncoder` | `image [3, H, W]` in −1…1 | `moments [2c, h, w]` |
 /// | `VaeDecoderHead` | `latent [c, h, w]` (as `VaeDecoder`) | `hidden [C, h, w]` (the mid block's output) |
 /// | `VaeDecoderTail` | `hidden [C, h, w]` (a window of the head's output) | `image [3, H, W]` (that window of the image) |
+/// | `VaeEncoderDown` | `image [3, H, W]` (a window of the image, as `VaeEncoder`) | `hidden [C, h, w]` (that window of the down blocks' output) |
+/// | `VaeEncoderMid` | `hidden [C, h, w]` (the whole down blocks' output) | `moments [2c, h, w]` (as `VaeEncoder`) |
 /// | `TinyDecoder` | `latent [c, h, w]` (as `VaeDecoder`) | `image [3, H, W]` in about −1…1 (TAESD) |
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StageKind {
@@ -201,6 +255,8 @@ pub enum StageKind {
     VaeDecoderHead,
     VaeDecoderTail,
     TinyDecoder,
+    VaeEncoderDown,
+    VaeEncoderMid,
 }
 
 /// A slot in an arena: `len` bytes at `offset` of arena number `arena`.

@@ -113,8 +113,21 @@ fn meta() -> PlanMeta {
                     overlap_latent_w: 2,
                     overlap_latent_h: 2,
                     sync: None,
+                    estimate: Some(StatsEstimate {
+                        stage: 5,
+                        factor: 4,
+                    }),
                 }),
                 encoder_stage: Some(4),
+                encoder_tiling: Some(EncoderTiling {
+                    down_stage: 4,
+                    mid_stage: 6,
+                    tile_latent_w: 3,
+                    tile_latent_h: 2,
+                    halo_latent: 1,
+                    sync_steps: vec![2, 9],
+                    held: HeldIn::Memory,
+                }),
                 tiny_decoder_stage: None,
             },
             ImageSize {
@@ -134,8 +147,10 @@ fn meta() -> PlanMeta {
                         sync_steps: vec![0, 3, 300],
                         held: HeldIn::File,
                     }),
+                    estimate: None,
                 }),
                 encoder_stage: None,
+                encoder_tiling: None,
                 tiny_decoder_stage: Some(5),
             },
         ],
@@ -258,7 +273,7 @@ fn metadata_bytes_are_frozen() {
     let digest = blake3::hash(&bytes).to_hex().to_string();
     assert_eq!(
         (FORMAT_VERSION, bytes.len(), digest.as_str()),
-        (8, GOLDEN_LEN, GOLDEN_DIGEST),
+        (9, GOLDEN_LEN, GOLDEN_DIGEST),
         "the postcard encoding of PlanMeta changed: bump FORMAT_VERSION and update the golden values"
     );
     assert_eq!(PlanMeta::decode(&bytes).unwrap(), meta());
@@ -283,5 +298,5 @@ fn header_layout_is_frozen() {
     assert_eq!(&b[224..256], &[0x44; 32]);
 }
 
-const GOLDEN_LEN: usize = 543;
-const GOLDEN_DIGEST: &str = "1940c9099bfb3f76831b425e7f99b91ab4774b11d8bfe3d974517396d6ba0a93";
+const GOLDEN_LEN: usize = 558;
+const GOLDEN_DIGEST: &str = "8a631ef611a5eba9e5b0ac66fee3c973d4f8a438677565c4a027791ff9a0dd06";

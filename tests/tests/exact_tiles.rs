@@ -227,3 +227,179 @@ fn hold_choices_under_a_tight_budget() {
         );
     }
 }
+
+/// Blended tiles with GroupNorm statistics estimated on the reduced latent
+/// (`--vae-tile-mode estimate`): against the whole-image decode from the same demo latents,
+/// within the bounds `edge_schema::tiles::ESTIMATE_BOUND_LEVELS` states, and closer than the
+/// tiles decoded alone, for square and non-square images, several tiles, overlaps and factors,
+/// including tiles that hold only background.
+#[test]
+fn demo_estimated_statistics_stay_close_to_the_whole_decode() {
+    let m = demo("pixart-shapes-64");
+    for ((w, h), prompt, cases) in [
+        (
+            (128, 128),
+            "a large red circle on a blue background",
+            vec![
+                ((64, 64), 0.5, 2),
+                ((64, 64), 0.25, 4),
+                ((96, 96), 0.5, 2),
+                ((48, 80), 0.5, 4),
+            ],
+        ),
+        (
+            (192, 128),
+            "a small green triangle on a gray background at the left",
+            vec![((64, 64), 0.5, 2), ((64, 64), 0.5, 4), ((128, 64), 0.25, 4)],
+        ),
+        (
+            (256, 256),
+            "a large red circle on a blue background",
+            vec![
+                ((128, 128), 0.5, 8),
+                ((96, 96), 0.25, 4),
+                ((64, 64), 0.5, 2),
+            ],
+        ),
+    ] {
+        let whole_plan = plan(&m, w, h, TileRequest::default());
+        let lat = demo_latents(&whole_plan, prompt, w, h);
+        let whole = decode(&whole_plan, &lat);
+        let peak = whole.iter().fold(0f32, |a, v| a.max(v.abs()));
+        for ((tw, th), overlap, factor) in cases {
+            let req = |mode| TileRequest {
+                overlap: Some(overlap),
+                estimate_factor: (mode == TileMode::Estimate).then_some(factor),
+                ..tiles(mode, tw, th)
+            };
+            let p = plan(&m, w, h, req(TileMode::Estimate));
+            let e = p.meta().sizes[0]
+                .decoder_tiling
+                .as_ref()
+                .and_then(|t| t.estimate.clone())
+                .expect("estimated statistics");
+            assert_eq!(e.factor, factor);
+            let est = decode(&p, &lat);
+            let blend = decode(&plan(&m, w, h, req(TileMode::Blend)), &lat);
+            let (mean, max, within) = levels(&est, &whole, w as usize, h as usize);
+            let (bmean, bmax, _) = levels(&blend, &whole, w as usize, h as usize);
+            let raw = max_abs_diff(&est, &whole) / f64::from(peak);
+            eprintln!(
+                "{w}x{h}, {tw}x{th} tiles, overlap {overlap}, 1/{factor}: estimate vs whole mean {mean:.2} levels, max {max}, {:.1}% within one level, max |diff| {raw:.3} of max |whole|; blended alone: mean {bmean:.2}, max {bmax}",
+                within * 100.0
+            );
+            let &(_, bound_mean, bound_max) = edge_schema::tiles::ESTIMATE_BOUND_LEVELS
+                .iter()
+                .find(|b| factor <= b.0)
+                .expect("a stated bound for every factor tested");
+            assert!(
+                mean <= bound_mean && max <= bound_max,
+                "{w}x{h}, {tw}x{th}, 1/{factor}: mean {mean:.2} / max {max} beyond the stated {bound_mean} / {bound_max}"
+            );
+            assert!(
+                mean < bmean && max < bmax,
+                "{w}x{h}, {tw}x{th}, 1/{factor}: the estimate ({mean:.2} / {max}) is no closer than tiles alone ({bmean:.2} / {bmax})"
+            );
+        }
+    }
+}
+
+fn encode(plan: &Plan, rgb: &[u8]) -> Vec<f32> {
+    let mut s = Session::new(plan, edge_kernels_cpu::best(), None).unwrap();
+    let size = plan.meta().sizes[0].clone();
+    edge_runtime::pipeline::encode_image(&mut s, &size, rgb).unwrap()
+}
+
+/// An RGB test image `[h, w, 3]`: the demo model's whole decode of its own latents where given,
+/// else smooth colour ramps with a sharp diagonal edge (not constant, so that every GroupNorm
+/// has a real spread).
+fn test_rgb(w: usize, h: usize) -> Vec<u8> {
+    let mut rgb = Vec::with_capacity(3 * w * h);
+    for y in 0..h {
+        for x in 0..w {
+            let edge = if x * h > y * w { 200 } else { 30 };
+            rgb.extend([(x * 255 / w) as u8, (y * 255 / h) as u8, edge]);
+        }
+    }
+    rgb
+}
+
+/// Exact encoder tiles (image to image): the init latents of the tiled encode equal the
+/// whole-image encode's bit for bit, with the activations held in memory or in a spill file,
+/// on the fixture's input image (whose whole encode matches diffusers' reference) and on the
+/// demo model's own images, square and not, several windows.
+#[test]
+fn exact_encoder_tiles_equal_the_whole_encode() {
+    let bytes = std::fs::read(fixture("img2img/input_A_64x64.png")).unwrap();
+    let (_, _, input_a) = edge_runtime::image::decode_png_rgb(&bytes, "input_A_64x64.png").unwrap();
+    let r = read_safetensors(&fixture("img2img/vae_enc_input_A_64x64.safetensors"));
+    let demo_image = |w: u32, h: u32| {
+        let m = demo("pixart-shapes-64");
+        let p = plan(&m, w, h, TileRequest::default());
+        let lat = demo_latents(
+            &p,
+            "a small green triangle on a gray background at the left",
+            w,
+            h,
+        );
+        edge_runtime::image::to_rgb8(&decode(&p, &lat), w as usize, h as usize)
+    };
+    type Case = (std::path::PathBuf, (u32, u32), Vec<u8>, Vec<(u32, u32)>);
+    let cases: Vec<Case> = vec![
+        (
+            fixture("pixart-sigma-tiny"),
+            (64, 64),
+            input_a,
+            vec![(40, 40), (48, 56), (56, 40)],
+        ),
+        (
+            fixture("pixart-alpha-tiny"),
+            (64, 96),
+            test_rgb(64, 96),
+            vec![(40, 48), (64, 40)],
+        ),
+        (
+            demo("pixart-shapes-64"),
+            (128, 128),
+            demo_image(128, 128),
+            vec![(48, 48), (64, 96)],
+        ),
+        (
+            demo("pixart-shapes-64"),
+            (192, 128),
+            demo_image(192, 128),
+            vec![(64, 64), (128, 40)],
+        ),
+    ];
+    for (m, (w, h), rgb, windows) in cases {
+        let whole_plan = plan(&m, w, h, TileRequest::default());
+        assert!(whole_plan.meta().sizes[0].encoder_tiling.is_none());
+        let whole = encode(&whole_plan, &rgb);
+        if (w, h) == (64, 64) && m.ends_with("pixart-sigma-tiny") {
+            let e = rel_max_err(&whole, &r["init_latents"].data);
+            assert!(e < 1e-3, "whole encode against diffusers: {e}");
+        }
+        for (tw, th) in windows {
+            for req in [tiles(TileMode::Exact, tw, th), spilled(tw, th)] {
+                let p = plan(&m, w, h, req.clone());
+                let t = p.meta().sizes[0]
+                    .encoder_tiling
+                    .clone()
+                    .expect("encoder tiles");
+                assert_eq!(
+                    t.held == edge_schema::plan::HeldIn::File,
+                    req.hold == TileHold::File
+                );
+                let tiled = encode(&p, &rgb);
+                assert!(
+                    same_bits(&tiled, &whole),
+                    "{} {w}x{h} in {tw}x{th} encoder tiles ({:?}, halo {}): max |diff| {}",
+                    m.display(),
+                    t.held,
+                    t.halo_latent,
+                    max_abs_diff(&tiled, &whole)
+                );
+            }
+        }
+    }
+}

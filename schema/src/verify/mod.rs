@@ -124,13 +124,66 @@ pub fn read_meta(file: &[u8], h: &crate::header::Header) -> Result<PlanMeta> {
 /// the tail stage takes window by window; the sync steps are exactly the tail's GroupNorms; the
 /// tail holds only local operations; the halo covers what one interval's convolutions consume
 /// and fits the window; every held value is a `[c, f·h, f·w]` window of a whole-image tensor.
+/// Checks a statistics estimate (`crate::plan::StatsEstimate`): a whole decoder for the
+/// reduced latent whose GroupNorms pair one to one (same groups and channels) with the tile
+/// decoder's, on blended tiles only.
+fn verify_estimate(
+    meta: &PlanMeta,
+    sz: &crate::plan::ImageSize,
+    t: &crate::plan::VaeTiling,
+    e: &crate::plan::StatsEstimate,
+) -> Result<()> {
+    use crate::tiles;
+    if t.sync.is_some() {
+        return Err(invalid(
+            "exact tiles cannot also estimate their statistics".into(),
+        ));
+    }
+    if !(2..=64).contains(&e.factor) {
+        return Err(invalid(format!(
+            "reduction factor {} is not in 2…64",
+            e.factor
+        )));
+    }
+    let ds = meta.vae.downscale.max(1);
+    let (lw, lh) = (sz.width / ds, sz.height / ds);
+    let (rw, rh) = (
+        tiles::reduced_len(lw, e.factor),
+        tiles::reduced_len(lh, e.factor),
+    );
+    let probe = meta
+        .stages
+        .get(e.stage as usize)
+        .filter(|p| {
+            p.kind == StageKind::VaeDecoder
+                && u64::from(p.width) == u64::from(rw) * u64::from(ds)
+                && u64::from(p.height) == u64::from(rh) * u64::from(ds)
+        })
+        .ok_or_else(|| {
+            invalid(format!(
+                "stage {} is not a VAE decoder for the {rw}x{rh} reduced latent",
+                e.stage
+            ))
+        })?;
+    let tile = &meta.stages[t.stage as usize];
+    let (a, b) = (tiles::group_norms(probe), tiles::group_norms(tile));
+    let pair = |x: &(u32, u32, u64), y: &(u32, u32, u64)| x.1 == y.1 && x.2 == y.2 && x.1 > 0;
+    if a.len() != b.len() || !a.iter().zip(&b).all(|(x, y)| pair(x, y)) {
+        return Err(invalid(format!(
+            "the estimate's {} GroupNorms do not pair with the tile decoder's {}",
+            a.len(),
+            b.len()
+        )));
+    }
+    Ok(())
+}
+
 fn verify_sync(
     meta: &PlanMeta,
     sz: &crate::plan::ImageSize,
     t: &crate::plan::VaeTiling,
     sync: &crate::plan::GroupNormSync,
 ) -> Result<()> {
-    use crate::tiles;
     let ds = u64::from(meta.vae.downscale);
     let (lw, lh) = (
         u64::from(sz.width) / ds.max(1),
@@ -165,6 +218,102 @@ fn verify_sync(
     if t.overlap_latent_w != 0 || t.overlap_latent_h != 0 {
         return Err(invalid("overlaps must be 0 (nothing is blended)".into()));
     }
+    windows_ok(
+        tail,
+        &sync.sync_steps,
+        sync.halo_latent as usize,
+        (th as usize, tw as usize),
+        (lh as usize, lw as usize),
+        ds as usize,
+    )
+}
+
+/// Checks an exact tiled encode ([`crate::plan::EncoderTiling`]): a front for the windows
+/// from `[3, ds·th, ds·tw]` to `[C, th, tw]`, a back for the whole latent from `[C, lh, lw]`
+/// to `[2c, lh, lw]`, and the windows' geometry ([`windows_ok`]).
+fn verify_encoder_tiling(
+    meta: &PlanMeta,
+    sz: &crate::plan::ImageSize,
+    et: &crate::plan::EncoderTiling,
+) -> Result<()> {
+    let ds = u64::from(meta.vae.downscale.max(1));
+    let (lw, lh) = (u64::from(sz.width) / ds, u64::from(sz.height) / ds);
+    let (th, tw) = (u64::from(et.tile_latent_h), u64::from(et.tile_latent_w));
+    if th == 0 || tw == 0 || th > lh || tw > lw {
+        return Err(invalid(format!(
+            "{tw}x{th} windows do not fit a {lw}x{lh} latent"
+        )));
+    }
+    let stage = |i: u32, kind: StageKind, w: u64, h: u64| {
+        meta.stages
+            .get(i as usize)
+            .filter(|s| s.kind == kind && u64::from(s.width) == w && u64::from(s.height) == h)
+    };
+    let down =
+        stage(et.down_stage, StageKind::VaeEncoderDown, tw * ds, th * ds).ok_or_else(|| {
+            invalid(format!(
+                "stage {} is not the windows' encoder front",
+                et.down_stage
+            ))
+        })?;
+    let mid = stage(
+        et.mid_stage,
+        StageKind::VaeEncoderMid,
+        u64::from(sz.width),
+        u64::from(sz.height),
+    )
+    .ok_or_else(|| {
+        invalid(format!(
+            "stage {} is not the whole image's encoder back",
+            et.mid_stage
+        ))
+    })?;
+    let shape = |st: &Stage, id: Option<&u32>| {
+        id.and_then(|&i| st.values.get(i as usize))
+            .map(|v| v.shape.clone())
+    };
+    let hidden = shape(down, down.outputs.first()).unwrap_or_default();
+    let c2 = 2 * u64::from(meta.vae.latent_channels);
+    if shape(down, down.inputs.first()) != Some(vec![3, th * ds, tw * ds])
+        || hidden.len() != 3
+        || hidden[1..] != [th, tw]
+        || shape(mid, mid.inputs.first()) != Some(vec![hidden[0], lh, lw])
+        || shape(mid, mid.outputs.first()) != Some(vec![c2, lh, lw])
+    {
+        return Err(invalid(format!(
+            "front {:?} → {hidden:?} and back {:?} → {:?} do not encode a {}x{} image in {tw}x{th}-latent-pixel windows",
+            shape(down, down.inputs.first()),
+            shape(mid, mid.inputs.first()),
+            shape(mid, mid.outputs.first()),
+            sz.width,
+            sz.height
+        )));
+    }
+    windows_ok(
+        down,
+        &et.sync_steps,
+        et.halo_latent as usize,
+        (th as usize, tw as usize),
+        (lh as usize, lw as usize),
+        1,
+    )
+}
+
+/// The checks an exact tiled stage (decoder tail or encoder front) shares: its sync steps are
+/// all its GroupNorms, windows of `win` (latent pixels, `(h, w)`) with `halo` cover the
+/// `latent` image and leave a core, the halo covers the convolutions' context, every held value
+/// is a window of the stage, the output is a window of factor `out_factor`, and the held bytes
+/// are computable.
+fn windows_ok(
+    tail: &Stage,
+    sync_steps: &[u32],
+    halo: usize,
+    (th, tw): (usize, usize),
+    (lh, lw): (usize, usize),
+    out_factor: usize,
+) -> Result<()> {
+    use crate::tiles;
+    let shape = |st: &Stage, id: u32| st.values.get(id as usize).map(|v| v.shape.clone());
     let norms: Vec<u32> = tail
         .steps
         .iter()
@@ -172,21 +321,18 @@ fn verify_sync(
         .filter(|(_, st)| matches!(st.op, Op::GroupNorm { .. }))
         .map(|(i, _)| i as u32)
         .collect();
-    if sync.sync_steps != norms {
+    if sync_steps != norms.as_slice() {
         return Err(invalid(format!(
             "sync steps {:?} are not the tail's GroupNorm steps {norms:?}",
-            sync.sync_steps
+            sync_steps
         )));
     }
-    let (th, tw) = (th as usize, tw as usize);
-    let (lh, lw) = (lh as usize, lw as usize);
-    let halo = sync.halo_latent as usize;
     if tiles::axis_windows(lh, th, halo).is_none() || tiles::axis_windows(lw, tw, halo).is_none() {
         return Err(invalid(format!(
             "a halo of {halo} latent pixels leaves no core in a {tw}x{th} window"
         )));
     }
-    let schedule = tiles::sync_schedule(tail, &sync.sync_steps);
+    let schedule = tiles::sync_schedule(tail, sync_steps);
     let need = tiles::required_halo(tail, &schedule, th, tw).ok_or_else(|| {
         invalid("the tail holds an operation that is not local or a strided convolution".into())
     })?;
@@ -205,15 +351,11 @@ fn verify_sync(
             }
         }
     }
-    if tiles::spatial_factor(tail, tail.outputs[0], th, tw) != Some(ds as usize) {
-        return Err(invalid(
-            "the tail's output is not the window's image".into(),
-        ));
+    if tiles::spatial_factor(tail, tail.outputs[0], th, tw) != Some(out_factor) {
+        return Err(invalid("the output is not a window of the stage".into()));
     }
     tiles::peak_held_bytes(tail, &schedule, (th, tw), lh, lw)
-        .and_then(|_| {
-            tiles::spill_buffer_bytes(tail, &schedule, &sync.sync_steps, (th, tw), lh, lw)
-        })
+        .and_then(|_| tiles::spill_buffer_bytes(tail, &schedule, sync_steps, (th, tw), lh, lw))
         .ok_or_else(|| invalid("held tensors overflow".into()))?;
     Ok(())
 }
@@ -242,6 +384,8 @@ fn expected_io(kind: StageKind) -> (usize, usize) {
         StageKind::VaeDecoderHead => (1, 1),
         StageKind::VaeDecoderTail => (1, 1),
         StageKind::TinyDecoder => (1, 1),
+        StageKind::VaeEncoderDown => (1, 1),
+        StageKind::VaeEncoderMid => (1, 1),
     }
 }
 

@@ -2,7 +2,7 @@
 //! cross-K/V stage, a denoiser and VAE decoders per image size, text buckets, tiny decoder and
 //! encoder stages), checked on metadata whose integrity [`super::verify_file`] has proved.
 
-use super::{invalid, verify_sync};
+use super::{invalid, verify_encoder_tiling, verify_estimate, verify_sync};
 use crate::error::{Error, Result};
 use crate::plan::{PlanMeta, Stage, StageKind};
 
@@ -115,6 +115,15 @@ pub(super) fn verify_pipeline(meta: &PlanMeta) -> Result<()> {
                     sz.width, sz.height
                 )));
             }
+            if let Some(e) = &t.estimate {
+                verify_estimate(meta, sz, t, e).map_err(|e| match e {
+                    Error::Invalid(m) => invalid(format!(
+                        "size {}x{}: estimated VAE tile statistics: {m}",
+                        sz.width, sz.height
+                    )),
+                    other => other,
+                })?;
+            }
             if let Some(sync) = &t.sync {
                 verify_sync(meta, sz, t, sync).map_err(|e| match e {
                     Error::Invalid(m) => invalid(format!(
@@ -159,7 +168,25 @@ pub(super) fn verify_pipeline(meta: &PlanMeta) -> Result<()> {
                 )));
             }
         }
-        if let Some(e) = sz.encoder_stage {
+        match (&sz.encoder_tiling, sz.encoder_stage) {
+            (Some(et), Some(e)) if et.down_stage == e => {
+                verify_encoder_tiling(meta, sz, et).map_err(|e| match e {
+                    Error::Invalid(m) => invalid(format!(
+                        "size {}x{}: exact VAE encoder tiling: {m}",
+                        sz.width, sz.height
+                    )),
+                    other => other,
+                })?;
+            }
+            (Some(et), e) => {
+                return Err(invalid(format!(
+                    "size {}x{}: encoder tiling of stage {} beside encoder stage {e:?}",
+                    sz.width, sz.height, et.down_stage
+                )));
+            }
+            (None, _) => {}
+        }
+        if let (None, Some(e)) = (&sz.encoder_tiling, sz.encoder_stage) {
             // image [3, H, W] → moments [2c, h, w]
             let st = meta.stages.get(e as usize);
             let shape_of = |st: &Stage, id: Option<&u32>| {

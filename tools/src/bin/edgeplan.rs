@@ -225,15 +225,22 @@ struct CompileArgs {
     #[arg(long = "vae-tile-size")]
     vae_tile_size: Option<String>,
     /// How VAE tiles are decoded: exact (GroupNorm statistics of the whole image, a halo of
-    /// context, no blending: the same image as decoding at once) or blend (each tile alone,
-    /// overlaps blended, as stable-diffusion.cpp; less memory, colours can shift).
+    /// context, no blending: the same image as decoding at once; falls back to estimate when
+    /// it does not fit the budget), estimate (overlaps blended, GroupNorm statistics estimated
+    /// by decoding the whole latent at reduced resolution: close to the whole image, little
+    /// memory) or blend (each tile alone, overlaps blended, as stable-diffusion.cpp; colours can
+    /// shift).
     #[arg(long = "vae-tile-mode", default_value = "exact")]
     vae_tile_mode: String,
     /// Where exact tiles hold the activations between GroupNorms on the device: auto (memory
     /// when they fit the budget, else a temporary file), memory, or file.
     #[arg(long = "vae-tile-hold", default_value = "auto")]
     vae_tile_hold: String,
-    /// VAE tile overlap as a fraction of the tile (0…0.5, default 0.5; blend mode only).
+    /// Latent reduction of the statistics estimate (estimate mode): 2…64 latent pixels per
+    /// reduced pixel along each axis; default the smallest power of two that fits the budget.
+    #[arg(long = "vae-estimate-factor")]
+    vae_estimate_factor: Option<u32>,
+    /// VAE tile overlap as a fraction of the tile (0…0.5, default 0.5; blend and estimate modes).
     #[arg(long = "vae-tile-overlap", allow_hyphen_values = true)]
     vae_tile_overlap: Option<f32>,
     /// VAE tile size relative to the image: ≤ 1 a fraction of each axis, > 1 a tile count (X or XxY).
@@ -417,6 +424,10 @@ fn compile(a: CompileArgs) -> Result<()> {
             overlap: a
                 .vae_tile_overlap
                 .map(edge_planner::tiling::validate_overlap)
+                .transpose()?,
+            estimate_factor: a
+                .vae_estimate_factor
+                .map(edge_planner::tiling::validate_estimate_factor)
                 .transpose()?,
         },
     };

@@ -1111,14 +1111,27 @@ fn generate(a: GenArgs) -> Result<()> {
             timings.get("sample").unwrap_or(&0.0),
             timings.get("decode").unwrap_or(&0.0),
         );
-        if let Some(r) = &out.exact_tiles {
+        let decode_secs = timings.get("decode").copied().unwrap_or(0.0);
+        if let Some(edge_runtime::tiling::TileReport::Exact(r)) = &out.tiles {
             say!(
-                "vae decode: exact tiles ({} windows x {} intervals, GroupNorm statistics of the whole image), {} bytes held between GroupNorms in {}, windows cover {:.2}x the image's pixels",
+                "vae decode: exact tiles ({} windows x {} intervals, GroupNorm statistics of the whole image), {} bytes held between GroupNorms in {}, windows cover {:.2}x the image's pixels (decode {decode_secs:.3}s; the whole-image decode's work at this rate: about {:.3}s)",
                 r.windows,
                 r.intervals,
                 r.held_bytes,
                 if r.in_file { "a spill file" } else { "memory" },
-                r.work_factor
+                r.work_factor,
+                decode_secs / r.work_factor.max(1.0)
+            );
+        } else if let Some(edge_runtime::tiling::TileReport::Estimate(r)) = &out.tiles {
+            say!(
+                "vae decode: estimated statistics ({} tiles blended, {} GroupNorms normalised with the statistics of a whole-image decode of the latent reduced to {}x{}, 1/{} per axis), {} bytes held for the estimate in memory, estimate pass {:.3}s of the decode's {decode_secs:.3}s",
+                r.tiles,
+                r.norms,
+                r.reduced_w,
+                r.reduced_h,
+                r.factor,
+                r.held_bytes,
+                r.estimate_secs
             );
         } else if let Some(t) = meta
             .size(width, height)

@@ -1,0 +1,180 @@
+//! Planning the VAE encode of one size (image to image): the whole-image encoder when it fits
+//! the budget, else exact tiles (the front window by window with GroupNorm statistics of the
+//! whole image, the back on the whole latent; `edge_schema::plan::EncoderTiling`), else none.
+
+use edge_models::config::VaeConfig;
+use edge_models::vae::{build_vae_encoder, build_vae_encoder_down, build_vae_encoder_mid};
+use edge_schema::plan::{EncoderTiling, HeldIn, Stage, StageKind};
+use edge_schema::DType;
+
+use crate::decoder::{facts_of, tighten, window_ok};
+use crate::error::{PlanError, Result};
+use crate::lower::{arena_estimate, lower, skeleton_stage, TensorTable, WeightResolver};
+use crate::pack::PackPolicy;
+use crate::tiling::{TileHold, TileMode, TileRequest};
+
+/// How one size is encoded.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EncoderPlan {
+    /// The whole-image encoder.
+    Whole,
+    /// Exact tiles (stage indices left 0).
+    Tiled(EncoderTiling),
+}
+
+/// Chooses how a `w × h` image is encoded under `budget` (bytes the process may use, already
+/// less the headroom; `None`: no budget) beside `host` bytes the pipeline holds anyway (the
+/// image planes and the conditions): the whole encoder when its arena, the image and the moments
+/// fit; else exact tiles in the largest window that fits with the activations between
+/// GroupNorms held in memory, else in a file; else `None` (a note says so). An explicit exact
+/// `--vae-tile-size` tiles the encoder too, in the window asked for where it leaves a core.
+pub fn plan_encoder(
+    cfg: &VaeConfig,
+    w: u32,
+    h: u32,
+    ds: u32,
+    req: &TileRequest,
+    budget: Option<u64>,
+    notes: &mut Vec<String>,
+) -> Result<Option<EncoderPlan>> {
+    let (lw, lh) = (w / ds, h / ds);
+    let image = edge_schema::memory::image_bytes(w, h);
+    let moments = 2 * cfg.latent_channels as u64 * u64::from(lw) * u64::from(lh) * 4;
+    let whole = arena_estimate(&build_vae_encoder(cfg, h as usize, w as usize)?, DType::F32)?
+        + image
+        + moments;
+    let explicit = match (req.mode, req.size) {
+        (TileMode::Exact, Some((tw, th))) => Some(((tw / ds).min(lw), (th / ds).min(lh))),
+        _ => None,
+    };
+    let fits = |need: u64| budget.is_none_or(|b| need <= b);
+    if explicit.is_none_or(|(tw, th)| tw == lw && th == lh) && fits(whole) {
+        return Ok(Some(EncoderPlan::Whole));
+    }
+    // The back, on the whole latent: its arena, its input and the moments.
+    let top = cfg.block_out_channels.last().copied().unwrap_or(0) as u64;
+    let mid = arena_estimate(
+        &build_vae_encoder_mid(cfg, lh as usize, lw as usize)?,
+        DType::F32,
+    )? + top * u64::from(lw) * u64::from(lh) * 4
+        + moments;
+    let facts = |tw: u32, th: u32| -> Result<(crate::decoder::ExactFacts, u64)> {
+        let g = build_vae_encoder_down(cfg, th as usize, tw as usize)?;
+        let st = skeleton_stage(&g, StageKind::VaeEncoderDown, DType::F32)?;
+        Ok((facts_of(&st, lw, lh, tw, th)?, st.arena_size))
+    };
+    let probe = facts(lw.min(64), lh.min(64))?.0;
+    let halo = probe.halo;
+    let need = |tw: u32, th: u32, held: HeldIn| -> Result<u64> {
+        let (f, arena) = facts(tw, th)?;
+        Ok(mid.max(
+            arena
+                + match held {
+                    HeldIn::Memory => f.held_bytes,
+                    HeldIn::File => f.spill_bytes,
+                },
+        ))
+    };
+    let holds: &[HeldIn] = match req.hold {
+        TileHold::Memory => &[HeldIn::Memory],
+        TileHold::File => &[HeldIn::File],
+        TileHold::Auto => &[HeldIn::Memory, HeldIn::File],
+    };
+    let ok = |tw: u32, th: u32| window_ok(lw, tw, halo) && window_ok(lh, th, halo);
+    let mut chosen = None;
+    if let Some((tw, th)) = explicit {
+        if !ok(tw, th) {
+            return Err(PlanError::Invalid(format!(
+                "--vae-tile-size: an exact encoder tile of {}x{} image pixels leaves no core inside a halo of {halo} latent pixels ({} image pixels) on each side; use at least {} image pixels",
+                tw * ds,
+                th * ds,
+                halo * ds,
+                (2 * halo + 1) * ds
+            )));
+        }
+        for &hd in holds {
+            if fits(need(tw, th, hd)?) {
+                chosen = Some((tw, th, hd));
+                break;
+            }
+        }
+    } else {
+        for &hd in holds {
+            if let Some(t) = crate::tiling::largest_fitting(lw, lh, 0.0, |tw, th| {
+                Ok(ok(tw, th) && fits(need(tw, th, hd)?))
+            })? {
+                chosen = Some((t.tile_latent_w, t.tile_latent_h, hd));
+                break;
+            }
+        }
+    }
+    let Some((tw, th, held)) = chosen else {
+        notes.push(format!(
+            "no VAE encoder for {w}x{h}: neither the whole-image encoder ({} MiB of arena and buffers) nor exact encoder tiles fit --max-ram; image to image is unavailable at this size",
+            whole.div_ceil(1 << 20)
+        ));
+        return Ok(None);
+    };
+    Ok(Some(EncoderPlan::Tiled(EncoderTiling {
+        down_stage: 0,
+        mid_stage: 0,
+        tile_latent_w: tighten(lw, tw, halo),
+        tile_latent_h: tighten(lh, th, halo),
+        halo_latent: halo,
+        sync_steps: probe.sync_steps,
+        held,
+    })))
+}
+
+/// Lowers the encoder stages `plan` asks for and appends them to `stages`: returns the size's
+/// `encoder_stage` and its tiling with stage indices filled in.
+#[allow(clippy::too_many_arguments)]
+pub fn lower_encoder(
+    cfg: &VaeConfig,
+    w: u32,
+    h: u32,
+    ds: u32,
+    plan: EncoderPlan,
+    stages: &mut Vec<Stage>,
+    table: &mut TensorTable,
+    src: &dyn WeightResolver,
+    policy: &PackPolicy,
+) -> Result<(u32, Option<EncoderTiling>)> {
+    let mut push = |g: edge_graph::Graph, kind: StageKind, sw: u32, sh: u32| -> Result<u32> {
+        stages.push(lower(&g, kind, sw, sh, table, src, policy)?);
+        Ok(stages.len() as u32 - 1)
+    };
+    match plan {
+        EncoderPlan::Whole => Ok((
+            push(
+                build_vae_encoder(cfg, h as usize, w as usize)?,
+                StageKind::VaeEncoder,
+                w,
+                h,
+            )?,
+            None,
+        )),
+        EncoderPlan::Tiled(mut t) => {
+            let (tw, th) = (t.tile_latent_w, t.tile_latent_h);
+            t.down_stage = push(
+                build_vae_encoder_down(cfg, th as usize, tw as usize)?,
+                StageKind::VaeEncoderDown,
+                tw * ds,
+                th * ds,
+            )?;
+            t.mid_stage = push(
+                build_vae_encoder_mid(cfg, (h / ds) as usize, (w / ds) as usize)?,
+                StageKind::VaeEncoderMid,
+                w,
+                h,
+            )?;
+            let f = facts_of(&stages[t.down_stage as usize], w / ds, h / ds, tw, th)?;
+            if f.sync_steps != t.sync_steps || f.halo > t.halo_latent {
+                return Err(PlanError::Internal(
+                    "the lowered encoder front does not match its plan".into(),
+                ));
+            }
+            Ok((t.down_stage, Some(t)))
+        }
+    }
+}
