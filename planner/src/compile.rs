@@ -408,6 +408,15 @@ pub(crate) fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Res
         } else {
             // What the budget leaves the encoder's arena and buffers: minus the headroom.
             let budget = opts.max_ram.map(|b| b.saturating_sub(opts.headroom));
+            // The two conditions (T5 states and K/V caches) held while an init image is
+            // encoded, as `edge_schema::memory::host_bytes_at` counts them.
+            let out_bytes = |i: Option<u32>| -> u64 {
+                i.and_then(|i| stages.get(i as usize))
+                    .and_then(|st| st.outputs.first().map(|&o| &st.values[o as usize]))
+                    .and_then(|v| v.byte_len())
+                    .unwrap_or(0)
+            };
+            let conditions = 2 * (out_bytes(Some(0)) + out_bytes(cross_kv_stage));
             match crate::encoder::plan_encoder(
                 vae_cfg,
                 w,
@@ -415,6 +424,7 @@ pub(crate) fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Res
                 downscale,
                 &opts.tiling,
                 budget,
+                conditions,
                 &mut notes,
             )? {
                 None => None,

@@ -92,7 +92,7 @@ fn hold_name(h: HeldIn) -> &'static str {
 }
 
 /// Bytes of a graph's weights, counted as f32 (conservative).
-fn weights_of(g: &Graph) -> u64 {
+pub(crate) fn weights_of(g: &Graph) -> u64 {
     g.values
         .iter()
         .filter(|v| matches!(v.source, edge_graph::Source::Weight(_)))
@@ -465,4 +465,122 @@ pub fn lower_decoder(
         )?;
     }
     Ok((t.stage, Some(t)))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A VAE whose coarsest level is wide (256 channels at latent resolution) and the rest
+    /// narrow: its whole-latent head costs far more than a tile decoder of the smallest tile and
+    /// a whole decoder of the reduced latent, so as the budget shrinks the planner goes from the
+    /// whole decoder to exact tiles, then to estimated statistics (and says so), then to an
+    /// error naming `--max-ram`; estimate mode can be asked for where exact tiles fit, takes
+    /// the smallest factor that fits, and refuses a factor that leaves under 4 latent pixels.
+    #[test]
+    fn exact_tiles_fall_back_to_estimated_statistics_then_to_blending() {
+        let cfg = VaeConfig {
+            in_channels: 3,
+            out_channels: 3,
+            block_out_channels: vec![8, 8, 8, 256],
+            layers_per_block: 1,
+            latent_channels: 4,
+            norm_num_groups: 8,
+            scaling_factor: 0.13025,
+            use_quant_conv: true,
+            use_post_quant_conv: true,
+            mid_block_add_attention: true,
+        };
+        let (w, h, ds) = (1024, 1024, 8);
+        let plan = |mode: TileMode, budget: u64, notes: &mut Vec<String>| {
+            let req = TileRequest {
+                mode,
+                ..Default::default()
+            };
+            plan_tiling(&cfg, w, h, ds, &req, Some(budget), notes).unwrap()
+        };
+        // The mode chosen under budgets shrinking by 5 % from the whole decoder's need.
+        let whole = need_of(&build_vae_decoder(&cfg, 128, 128).unwrap()).unwrap();
+        let mut modes = Vec::new();
+        let mut b = whole;
+        while b > 1 << 20 {
+            let mut notes = Vec::new();
+            let req = TileRequest::default();
+            let m = match plan_tiling(&cfg, w, h, ds, &req, Some(b), &mut notes) {
+                Ok(None) => "whole",
+                Ok(Some(t)) if t.sync.is_some() => "exact",
+                Ok(Some(t)) if t.estimate.is_some() => "estimate",
+                Ok(Some(_)) => "blend",
+                Err(_) => "none",
+            };
+            modes.push((b, m, notes));
+            b = b / 20 * 19;
+        }
+        let order: Vec<&str> = modes.iter().map(|m| m.1).collect();
+        eprintln!("{order:?}");
+        // Whole, then exact, then estimate, then blend, then nothing, as the budget shrinks.
+        let rank = |m: &str| {
+            ["whole", "exact", "estimate", "blend", "none"]
+                .iter()
+                .position(|x| *x == m)
+        };
+        assert!(
+            order.windows(2).all(|p| rank(p[0]) <= rank(p[1])),
+            "{order:?}"
+        );
+        assert!(order.contains(&"exact"), "{order:?}");
+        let (estimate, _, notes) = modes
+            .iter()
+            .find(|m| m.1 == "estimate")
+            .expect("a budget where estimated statistics are chosen");
+        let estimate = *estimate;
+        let t = plan(TileMode::Exact, estimate, &mut Vec::new()).unwrap();
+        let e = t.estimate.expect("estimated statistics");
+        assert!(t.sync.is_none() && (2..=16).contains(&e.factor), "{e:?}");
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("estimated") && n.contains("1/")),
+            "{notes:?}"
+        );
+        // Below the least budget the estimate fits, nothing fits: exact mode's error names the
+        // budget, and so does estimate mode's.
+        let i = modes.iter().rposition(|m| m.1 == "estimate").unwrap();
+        let below = modes.get(i + 1).expect("a budget below the estimate's").0;
+        for mode in [TileMode::Exact, TileMode::Estimate] {
+            let req = TileRequest {
+                mode,
+                ..Default::default()
+            };
+            let err = plan_tiling(&cfg, w, h, ds, &req, Some(below), &mut Vec::new())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("--max-ram"), "{mode:?}: {err}");
+        }
+        // Where exact tiles fit, estimate mode is still chosen when asked for.
+        let t = plan(TileMode::Estimate, modes[0].0, &mut Vec::new()).unwrap();
+        assert!(t.sync.is_none() && t.estimate.is_some());
+        // With room to spare the estimate uses the finest reduction.
+        let t = plan(TileMode::Estimate, 64 << 30, &mut Vec::new());
+        assert_eq!(t, None, "the whole decoder fits: no tiles");
+        let req = TileRequest {
+            mode: TileMode::Estimate,
+            size: Some((256, 256)),
+            ..Default::default()
+        };
+        let t = plan_tiling(&cfg, w, h, ds, &req, None, &mut Vec::new())
+            .unwrap()
+            .unwrap();
+        assert_eq!(t.estimate.map(|e| e.factor), Some(2));
+        // A factor whose reduced latent is below the smallest tile is refused.
+        let req = TileRequest {
+            estimate_factor: Some(64),
+            ..req
+        };
+        let err = plan_tiling(&cfg, w, h, ds, &req, None, &mut Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--vae-estimate-factor 64"), "{err}");
+    }
 }

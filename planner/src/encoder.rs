@@ -7,7 +7,7 @@ use edge_models::vae::{build_vae_encoder, build_vae_encoder_down, build_vae_enco
 use edge_schema::plan::{EncoderTiling, HeldIn, Stage, StageKind};
 use edge_schema::DType;
 
-use crate::decoder::{facts_of, tighten, window_ok};
+use crate::decoder::{facts_of, tighten, weights_of, window_ok};
 use crate::error::{PlanError, Result};
 use crate::lower::{arena_estimate, lower, skeleton_stage, TensorTable, WeightResolver};
 use crate::pack::PackPolicy;
@@ -23,11 +23,13 @@ pub enum EncoderPlan {
 }
 
 /// Chooses how a `w × h` image is encoded under `budget` (bytes the process may use, already
-/// less the headroom; `None`: no budget) beside `host` bytes the pipeline holds anyway (the
-/// image planes and the conditions): the whole encoder when its arena, the image and the moments
-/// fit; else exact tiles in the largest window that fits with the activations between
-/// GroupNorms held in memory, else in a file; else `None` (a note says so). An explicit exact
-/// `--vae-tile-size` tiles the encoder too, in the window asked for where it leaves a core.
+/// less the headroom; `None`: no budget): the whole encoder when its arena, the image and the
+/// moments fit; else exact tiles in the largest window that fits with the activations between
+/// GroupNorms held in memory, else in a file, beside `conditions` (the prompts' states and K/V
+/// caches, held while an init image is encoded) and each stage's weights counted as f32; else
+/// `None` (a note says so). An explicit exact `--vae-tile-size` tiles the encoder too, in the
+/// window asked for where it leaves a core.
+#[allow(clippy::too_many_arguments)]
 pub fn plan_encoder(
     cfg: &VaeConfig,
     w: u32,
@@ -35,6 +37,7 @@ pub fn plan_encoder(
     ds: u32,
     req: &TileRequest,
     budget: Option<u64>,
+    conditions: u64,
     notes: &mut Vec<String>,
 ) -> Result<Option<EncoderPlan>> {
     let (lw, lh) = (w / ds, h / ds);
@@ -53,15 +56,19 @@ pub fn plan_encoder(
     }
     // The back, on the whole latent: its arena, its input and the moments.
     let top = cfg.block_out_channels.last().copied().unwrap_or(0) as u64;
-    let mid = arena_estimate(
-        &build_vae_encoder_mid(cfg, lh as usize, lw as usize)?,
-        DType::F32,
-    )? + top * u64::from(lw) * u64::from(lh) * 4
+    let mid_graph = build_vae_encoder_mid(cfg, lh as usize, lw as usize)?;
+    let mid = conditions
+        + weights_of(&mid_graph)
+        + arena_estimate(&mid_graph, DType::F32)?
+        + top * u64::from(lw) * u64::from(lh) * 4
         + moments;
     let facts = |tw: u32, th: u32| -> Result<(crate::decoder::ExactFacts, u64)> {
         let g = build_vae_encoder_down(cfg, th as usize, tw as usize)?;
         let st = skeleton_stage(&g, StageKind::VaeEncoderDown, DType::F32)?;
-        Ok((facts_of(&st, lw, lh, tw, th)?, st.arena_size))
+        Ok((
+            facts_of(&st, lw, lh, tw, th)?,
+            conditions + weights_of(&g) + st.arena_size,
+        ))
     };
     let probe = facts(lw.min(64), lh.min(64))?.0;
     let halo = probe.halo;

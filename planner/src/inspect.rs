@@ -162,6 +162,35 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
         };
         let _ = writeln!(s, "  {}x{}: VAE decoded in {how}", z.width, z.height);
     }
+    for z in &meta.sizes {
+        let Some(t) = &z.encoder_tiling else { continue };
+        let ds = meta.vae.downscale;
+        let place = match t.held {
+            edge_schema::plan::HeldIn::Memory => "in memory".to_string(),
+            edge_schema::plan::HeldIn::File => format!(
+                "in a spill file on the device ({} bytes of buffers in memory)",
+                edge_schema::tiles::encoder_host_bytes(meta, z)
+            ),
+        };
+        let held = match t.held {
+            edge_schema::plan::HeldIn::Memory => edge_schema::tiles::encoder_host_bytes(meta, z),
+            edge_schema::plan::HeldIn::File => {
+                edge_schema::tiles::encoder_spilled_bytes(meta, z).unwrap_or(0)
+            }
+        };
+        let _ = writeln!(
+            s,
+            "  {}x{}: VAE encoded in exact tiles: windows of {}x{} latent pixels ({}x{} image pixels) with a halo of {} latent pixels, {} GroupNorms normalised with the whole image's statistics, {held} bytes held between them {place}, mid block on the whole latent (the whole-image encode's values)",
+            z.width,
+            z.height,
+            t.tile_latent_w,
+            t.tile_latent_h,
+            t.tile_latent_w * ds,
+            t.tile_latent_h * ds,
+            t.halo_latent,
+            t.sync_steps.len()
+        );
+    }
     let _ = writeln!(
         s,
         "budget: {}",

@@ -102,6 +102,9 @@ pub struct Generated {
     /// What the tiled VAE decode did, when the plan decodes this size in exact tiles or in
     /// tiles with estimated statistics.
     pub tiles: Option<crate::tiling::TileReport>,
+    /// What the exact tiled VAE encode of the init image did, when the plan encodes this size
+    /// in exact tiles.
+    pub encoder_tiles: Option<crate::tiling::ExactReport>,
 }
 
 /// Progress events reported while generating.
@@ -331,6 +334,15 @@ pub fn encode_image(
     size: &edge_schema::plan::ImageSize,
     rgb: &[u8],
 ) -> Result<Vec<f32>> {
+    Ok(encode_image_reported(session, size, rgb)?.0)
+}
+
+/// [`encode_image`], also returning what an exact tiled encode did.
+pub fn encode_image_reported(
+    session: &mut dyn Executor<'_>,
+    size: &edge_schema::plan::ImageSize,
+    rgb: &[u8],
+) -> Result<(Vec<f32>, Option<crate::tiling::ExactReport>)> {
     let (w, h) = (size.width as usize, size.height as usize);
     let stage = encoder_of(size, rgb)?;
     let meta = session.plan().meta();
@@ -341,17 +353,24 @@ pub fn encode_image(
     let scale = meta.vae.scaling_factor;
     let image = crate::image::rgb8_to_vae_input(rgb, w, h);
     let mut moments = vec![0f32; 2 * c * (h / ds) * (w / ds)];
-    match &size.encoder_tiling {
-        Some(t) => {
-            crate::tiling::encode_exact(session, size, t, image, &mut moments)?;
+    let report = match &size.encoder_tiling {
+        Some(t) => Some(crate::tiling::encode_exact(
+            session,
+            size,
+            t,
+            image,
+            &mut moments,
+        )?),
+        None => {
+            session.run_stage(stage, &[StageInput::F32(&image)], &mut [&mut moments])?;
+            None
         }
-        None => session.run_stage(stage, &[StageInput::F32(&image)], &mut [&mut moments])?,
-    }
+    };
     moments.truncate(c * (h / ds) * (w / ds));
     for m in moments.iter_mut() {
         *m *= scale;
     }
-    Ok(moments)
+    Ok((moments, report))
 }
 
 /// What a [`generate_with`] progress callback asks for.
@@ -525,9 +544,11 @@ pub fn generate_previewing(
 
     // Image to image: the clean latents of the init image (mode of the VAE's distribution,
     // scaled), computed after the prompts as the img2img pipeline does.
+    let mut encoder_tiles = None;
     let clean = match &params.init_image {
         Some(init) => {
-            let l = encode_image(session, &size, &init.rgb)?;
+            let (l, r) = encode_image_reported(session, &size, &init.rgb)?;
+            encoder_tiles = r;
             session.plan().check_unchanged()?;
             report(Progress::ImageEncoded)?;
             Some(l)
@@ -642,5 +663,6 @@ pub fn generate_previewing(
         truncated,
         streamed_per_step,
         tiles,
+        encoder_tiles,
     })
 }

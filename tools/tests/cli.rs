@@ -1375,6 +1375,141 @@ fn budget_forced_exact_tiles_stay_within_the_predicted_peak_and_match_the_whole_
     );
 }
 
+/// A budget that the whole-image VAE encoder does not fit makes `edgeplan` encode init images
+/// in exact tiles, here with the activations held in a spill file (shown by `inspect`): image to
+/// image names the mode and the bytes held (`-v`), stays within the predicted peak, leaves the
+/// spill folder empty and writes the untiled plan's image, pixel for pixel.
+#[test]
+fn budget_forced_exact_encoder_tiles_give_the_untiled_image_to_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tiled, whole, text) = budget_plans(dir.path(), "150M");
+    assert!(
+        text.contains("VAE encoded in exact tiles") && text.contains("halo of 1"),
+        "{text}"
+    );
+    let size = ["-W", "256", "-H", "256"];
+    let init = dir.path().join("init.png");
+    assert!(generate(&whole, &init, &[&size[..], &["-s", "3"]].concat())
+        .status
+        .success());
+    let spill = dir.path().join("spill");
+    std::fs::create_dir(&spill).unwrap();
+    let args = [&size[..], &["-s", "5", "-i", s(&init), "--strength", "0.7"]].concat();
+    let (a, b) = (dir.path().join("a.png"), dir.path().join("b.png"));
+    let run_a = generate(
+        &tiled,
+        &a,
+        &[&args[..], &["-v", "--spill-dir", s(&spill)]].concat(),
+    );
+    let err = String::from_utf8_lossy(&run_a.stderr);
+    assert!(run_a.status.success(), "{err}");
+    assert!(
+        err.contains("vae encode: exact tiles")
+            && err.contains("held between GroupNorms in a spill file"),
+        "{err}"
+    );
+    let (peak, predicted) = (
+        kib_after(&err, "peak RSS (VmHWM)"),
+        kib_after(&err, "predicted peak"),
+    );
+    assert!(
+        peak <= predicted,
+        "peak {peak} KiB above the predicted {predicted} KiB"
+    );
+    assert_eq!(
+        entries(&spill),
+        Vec::<String>::new(),
+        "spill file left behind"
+    );
+    let run_b = generate(&whole, &b, &args);
+    assert!(
+        run_b.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run_b.stderr)
+    );
+    assert!(
+        png_pixels(&a) == png_pixels(&b),
+        "exact encoder tiles changed the image"
+    );
+}
+
+/// `--vae-tile-mode estimate`: `inspect` names the reduction and its measured bound, `edgerun
+/// -v` the estimate pass; the image stays close to the whole-image decode's (the bounds of
+/// `edge_schema::tiles::ESTIMATE_BOUND_LEVELS`), closer than tiles decoded alone.
+#[test]
+fn estimated_statistics_are_planned_shown_and_close_to_the_whole_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = demo_model();
+    let base = [
+        "compile",
+        s(&model),
+        "-W",
+        "256",
+        "-H",
+        "256",
+        "--vae-tile-size",
+        "96",
+    ];
+    let plans: Vec<PathBuf> = ["estimate", "blend"]
+        .iter()
+        .map(|mode| {
+            let p = dir.path().join(format!("{mode}.plan"));
+            let o = run(
+                EDGEPLAN,
+                &[&base[..], &["--vae-tile-mode", mode, "-o", s(&p)]].concat(),
+            );
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            p
+        })
+        .collect();
+    let whole = dir.path().join("whole.plan");
+    assert!(run(
+        EDGEPLAN,
+        &[&base[..2], &["-W", "256", "-H", "256", "-o", s(&whole)]].concat()
+    )
+    .status
+    .success());
+    let text =
+        String::from_utf8_lossy(&run(EDGEPLAN, &["inspect", s(&plans[0])]).stdout).to_string();
+    assert!(
+        text.contains("GroupNorm statistics estimated")
+            && text.contains("reduced to 16x16 (1/2 per axis")
+            && text.contains("measured within 11 levels"),
+        "{text}"
+    );
+    let size = ["-W", "256", "-H", "256", "-s", "3"];
+    let out = |n: &str| dir.path().join(n);
+    let o = generate(&plans[0], &out("e.png"), &[&size[..], &["-v"]].concat());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("vae decode: estimated statistics") && err.contains("reduced to 16x16"),
+        "{err}"
+    );
+    assert!(generate(&plans[1], &out("b.png"), &size).status.success());
+    assert!(generate(&whole, &out("w.png"), &size).status.success());
+    let (e, b, w) = (
+        png_pixels(&out("e.png")),
+        png_pixels(&out("b.png")),
+        png_pixels(&out("w.png")),
+    );
+    let mean = |x: &[u8]| {
+        x.iter()
+            .zip(&w)
+            .map(|(a, b)| f64::from(a.abs_diff(*b)))
+            .sum::<f64>()
+            / w.len() as f64
+    };
+    let (me, mb) = (mean(&e), mean(&b));
+    eprintln!(
+        "256x256, 96-px tiles: estimate {me:.2} levels from the whole image, tiles alone {mb:.2}"
+    );
+    assert!(
+        me <= 11.0 && me < mb,
+        "estimate {me:.2}, tiles alone {mb:.2}"
+    );
+}
+
 /// A budget too small for the held activations in memory makes `edgeplan` hold them in a spill
 /// file: peak RSS stays within the prediction (and below the untiled plan's), the image is the
 /// untiled plan's, the spill folder is left empty; a spill folder that does not exist is a

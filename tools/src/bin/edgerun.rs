@@ -1111,6 +1111,16 @@ fn generate(a: GenArgs) -> Result<()> {
             timings.get("sample").unwrap_or(&0.0),
             timings.get("decode").unwrap_or(&0.0),
         );
+        if let Some(r) = &out.encoder_tiles {
+            say!(
+                "vae encode: exact tiles ({} windows x {} intervals, GroupNorm statistics of the whole image), {} bytes held between GroupNorms in {}, windows cover {:.2}x the latent's pixels",
+                r.windows,
+                r.intervals,
+                r.held_bytes,
+                if r.in_file { "a spill file" } else { "memory" },
+                r.work_factor
+            );
+        }
         let decode_secs = timings.get("decode").copied().unwrap_or(0.0);
         if let Some(edge_runtime::tiling::TileReport::Exact(r)) = &out.tiles {
             say!(
