@@ -851,6 +851,145 @@ fn exact_tiling_that_cannot_reproduce_the_image_is_refused() {
     );
 }
 
+fn encoder_tiling_of(meta: &mut PlanMeta) -> &mut edge_schema::plan::EncoderTiling {
+    meta.sizes[0]
+        .encoder_tiling
+        .as_mut()
+        .expect("exact encoder tiling")
+}
+
+/// The exact plan's encoder tiles (an explicit exact tile size tiles the encoder too) whose
+/// geometry or stages cannot reproduce the whole-image encode are refused.
+#[test]
+fn exact_encoder_tiling_that_cannot_reproduce_the_encode_is_refused() {
+    let good = exact_plan();
+    let meta = edge_planner::inspect::read_meta(&good).unwrap();
+    let et = meta.sizes[0].encoder_tiling.clone().expect("encoder tiles");
+    assert_eq!(et.halo_latent, 1);
+    refused_in(
+        &good,
+        "encoder halo narrower than its convolutions",
+        &["halo 0", "narrower"],
+        |m| encoder_tiling_of(m).halo_latent = 0,
+    );
+    refused_in(
+        &good,
+        "an encoder GroupNorm left out",
+        &["sync steps"],
+        |m| {
+            encoder_tiling_of(m).sync_steps.remove(1);
+        },
+    );
+    refused_in(
+        &good,
+        "encoder back pointing at the front",
+        &["encoder back"],
+        |m| {
+            let t = encoder_tiling_of(m);
+            t.mid_stage = t.down_stage;
+        },
+    );
+    refused_in(
+        &good,
+        "encoder front of another kind",
+        &["encoder front"],
+        |m| {
+            let d = encoder_tiling_of(m).down_stage as usize;
+            m.stages[d].kind = StageKind::VaeEncoder;
+        },
+    );
+    refused_in(
+        &good,
+        "encoder windows wider than the latent",
+        &["do not fit"],
+        |m| encoder_tiling_of(m).tile_latent_w = 17,
+    );
+    refused_in(
+        &good,
+        "encoder tiling beside another encoder stage",
+        &["encoder tiling of stage"],
+        |m| m.sizes[0].encoder_stage = Some(m.sizes[0].denoiser_stage),
+    );
+}
+
+/// A demo plan at 128×128 in blended 96×96 tiles with statistics estimated at 1/2 resolution.
+fn estimate_plan() -> Vec<u8> {
+    let opts = edge_planner::CompileOptions {
+        sizes: vec![(128, 128)],
+        tiling: edge_planner::tiling::TileRequest {
+            mode: edge_planner::tiling::TileMode::Estimate,
+            size: Some((96, 96)),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let mut c = edge_planner::compile_folder(&demo("pixart-shapes-64"), &opts).expect("compile");
+    edge_planner::write::assemble(&mut c.meta, &c.table).expect("assemble")
+}
+
+fn estimate_of(meta: &mut PlanMeta) -> &mut edge_schema::plan::StatsEstimate {
+    meta.sizes[0]
+        .decoder_tiling
+        .as_mut()
+        .and_then(|t| t.estimate.as_mut())
+        .expect("estimated statistics")
+}
+
+#[test]
+fn estimated_statistics_that_do_not_pair_are_refused() {
+    let good = estimate_plan();
+    open("estimate plan", &good).expect("the estimate plan itself is accepted");
+    refused_in(&good, "reduction factor 1", &["factor 1", "2…64"], |m| {
+        estimate_of(m).factor = 1
+    });
+    refused_in(
+        &good,
+        "a factor the stage was not built for",
+        &["reduced latent"],
+        |m| estimate_of(m).factor = 4,
+    );
+    refused_in(
+        &good,
+        "the tile decoder as the estimate",
+        &["reduced latent"],
+        |m| {
+            let t = m.sizes[0].decoder_stage;
+            estimate_of(m).stage = t;
+        },
+    );
+    refused_in(
+        &good,
+        "GroupNorms that do not pair",
+        &["do not pair"],
+        |m| {
+            let e = estimate_of(m).stage as usize;
+            let st = &mut m.stages[e];
+            let k = st
+                .steps
+                .iter()
+                .rposition(|s| matches!(s.op, edge_schema::op::Op::GroupNorm { .. }))
+                .unwrap();
+            if let edge_schema::op::Op::GroupNorm { groups, .. } = &mut st.steps[k].op {
+                *groups /= 2;
+            }
+        },
+    );
+    let exact = exact_plan();
+    refused_in(
+        &exact,
+        "estimated statistics on exact tiles",
+        &["cannot also"],
+        |m| {
+            if let Some(t) = m.sizes[0].decoder_tiling.as_mut() {
+                t.estimate = Some(edge_schema::plan::StatsEstimate {
+                    stage: t.stage,
+                    factor: 2,
+                });
+            }
+        },
+    );
+}
+
 /// The cross-K/V stage's concatenation (in place: its per-block parts lie inside the cache).
 fn in_place_concat_of(s: &Stage) -> usize {
     s.steps
