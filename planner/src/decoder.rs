@@ -450,12 +450,9 @@ pub fn lower_decoder(
                 tiles::reduced_len(lw as u32, e.factor),
                 tiles::reduced_len(lh as u32, e.factor),
             );
-            e.stage = push(
-                build_vae_decoder(cfg, rh as usize, rw as usize)?,
-                StageKind::VaeDecoder,
-                rw * ds,
-                rh * ds,
-            )?;
+            let mut g = build_vae_decoder(cfg, rh as usize, rw as usize)?;
+            g.name = "vae_decoder_estimate".into();
+            e.stage = push(g, StageKind::VaeDecoder, rw * ds, rh * ds)?;
         }
         t.stage = push(
             build_vae_decoder(cfg, th as usize, tw as usize)?,

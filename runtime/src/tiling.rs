@@ -58,6 +58,9 @@ pub struct EstimateReport {
     pub tiles: usize,
     /// Seconds the estimate pass took (part of the decode).
     pub estimate_secs: f64,
+    /// Pixels the tiles cover divided by the image's pixels (the work beside the whole-image
+    /// decode, from the overlaps; the estimate pass adds `1/factor²`).
+    pub work_factor: f64,
 }
 
 /// What a tiled VAE decode did, for `edgerun -v`.
@@ -185,6 +188,7 @@ pub fn decode_estimated(
         held_bytes: tiles::estimate_bytes(groups, c as u64, lw as u32, lh as u32, e.factor),
         tiles: count,
         estimate_secs,
+        work_factor: (count * grid.tile_h * grid.tile_w) as f64 / (lh * lw) as f64,
     })
 }
 

@@ -1486,6 +1486,14 @@ fn estimated_statistics_are_planned_shown_and_close_to_the_whole_image() {
         err.contains("vae decode: estimated statistics") && err.contains("reduced to 16x16"),
         "{err}"
     );
+    let (peak, predicted) = (
+        kib_after(&err, "peak RSS (VmHWM)"),
+        kib_after(&err, "predicted peak"),
+    );
+    assert!(
+        peak <= predicted,
+        "peak {peak} KiB above the predicted {predicted} KiB"
+    );
     assert!(generate(&plans[1], &out("b.png"), &size).status.success());
     assert!(generate(&whole, &out("w.png"), &size).status.success());
     let (e, b, w) = (

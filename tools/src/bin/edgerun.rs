@@ -1134,14 +1134,16 @@ fn generate(a: GenArgs) -> Result<()> {
             );
         } else if let Some(edge_runtime::tiling::TileReport::Estimate(r)) = &out.tiles {
             say!(
-                "vae decode: estimated statistics ({} tiles blended, {} GroupNorms normalised with the statistics of a whole-image decode of the latent reduced to {}x{}, 1/{} per axis), {} bytes held for the estimate in memory, estimate pass {:.3}s of the decode's {decode_secs:.3}s",
+                "vae decode: estimated statistics ({} tiles blended, {} GroupNorms normalised with the statistics of a whole-image decode of the latent reduced to {}x{}, 1/{} per axis), {} bytes held for the estimate in memory, tiles cover {:.2}x the image's pixels (decode {decode_secs:.3}s, of which the estimate pass {:.3}s; the whole-image decode's work at this rate: about {:.3}s)",
                 r.tiles,
                 r.norms,
                 r.reduced_w,
                 r.reduced_h,
                 r.factor,
                 r.held_bytes,
-                r.estimate_secs
+                r.work_factor,
+                r.estimate_secs,
+                (decode_secs - r.estimate_secs).max(0.0) / r.work_factor.max(1.0)
             );
         } else if let Some(t) = meta
             .size(width, height)
