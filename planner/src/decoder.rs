@@ -66,6 +66,43 @@ pub(crate) fn facts_of(st: &Stage, lw: u32, lh: u32, tw: u32, th: u32) -> Result
     })
 }
 
+/// The holds `--vae-tile-hold` allows, in the order they are tried.
+pub(crate) fn holds_for(h: TileHold) -> &'static [HeldIn] {
+    match h {
+        TileHold::Memory => &[HeldIn::Memory],
+        TileHold::File => &[HeldIn::File],
+        TileHold::Auto => &[HeldIn::Memory, HeldIn::File],
+    }
+}
+
+/// The window (latent pixels `(w, h)`) and hold of an exact tiled stage over a `lw × lh` latent:
+/// for the first of `holds` under which `fits(w, h, hold)`, the `explicit` window, or without
+/// one the largest window that fits; windows that leave no core inside `halo` never fit.
+/// `None` when nothing fits.
+pub(crate) fn choose_window(
+    lw: u32,
+    lh: u32,
+    halo: u32,
+    explicit: Option<(u32, u32)>,
+    holds: &[HeldIn],
+    fits: impl Fn(u32, u32, HeldIn) -> Result<bool>,
+) -> Result<Option<(u32, u32, HeldIn)>> {
+    let ok = |tw: u32, th: u32| window_ok(lw, tw, halo) && window_ok(lh, th, halo);
+    for &held in holds {
+        let window = match explicit {
+            Some((tw, th)) => (ok(tw, th) && fits(tw, th, held)?).then_some((tw, th)),
+            None => crate::tiling::largest_fitting(lw, lh, 0.0, |tw, th| {
+                Ok(ok(tw, th) && fits(tw, th, held)?)
+            })?
+            .map(|t| (t.tile_latent_w, t.tile_latent_h)),
+        };
+        if let Some((tw, th)) = window {
+            return Ok(Some((tw, th, held)));
+        }
+    }
+    Ok(None)
+}
+
 /// Whether a window of `win` latent pixels leaves a core along an axis of `len` for `halo`.
 pub(crate) fn window_ok(len: u32, win: u32, halo: u32) -> bool {
     win == len || (win < len && 2 * halo < win)
@@ -155,25 +192,17 @@ pub fn plan_tiling(
                     HeldIn::File => f.spill_bytes,
                 })
         };
-        let fits = |held: HeldIn| {
-            move |tw: u32, th: u32| -> Result<bool> {
-                if !window_ok(lw, tw, halo) || !window_ok(lh, th, halo) {
-                    return Ok(false);
-                }
-                Ok(match budget_left {
-                    None => true,
-                    Some(l) => need(tw, th, held)? <= l,
-                })
-            }
+        let fits = |tw: u32, th: u32, held: HeldIn| -> Result<bool> {
+            Ok(match budget_left {
+                None => true,
+                Some(l) => need(tw, th, held)? <= l,
+            })
         };
-        let holds: &[HeldIn] = match req.hold {
-            TileHold::Memory => &[HeldIn::Memory],
-            TileHold::File => &[HeldIn::File],
-            TileHold::Auto => &[HeldIn::Memory, HeldIn::File],
-        };
-        let mut chosen = None;
-        if let Some(t) = &explicit {
-            let (tw, th) = (t.tile_latent_w, t.tile_latent_h);
+        let holds = holds_for(req.hold);
+        let explicit_window = explicit
+            .as_ref()
+            .map(|t| (t.tile_latent_w, t.tile_latent_h));
+        if let Some((tw, th)) = explicit_window {
             if tw == lw && th == lh {
                 return Ok(None);
             }
@@ -186,33 +215,21 @@ pub fn plan_tiling(
                     (2 * halo + 1) * ds
                 )));
             }
+        }
+        let chosen = choose_window(lw, lh, halo, explicit_window, holds, fits)?;
+        if let (Some((tw, th)), None) = (explicit_window, chosen) {
             // An explicit window is kept; the budget only decides where the held tensors go,
             // and a window that fits nowhere the flags allow is an error.
-            for &hd in holds {
-                if fits(hd)(tw, th)? {
-                    chosen = Some((tw, th, hd));
-                    break;
-                }
-            }
-            if chosen.is_none() {
-                let hd = holds[holds.len() - 1];
-                return Err(PlanError::Invalid(format!(
-                    "--max-ram: exact VAE tiles of {}x{} image pixels with the activations held in {} need {} bytes, more than the {} bytes the budget leaves; use a smaller --vae-tile-size{}, or --vae-tile-mode blend",
-                    tw * ds,
-                    th * ds,
-                    hold_name(hd),
-                    need(tw, th, hd)?,
-                    budget_left.unwrap_or(0),
-                    if hd == HeldIn::Memory { ", --vae-tile-hold auto|file" } else { "" }
-                )));
-            }
-        } else {
-            for &held in holds {
-                if let Some(t) = crate::tiling::largest_fitting(lw, lh, 0.0, fits(held))? {
-                    chosen = Some((t.tile_latent_w, t.tile_latent_h, held));
-                    break;
-                }
-            }
+            let hd = holds[holds.len() - 1];
+            return Err(PlanError::Invalid(format!(
+                "--max-ram: exact VAE tiles of {}x{} image pixels with the activations held in {} need {} bytes, more than the {} bytes the budget leaves; use a smaller --vae-tile-size{}, or --vae-tile-mode blend",
+                tw * ds,
+                th * ds,
+                hold_name(hd),
+                need(tw, th, hd)?,
+                budget_left.unwrap_or(0),
+                if hd == HeldIn::Memory { ", --vae-tile-hold auto|file" } else { "" }
+            )));
         }
         if let Some((tw, th, held)) = chosen {
             let (tw, th) = (tighten(lw, tw, halo), tighten(lh, th, halo));

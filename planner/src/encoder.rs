@@ -7,11 +7,11 @@ use edge_models::vae::{build_vae_encoder, build_vae_encoder_down, build_vae_enco
 use edge_schema::plan::{EncoderTiling, HeldIn, Stage, StageKind};
 use edge_schema::DType;
 
-use crate::decoder::{facts_of, tighten, weights_of, window_ok};
+use crate::decoder::{choose_window, facts_of, holds_for, tighten, weights_of, window_ok};
 use crate::error::{PlanError, Result};
 use crate::lower::{arena_estimate, lower, skeleton_stage, TensorTable, WeightResolver};
 use crate::pack::PackPolicy;
-use crate::tiling::{TileHold, TileMode, TileRequest};
+use crate::tiling::{TileMode, TileRequest};
 
 /// How one size is encoded.
 #[derive(Clone, Debug, PartialEq)]
@@ -82,15 +82,8 @@ pub fn plan_encoder(
                 },
         ))
     };
-    let holds: &[HeldIn] = match req.hold {
-        TileHold::Memory => &[HeldIn::Memory],
-        TileHold::File => &[HeldIn::File],
-        TileHold::Auto => &[HeldIn::Memory, HeldIn::File],
-    };
-    let ok = |tw: u32, th: u32| window_ok(lw, tw, halo) && window_ok(lh, th, halo);
-    let mut chosen = None;
     if let Some((tw, th)) = explicit {
-        if !ok(tw, th) {
+        if !window_ok(lw, tw, halo) || !window_ok(lh, th, halo) {
             return Err(PlanError::Invalid(format!(
                 "--vae-tile-size: an exact encoder tile of {}x{} image pixels leaves no core inside a halo of {halo} latent pixels ({} image pixels) on each side; use at least {} image pixels",
                 tw * ds,
@@ -99,22 +92,10 @@ pub fn plan_encoder(
                 (2 * halo + 1) * ds
             )));
         }
-        for &hd in holds {
-            if fits(need(tw, th, hd)?) {
-                chosen = Some((tw, th, hd));
-                break;
-            }
-        }
-    } else {
-        for &hd in holds {
-            if let Some(t) = crate::tiling::largest_fitting(lw, lh, 0.0, |tw, th| {
-                Ok(ok(tw, th) && fits(need(tw, th, hd)?))
-            })? {
-                chosen = Some((t.tile_latent_w, t.tile_latent_h, hd));
-                break;
-            }
-        }
     }
+    let chosen = choose_window(lw, lh, halo, explicit, holds_for(req.hold), |tw, th, hd| {
+        Ok(fits(need(tw, th, hd)?))
+    })?;
     let Some((tw, th, held)) = chosen else {
         notes.push(format!(
             "no VAE encoder for {w}x{h}: neither the whole-image encoder ({} MiB of arena and buffers) nor exact encoder tiles fit --max-ram; image to image is unavailable at this size",

@@ -91,11 +91,7 @@ pub fn decode_estimated(
     let ds = meta.vae.downscale.max(1) as usize;
     let c = meta.vae.latent_channels as usize;
     let (lw, lh) = (size.width as usize / ds, size.height as usize / ds);
-    let bad = |what: String| {
-        Error::Plan(edge_schema::Error::Invalid(format!(
-            "estimated VAE tile statistics: {what}"
-        )))
-    };
+    let bad = |what: String| plan_error("estimated VAE tile statistics", what);
     let reduced = tiles::reduce_latent(latents, c, lh, lw, e.factor as usize).ok_or_else(|| {
         Error::Argument {
             flag: "latents",
@@ -192,6 +188,11 @@ pub fn decode_estimated(
     })
 }
 
+/// A plan error whose message starts with `what`.
+fn plan_error(what: &str, detail: String) -> Error {
+    Error::Plan(edge_schema::Error::Invalid(format!("{what}: {detail}")))
+}
+
 /// Creates (and at once removes) a spill file in `dir`, so that a run whose decode spills finds
 /// out before any work that the folder is missing or not writable; the error names it.
 pub fn check_spill_dir(dir: &std::path::Path) -> Result<()> {
@@ -213,16 +214,20 @@ struct Windows<'a> {
 }
 
 impl<'a> Windows<'a> {
-    #[allow(clippy::too_many_arguments)]
-    fn new(
+    /// The windows of stage `stage` for `size`: windows of `tile` latent pixels `(h, w)` with
+    /// `halo`, synchronised at `sync_steps`.
+    fn for_size(
         meta: &'a edge_schema::plan::PlanMeta,
+        size: &edge_schema::plan::ImageSize,
         stage: u32,
         sync_steps: &'a [u32],
-        halo: usize,
+        halo: u32,
         win: (usize, usize),
-        latent: (usize, usize),
-        bad: &dyn Fn(String) -> Error,
     ) -> Result<Self> {
+        let ds = meta.vae.downscale.max(1) as usize;
+        let latent = (size.height as usize / ds, size.width as usize / ds);
+        let halo = halo as usize;
+        let bad = |what: String| plan_error("exact VAE tiles", what);
         let st = meta
             .stages
             .get(stage as usize)
@@ -250,6 +255,15 @@ impl<'a> Windows<'a> {
             xs,
             schedule,
         })
+    }
+
+    /// The held tensors of this stage, in memory or in a spill file in the executor's folder.
+    fn held(&self, session: &dyn Executor<'_>, held: HeldIn) -> Result<Held> {
+        let spill_dir = match held {
+            HeldIn::Memory => None,
+            HeldIn::File => Some(session.spill_dir()),
+        };
+        Held::new(self.st.values.len(), spill_dir.as_deref())
     }
 
     /// Channels and spatial factor of held value `id`.
@@ -360,24 +374,18 @@ pub fn decode_exact(
     latents: &[f32],
     image: &mut [f32],
 ) -> Result<ExactReport> {
-    let plan = session.plan();
-    let meta = plan.meta();
-    let ds = meta.vae.downscale.max(1) as usize;
-    let (lh, lw) = (size.height as usize / ds, size.width as usize / ds);
-    let bad = |what: String| {
-        Error::Plan(edge_schema::Error::Invalid(format!(
-            "exact VAE tiles: {what}"
-        )))
-    };
-    let w = Windows::new(
+    let meta = session.plan().meta();
+    let bad = |what: String| plan_error("exact VAE tiles", what);
+    let tile = (t.tile_latent_h as usize, t.tile_latent_w as usize);
+    let w = Windows::for_size(
         meta,
+        size,
         t.stage,
         &sync.sync_steps,
-        sync.halo_latent as usize,
-        (t.tile_latent_h as usize, t.tile_latent_w as usize),
-        (lh, lw),
-        &bad,
+        sync.halo_latent,
+        tile,
     )?;
+    let (lh, lw) = w.latent;
     let head = meta
         .stages
         .get(sync.head_stage as usize)
@@ -385,11 +393,7 @@ pub fn decode_exact(
     if w.st.kind != StageKind::VaeDecoderTail || head.kind != StageKind::VaeDecoderHead {
         return Err(bad("stages of the wrong kind".into()));
     }
-    let spill_dir = match sync.held {
-        HeldIn::Memory => None,
-        HeldIn::File => Some(session.spill_dir()),
-    };
-    let mut held = Held::new(w.st.values.len(), spill_dir.as_deref())?;
+    let mut held = w.held(session, sync.held)?;
     let hidden_id = w.st.inputs[0];
     let (hc, _) = w.geo(hidden_id, &bad)?;
     let mut hidden = vec![0f32; hc * lh * lw];
@@ -419,24 +423,12 @@ pub fn encode_exact(
     image: Vec<f32>,
     moments: &mut [f32],
 ) -> Result<ExactReport> {
-    let plan = session.plan();
-    let meta = plan.meta();
+    let meta = session.plan().meta();
+    let bad = |what: String| plan_error("exact VAE encoder tiles", what);
+    let tile = (t.tile_latent_h as usize, t.tile_latent_w as usize);
+    let w = Windows::for_size(meta, size, t.down_stage, &t.sync_steps, t.halo_latent, tile)?;
+    let (lh, lw) = w.latent;
     let ds = meta.vae.downscale.max(1) as usize;
-    let (lh, lw) = (size.height as usize / ds, size.width as usize / ds);
-    let bad = |what: String| {
-        Error::Plan(edge_schema::Error::Invalid(format!(
-            "exact VAE encoder tiles: {what}"
-        )))
-    };
-    let w = Windows::new(
-        meta,
-        t.down_stage,
-        &t.sync_steps,
-        t.halo_latent as usize,
-        (t.tile_latent_h as usize, t.tile_latent_w as usize),
-        (lh, lw),
-        &bad,
-    )?;
     let mid = meta
         .stages
         .get(t.mid_stage as usize)
@@ -444,11 +436,7 @@ pub fn encode_exact(
     if w.st.kind != StageKind::VaeEncoderDown || mid.kind != StageKind::VaeEncoderMid {
         return Err(bad("stages of the wrong kind".into()));
     }
-    let spill_dir = match t.held {
-        HeldIn::Memory => None,
-        HeldIn::File => Some(session.spill_dir()),
-    };
-    let mut held = Held::new(w.st.values.len(), spill_dir.as_deref())?;
+    let mut held = w.held(session, t.held)?;
     let image_id = w.st.inputs[0];
     let (ic, f) = w.geo(image_id, &bad)?;
     if f != ds || image.len() != ic * lh * ds * lw * ds {

@@ -382,16 +382,32 @@ pub fn host_bytes(meta: &PlanMeta, size: &ImageSize) -> u64 {
         });
         return blend + est;
     };
-    let Some(tail) = meta.stages.get(t.stage as usize) else {
+    let tile = (t.tile_latent_w, t.tile_latent_h);
+    windowed_bytes(meta, size, t.stage, &sync.sync_steps, tile, sync.held)
+}
+
+/// Host bytes of the exact tiled stage `stage` of `size` in windows of `tile` latent pixels
+/// `(w, h)`, synchronised at `sync_steps`, with its activations held in `held`: the held
+/// tensors ([`peak_held_bytes`]) in memory, [`spill_buffer_bytes`] for a file; 0 for a stage
+/// that does not verify.
+fn windowed_bytes(
+    meta: &PlanMeta,
+    size: &ImageSize,
+    stage: u32,
+    sync_steps: &[u32],
+    tile: (u32, u32),
+    held: HeldIn,
+) -> u64 {
+    let Some(st) = meta.stages.get(stage as usize) else {
         return 0;
     };
     let ds = meta.vae.downscale.max(1) as usize;
-    let schedule = sync_schedule(tail, &sync.sync_steps);
-    let win = (t.tile_latent_h as usize, t.tile_latent_w as usize);
+    let schedule = sync_schedule(st, sync_steps);
+    let win = (tile.1 as usize, tile.0 as usize);
     let (lh, lw) = (size.height as usize / ds, size.width as usize / ds);
-    match sync.held {
-        HeldIn::Memory => peak_held_bytes(tail, &schedule, win, lh, lw),
-        HeldIn::File => spill_buffer_bytes(tail, &schedule, &sync.sync_steps, win, lh, lw),
+    match held {
+        HeldIn::Memory => peak_held_bytes(st, &schedule, win, lh, lw),
+        HeldIn::File => spill_buffer_bytes(st, &schedule, sync_steps, win, lh, lw),
     }
     .unwrap_or(0)
 }
@@ -400,21 +416,10 @@ pub fn host_bytes(meta: &PlanMeta, size: &ImageSize) -> u64 {
 /// tensors (the image planes among them) in [`crate::plan::HeldIn::Memory`] mode, the spill
 /// buffers in `File` mode; 0 without encoder tiles or for a plan whose tiling does not verify.
 pub fn encoder_host_bytes(meta: &PlanMeta, size: &ImageSize) -> u64 {
-    let Some(t) = &size.encoder_tiling else {
-        return 0;
-    };
-    let Some(down) = meta.stages.get(t.down_stage as usize) else {
-        return 0;
-    };
-    let ds = meta.vae.downscale.max(1) as usize;
-    let schedule = sync_schedule(down, &t.sync_steps);
-    let win = (t.tile_latent_h as usize, t.tile_latent_w as usize);
-    let (lh, lw) = (size.height as usize / ds, size.width as usize / ds);
-    match t.held {
-        HeldIn::Memory => peak_held_bytes(down, &schedule, win, lh, lw),
-        HeldIn::File => spill_buffer_bytes(down, &schedule, &t.sync_steps, win, lh, lw),
-    }
-    .unwrap_or(0)
+    size.encoder_tiling.as_ref().map_or(0, |t| {
+        let tile = (t.tile_latent_w, t.tile_latent_h);
+        windowed_bytes(meta, size, t.down_stage, &t.sync_steps, tile, t.held)
+    })
 }
 
 /// The bytes `size`'s exact encode holds in a spill file, when its plan holds them in one.
@@ -423,15 +428,15 @@ pub fn encoder_spilled_bytes(meta: &PlanMeta, size: &ImageSize) -> Option<u64> {
         .encoder_tiling
         .as_ref()
         .filter(|t| t.held == HeldIn::File)?;
-    let down = meta.stages.get(t.down_stage as usize)?;
-    let ds = meta.vae.downscale.max(1) as usize;
-    peak_held_bytes(
-        down,
-        &sync_schedule(down, &t.sync_steps),
-        (t.tile_latent_h as usize, t.tile_latent_w as usize),
-        size.height as usize / ds,
-        size.width as usize / ds,
-    )
+    let tile = (t.tile_latent_w, t.tile_latent_h);
+    Some(windowed_bytes(
+        meta,
+        size,
+        t.down_stage,
+        &t.sync_steps,
+        tile,
+        HeldIn::Memory,
+    ))
 }
 
 /// The bytes `size`'s exact decode holds in a spill file, when its plan holds them in one
@@ -450,18 +455,10 @@ pub fn held_bytes(meta: &PlanMeta, size: &ImageSize) -> u64 {
     let Some(t) = &size.decoder_tiling else {
         return 0;
     };
-    let (Some(sync), Some(tail)) = (&t.sync, meta.stages.get(t.stage as usize)) else {
-        return 0;
-    };
-    let ds = meta.vae.downscale.max(1) as usize;
-    peak_held_bytes(
-        tail,
-        &sync_schedule(tail, &sync.sync_steps),
-        (t.tile_latent_h as usize, t.tile_latent_w as usize),
-        size.height as usize / ds,
-        size.width as usize / ds,
-    )
-    .unwrap_or(0)
+    t.sync.as_ref().map_or(0, |sync| {
+        let tile = (t.tile_latent_w, t.tile_latent_h);
+        windowed_bytes(meta, size, t.stage, &sync.sync_steps, tile, HeldIn::Memory)
+    })
 }
 
 /// Host bytes a blended tiled decode of a `width × height` image holds beside the image: the

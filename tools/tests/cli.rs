@@ -1298,6 +1298,20 @@ fn inspect_checks_every_section_digest() {
 }
 
 /// Reads `label N KiB` out of `text` (the `-v` memory line).
+/// The peak RSS `edgerun -v` printed in `err`, after asserting that it is within the
+/// prediction it printed beside it.
+fn within_prediction(err: &str) -> u64 {
+    let (peak, predicted) = (
+        kib_after(err, "peak RSS (VmHWM)"),
+        kib_after(err, "predicted peak"),
+    );
+    assert!(
+        peak <= predicted,
+        "peak {peak} KiB above the predicted {predicted} KiB"
+    );
+    peak
+}
+
 fn kib_after(text: &str, label: &str) -> u64 {
     let at = text
         .find(label)
@@ -1360,14 +1374,7 @@ fn budget_forced_exact_tiles_stay_within_the_predicted_peak_and_match_the_whole_
         err.contains("vae decode: exact tiles") && err.contains("bytes held"),
         "{err}"
     );
-    let (peak, predicted) = (
-        kib_after(&err, "peak RSS (VmHWM)"),
-        kib_after(&err, "predicted peak"),
-    );
-    assert!(
-        peak <= predicted,
-        "peak {peak} KiB above the predicted {predicted} KiB"
-    );
+    within_prediction(&err);
     assert!(generate(&whole, &b, &size).status.success());
     assert!(
         png_pixels(&a) == png_pixels(&b),
@@ -1408,14 +1415,7 @@ fn budget_forced_exact_encoder_tiles_give_the_untiled_image_to_image() {
             && err.contains("held between GroupNorms in a spill file"),
         "{err}"
     );
-    let (peak, predicted) = (
-        kib_after(&err, "peak RSS (VmHWM)"),
-        kib_after(&err, "predicted peak"),
-    );
-    assert!(
-        peak <= predicted,
-        "peak {peak} KiB above the predicted {predicted} KiB"
-    );
+    within_prediction(&err);
     assert_eq!(
         entries(&spill),
         Vec::<String>::new(),
@@ -1486,14 +1486,7 @@ fn estimated_statistics_are_planned_shown_and_close_to_the_whole_image() {
         err.contains("vae decode: estimated statistics") && err.contains("reduced to 16x16"),
         "{err}"
     );
-    let (peak, predicted) = (
-        kib_after(&err, "peak RSS (VmHWM)"),
-        kib_after(&err, "predicted peak"),
-    );
-    assert!(
-        peak <= predicted,
-        "peak {peak} KiB above the predicted {predicted} KiB"
-    );
+    within_prediction(&err);
     assert!(generate(&plans[1], &out("b.png"), &size).status.success());
     assert!(generate(&whole, &out("w.png"), &size).status.success());
     let (e, b, w) = (
@@ -1542,14 +1535,7 @@ fn budget_forced_spilled_exact_tiles_stay_within_the_prediction() {
     let err = String::from_utf8_lossy(&run_a.stderr);
     assert!(run_a.status.success(), "{err}");
     assert!(err.contains("in a spill file"), "{err}");
-    let (peak, predicted) = (
-        kib_after(&err, "peak RSS (VmHWM)"),
-        kib_after(&err, "predicted peak"),
-    );
-    assert!(
-        peak <= predicted,
-        "peak {peak} KiB above the predicted {predicted} KiB"
-    );
+    let peak = within_prediction(&err);
     assert_eq!(
         entries(&spill),
         Vec::<String>::new(),
