@@ -4,7 +4,7 @@ use edge_schema::DType;
 use rayon::prelude::*;
 
 use crate::contract;
-use crate::gemm::{gemm, Bias, F32Tile, GENERIC_TILE, MAX_TILE_COLS};
+use crate::gemm::{gemm, Bias, F32Tile, GENERIC_TILE};
 pub use crate::params::{conv2d_scratch_bytes, Conv2dParams};
 use crate::weights::{convert_row, f32_view, f32_view_mut, WeightRef};
 
@@ -95,7 +95,8 @@ const IM2COL_ELEMS: usize = 128;
 /// Writes patch elements `e0 ..` (as many as `rows` holds rows of `tc` lanes) of output pixels
 /// `pix0 .. pix0 + nl` into rows of a packed panel: `rows[(e − e0)·tc + l]` is patch element `e`
 /// (in `(ci, ky, kx)` order) of pixel `pix0 + l`, zero outside the input and in the lanes
-/// `nl..tc`.
+/// `nl..tc`. The lanes of one output row read one input row: with stride 1 a contiguous run
+/// (copied whole, zeros where it leaves the input), else every `stride_w`-th value.
 fn im2col_panel(
     p: &Conv2dParams,
     x: &[f32],
@@ -107,30 +108,49 @@ fn im2col_panel(
 ) {
     let (_, ow) = p.out_hw();
     let khw = p.kh * p.kw;
-    // Top-left input position of each lane's window (may be "negative": offset by the padding).
-    let mut iy0 = [0usize; MAX_TILE_COLS];
-    let mut ix0 = [0usize; MAX_TILE_COLS];
-    for l in 0..nl {
-        let pix = pix0 + l;
-        iy0[l] = (pix / ow) * p.stride_h;
-        ix0[l] = (pix % ow) * p.stride_w;
-    }
     for (r, dst) in rows.chunks_mut(tc).enumerate() {
         let e = e0 + r;
         let (ci, kyx) = (e / khw, e % khw);
         let (ky, kx) = (kyx / p.kw, kyx % p.kw);
         let plane = &x[ci * p.h * p.w..(ci + 1) * p.h * p.w];
-        for (l, d) in dst.iter_mut().enumerate() {
-            *d = if l < nl {
-                let iy = (iy0[l] + ky).checked_sub(p.pad_top);
-                let ix = (ix0[l] + kx).checked_sub(p.pad_left);
-                match (iy, ix) {
-                    (Some(iy), Some(ix)) if iy < p.h && ix < p.w => plane[iy * p.w + ix],
-                    _ => 0.0,
+        let mut l = 0;
+        while l < nl {
+            let (oy, ox) = ((pix0 + l) / ow, (pix0 + l) % ow);
+            let run = (ow - ox).min(nl - l);
+            let lanes = &mut dst[l..l + run];
+            match (oy * p.stride_h + ky).checked_sub(p.pad_top) {
+                Some(iy) if iy < p.h => {
+                    let src = &plane[iy * p.w..(iy + 1) * p.w];
+                    // Input column of lane j: ox·stride + kx + j·stride − pad_left.
+                    let base = ox * p.stride_w + kx;
+                    if p.stride_w == 1 {
+                        // Lanes before the input (base + j < pad_left), inside, after it.
+                        let lead = p.pad_left.saturating_sub(base).min(run);
+                        let first = (base + lead).saturating_sub(p.pad_left);
+                        let inside = if lead < run {
+                            p.w.saturating_sub(first).min(run - lead)
+                        } else {
+                            0
+                        };
+                        lanes[..lead].fill(0.0);
+                        if inside > 0 {
+                            lanes[lead..lead + inside]
+                                .copy_from_slice(&src[first..first + inside]);
+                        }
+                        lanes[lead + inside..].fill(0.0);
+                    } else {
+                        for (j, d) in lanes.iter_mut().enumerate() {
+                            *d = match (base + j * p.stride_w).checked_sub(p.pad_left) {
+                                Some(ix) if ix < p.w => src[ix],
+                                _ => 0.0,
+                            };
+                        }
+                    }
                 }
-            } else {
-                0.0
-            };
+                _ => lanes.fill(0.0),
+            }
+            l += run;
         }
+        dst[nl..].fill(0.0);
     }
 }

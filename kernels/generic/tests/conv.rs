@@ -80,6 +80,10 @@ fn cases() -> Vec<Conv2dParams> {
         params(2, 8, 9, 3, 3, 2, [1, 0, 2, 0]),
         params(2, 9, 8, 3, 3, 2, [0, 2, 0, 1]),
         params(1, 1, 1, 1, 1, 1, [0, 0, 0, 0]),
+        // Padding wider than the input: runs of lanes wholly inside the left or right padding.
+        params(2, 5, 3, 3, 3, 1, [2, 2, 4, 4]),
+        params(2, 6, 1, 2, 1, 1, [0, 0, 5, 5]),
+        params(3, 40, 7, 3, 3, 1, [1, 1, 9, 2]),
     ]
 }
 
