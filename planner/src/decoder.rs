@@ -163,6 +163,11 @@ pub fn plan_tiling(
 ) -> Result<Option<VaeTiling>> {
     let (lw, lh) = (w / ds, h / ds);
     let explicit = crate::tiling::explicit_tiling(w, h, ds, req)?;
+    if req.mode == TileMode::Blend && req.estimate_factor.is_some() {
+        return Err(PlanError::Invalid(
+            "--vae-estimate-factor: blended tiles estimate no statistics; use --vae-tile-mode estimate (or exact, whose fallback uses it)".into(),
+        ));
+    }
     if req.mode == TileMode::Blend && explicit.is_some() {
         return Ok(explicit);
     }

@@ -98,8 +98,13 @@ pub fn plan_encoder(
     })?;
     let Some((tw, th, held)) = chosen else {
         notes.push(format!(
-            "no VAE encoder for {w}x{h}: neither the whole-image encoder ({} MiB of arena and buffers) nor exact encoder tiles fit --max-ram; image to image is unavailable at this size",
-            whole.div_ceil(1 << 20)
+            "no VAE encoder for {w}x{h}: neither the whole-image encoder ({} MiB of arena and buffers) nor exact encoder tiles{} fit --max-ram; image to image is unavailable at this size",
+            whole.div_ceil(1 << 20),
+            match req.hold {
+                crate::tiling::TileHold::Memory => " with their activations held in memory (--vae-tile-hold memory; auto or file would spill them)",
+                crate::tiling::TileHold::File => " with their activations held in a file",
+                crate::tiling::TileHold::Auto => "",
+            }
         ));
         return Ok(None);
     };

@@ -107,6 +107,16 @@ pub struct TileRequest {
 /// Largest latent reduction a statistics estimate may use.
 pub const MAX_ESTIMATE_FACTOR: u32 = 64;
 
+/// Parses and validates `--vae-estimate-factor` (an integer 2…64).
+pub fn parse_estimate_factor(s: &str) -> Result<u32> {
+    match s.trim().parse::<i64>() {
+        Ok(f) if (2..=i64::from(MAX_ESTIMATE_FACTOR)).contains(&f) => Ok(f as u32),
+        _ => Err(PlanError::Invalid(format!(
+            "--vae-estimate-factor `{s}`: expected a whole number 2…{MAX_ESTIMATE_FACTOR} (latent pixels per reduced pixel)"
+        ))),
+    }
+}
+
 /// Validates `--vae-estimate-factor`.
 pub fn validate_estimate_factor(f: u32) -> Result<u32> {
     if !(2..=MAX_ESTIMATE_FACTOR).contains(&f) {

@@ -524,6 +524,18 @@ pub fn generate_previewing(
     if let Some(init) = &params.init_image {
         // Refused before any work; `encode_image` would refuse the same later.
         encoder_of(&size, &init.rgb)?;
+        if let Some(bytes) = edge_schema::tiles::encoder_spilled_bytes(meta, &size) {
+            let dir = session.spill_dir();
+            crate::tiling::check_spill_dir(&dir).map_err(|e| Error::Argument {
+                flag: "spill-dir",
+                reason: format!(
+                    "{}: this plan's VAE encode of the init image at {}x{} holds {bytes} bytes in a spill file there: {e}",
+                    dir.display(),
+                    size.width,
+                    size.height
+                ),
+            })?;
+        }
         let begin = crate::sampler::img2img_begin(params.steps, init.strength, params.method)?;
         sampler.begin_at(begin)?;
     }

@@ -501,7 +501,7 @@ pub const ESTIMATE_BOUND_LEVELS: [(u32, f64, u8); 2] = [(2, 11.0, 120), (8, 14.0
 pub fn estimate_error(factor: u32) -> String {
     match ESTIMATE_BOUND_LEVELS.iter().find(|b| factor <= b.0) {
         Some(&(f, mean, max)) => format!(
-            "measured within {mean} levels of 255 on average and {max} at most of the whole-image decode up to 1/{f}"
+            "on the demo model's text-to-image latents measured within {mean} levels of 255 on average and {max} at most of the whole-image decode up to 1/{f}; not a bound for other latents"
         ),
         None => format!(
             "not measured beyond 1/{}: the estimate coarsens with the factor",

@@ -1416,10 +1416,67 @@ fn budget_forced_exact_encoder_tiles_give_the_untiled_image_to_image() {
         "{err}"
     );
     within_prediction(&err);
+    assert!(
+        err.contains("memory encode image: measured peak")
+            && err.contains("predicted vae_encoder_down"),
+        "{err}"
+    );
     assert_eq!(
         entries(&spill),
         Vec::<String>::new(),
         "spill file left behind"
+    );
+    // A spill folder that does not exist: refused before any work, naming the flag and what
+    // spills (here the decode, checked first; `pipeline::generate` checks the encode's), no
+    // image written.
+    let c = dir.path().join("c.png");
+    let missing = dir.path().join("no-such-folder");
+    let run_c = generate(
+        &tiled,
+        &c,
+        &[&args[..], &["--spill-dir", s(&missing)]].concat(),
+    );
+    let err = String::from_utf8_lossy(&run_c.stderr);
+    assert!(!run_c.status.success() && !c.exists(), "{err}");
+    assert!(
+        err.contains("--spill-dir")
+            && err.contains("in a spill file there")
+            && !err.contains("step"),
+        "{err}"
+    );
+    // Only the encode spills (the decode estimates its statistics): refused before any work
+    // all the same, naming the encode.
+    let enc_only = dir.path().join("enc-only.plan");
+    let o = run(
+        EDGEPLAN,
+        &[
+            "compile",
+            s(&demo_model()),
+            "-W",
+            "256",
+            "-H",
+            "256",
+            "--max-ram",
+            "150M",
+            "--vae-tile-mode",
+            "estimate",
+            "-o",
+            s(&enc_only),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let run_d = generate(
+        &enc_only,
+        &c,
+        &[&args[..], &["-v", "--spill-dir", s(&missing)]].concat(),
+    );
+    let err = String::from_utf8_lossy(&run_d.stderr);
+    assert!(!run_d.status.success() && !c.exists(), "{err}");
+    assert!(
+        err.contains("--spill-dir")
+            && err.contains("VAE encode of the init image")
+            && !err.contains("timings"),
+        "{err}"
     );
     let run_b = generate(&whole, &b, &args);
     assert!(
@@ -1469,6 +1526,43 @@ fn estimated_statistics_are_planned_shown_and_close_to_the_whole_image() {
     )
     .status
     .success());
+    for (flags, needle) in [
+        (
+            &["--vae-tile-mode", "estimate", "--vae-estimate-factor", "-3"][..],
+            "--vae-estimate-factor `-3`",
+        ),
+        (
+            &[
+                "--vae-tile-mode",
+                "estimate",
+                "--vae-estimate-factor",
+                "abc",
+            ][..],
+            "--vae-estimate-factor `abc`",
+        ),
+        (
+            &[
+                "--vae-tile-mode",
+                "estimate",
+                "--vae-estimate-factor",
+                "99999999999",
+            ][..],
+            "2…64",
+        ),
+        (
+            &["--vae-tile-mode", "blend", "--vae-estimate-factor", "4"][..],
+            "blended tiles estimate no statistics",
+        ),
+    ] {
+        let out = dir.path().join("bad.plan");
+        let o = run(EDGEPLAN, &[&base[..], flags, &["-o", s(&out)]].concat());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && !out.exists(), "{flags:?}: {err}");
+        assert!(
+            err.contains(needle) && err.lines().count() == 1,
+            "{flags:?}: {err}"
+        );
+    }
     let text =
         String::from_utf8_lossy(&run(EDGEPLAN, &["inspect", s(&plans[0])]).stdout).to_string();
     assert!(

@@ -134,8 +134,7 @@ fn im2col_panel(
                         };
                         lanes[..lead].fill(0.0);
                         if inside > 0 {
-                            lanes[lead..lead + inside]
-                                .copy_from_slice(&src[first..first + inside]);
+                            lanes[lead..lead + inside].copy_from_slice(&src[first..first + inside]);
                         }
                         lanes[lead + inside..].fill(0.0);
                     } else {

@@ -238,8 +238,8 @@ struct CompileArgs {
     vae_tile_hold: String,
     /// Latent reduction of the statistics estimate (estimate mode): 2…64 latent pixels per
     /// reduced pixel along each axis; default the smallest power of two that fits the budget.
-    #[arg(long = "vae-estimate-factor")]
-    vae_estimate_factor: Option<u32>,
+    #[arg(long = "vae-estimate-factor", allow_hyphen_values = true)]
+    vae_estimate_factor: Option<String>,
     /// VAE tile overlap as a fraction of the tile (0…0.5, default 0.5; blend and estimate modes).
     #[arg(long = "vae-tile-overlap", allow_hyphen_values = true)]
     vae_tile_overlap: Option<f32>,
@@ -374,6 +374,9 @@ fn compile(a: CompileArgs) -> Result<()> {
         (true, Some(v)) => Some(parse_size(v, "--max-vram")?),
         _ => None,
     };
+    if a.vae_estimate_factor.is_some() && a.vae_tile_mode == "blend" {
+        bail!("--vae-estimate-factor: blended tiles estimate no statistics; use --vae-tile-mode estimate (or exact, whose fallback uses it)");
+    }
     let mut opts = CompileOptions {
         sizes,
         max_sequence_length: a.max_sequence_length,
@@ -427,7 +430,8 @@ fn compile(a: CompileArgs) -> Result<()> {
                 .transpose()?,
             estimate_factor: a
                 .vae_estimate_factor
-                .map(edge_planner::tiling::validate_estimate_factor)
+                .as_deref()
+                .map(edge_planner::tiling::parse_estimate_factor)
                 .transpose()?,
         },
     };

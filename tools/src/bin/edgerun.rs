@@ -1179,7 +1179,10 @@ fn generate(a: GenArgs) -> Result<()> {
         use edge_schema::plan::StageKind as K;
         for (phase, kinds) in [
             ("encode", &[K::TextEncoder, K::CrossKv][..]),
-            ("encode image", &[K::VaeEncoder][..]),
+            (
+                "encode image",
+                &[K::VaeEncoder, K::VaeEncoderDown, K::VaeEncoderMid][..],
+            ),
             ("sample", &[K::Denoiser][..]),
             (
                 "decode",
