@@ -178,10 +178,19 @@ pub fn plan_tiling(
             + tiles::blend_bytes(c, (w, h), (tw, th), ds))
     };
     if explicit.is_none() {
-        match budget_left {
-            None => return Ok(None),
-            Some(l) if blend_need(lw, lh)? <= l => return Ok(None),
-            Some(_) => {}
+        let whole = match budget_left {
+            None => true,
+            Some(l) => blend_need(lw, lh)? <= l,
+        };
+        if whole {
+            if req.mode != TileMode::Exact {
+                notes.push(format!(
+                    "size {w}x{h}: --vae-tile-mode {} has nothing to tile: the whole-image decoder fits{}, so the image is decoded at once (--vae-tile-size tiles it anyway)",
+                    req.mode.name(),
+                    if budget_left.is_some() { " the budget" } else { " (no --max-ram)" }
+                ));
+            }
+            return Ok(None);
         }
     }
     if req.mode == TileMode::Exact {
@@ -302,7 +311,7 @@ pub fn plan_tiling(
     })? {
         Some(t) => Ok(Some(t)),
         None => Err(PlanError::Invalid(format!(
-            "--max-ram: even the smallest VAE tile ({m}x{m} latent pixels) needs {} bytes, more than the {limit} bytes the budget leaves",
+            "--max-ram: even the smallest VAE tile ({m}x{m} latent pixels) needs {} bytes, more than the {limit} bytes the budget leaves once the planning headroom and the decoded image are taken off it",
             blend_need(MIN_TILE_LATENT.min(lw), MIN_TILE_LATENT.min(lh))?,
             m = MIN_TILE_LATENT
         ))),
@@ -581,8 +590,13 @@ mod tests {
         let t = plan(TileMode::Estimate, modes[0].0, &mut Vec::new()).unwrap();
         assert!(t.sync.is_none() && t.estimate.is_some());
         // With room to spare the estimate uses the finest reduction.
-        let t = plan(TileMode::Estimate, 64 << 30, &mut Vec::new());
+        let mut notes = Vec::new();
+        let t = plan(TileMode::Estimate, 64 << 30, &mut notes);
         assert_eq!(t, None, "the whole decoder fits: no tiles");
+        assert!(
+            notes.iter().any(|n| n.contains("nothing to tile")),
+            "{notes:?}"
+        );
         let req = TileRequest {
             mode: TileMode::Estimate,
             size: Some((256, 256)),

@@ -139,8 +139,8 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
                     ),
                 };
                 format!(
-                    "exact tiles: windows of {tile} with a halo of {} latent pixels, {} GroupNorms normalised with the whole image's statistics, {held} bytes held between them {place} (mode exact: the whole-image decode's values)",
-                    sync.halo_latent,
+                    "exact tiles: windows of {tile} with a halo of {}, {} GroupNorms normalised with the whole image's statistics, {held} bytes held between them {place} (mode exact: the whole-image decode's values)",
+                    latent_px(sync.halo_latent),
                     sync.sync_steps.len()
                 )
             }
@@ -180,14 +180,14 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
         };
         let _ = writeln!(
             s,
-            "  {}x{}: VAE encoded in exact tiles: windows of {}x{} latent pixels ({}x{} image pixels) with a halo of {} latent pixels, {} GroupNorms normalised with the whole image's statistics, {held} bytes held between them {place}, mid block on the whole latent (the whole-image encode's values)",
+            "  {}x{}: VAE encoded in exact tiles: windows of {}x{} latent pixels ({}x{} image pixels) with a halo of {}, {} GroupNorms normalised with the whole image's statistics, {held} bytes held between them {place}, mid block on the whole latent (the whole-image encode's values)",
             z.width,
             z.height,
             t.tile_latent_w,
             t.tile_latent_h,
             t.tile_latent_w * ds,
             t.tile_latent_h * ds,
-            t.halo_latent,
+            latent_px(t.halo_latent),
             t.sync_steps.len()
         );
     }
@@ -315,4 +315,9 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
     }
     let _ = DType::F32;
     s
+}
+
+/// `n latent pixel(s)`.
+fn latent_px(n: u32) -> String {
+    format!("{n} latent pixel{}", if n == 1 { "" } else { "s" })
 }
