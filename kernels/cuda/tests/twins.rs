@@ -81,6 +81,40 @@ fn generic_linear(
 /// A generic element-wise kernel.
 type Unary = fn(&[f32], &mut [f32]);
 
+/// Launches a float-weight product kernel of signature `(x, w, dtype, bias, out, m, k, n)` with
+/// `tile × tile` outputs per block of 256 threads; `[x, bias, out]` are f32 device buffers.
+///
+/// # Safety
+/// `x` holds `m·k` f32, `w` `n·k` values of the dtype `code` names, `bias` `n` and `out` `m·n`,
+/// and `name` has that signature and tile.
+unsafe fn float_linear(
+    g: &Gpu,
+    name: &str,
+    tile: usize,
+    [x, bias, out]: [&cudarc::driver::CudaSlice<f32>; 3],
+    w: &cudarc::driver::CudaSlice<u8>,
+    code: i32,
+    (m, k, n): (usize, usize, usize),
+) -> Result<(), String> {
+    // SAFETY: the caller's contract is the kernel's.
+    unsafe {
+        g.launch(name)?.run(
+            (n.div_ceil(tile) as u32, m.div_ceil(tile) as u32),
+            256,
+            &[
+                Arg::F32s(x),
+                Arg::Bytes(w),
+                Arg::I32(code),
+                Arg::F32s(bias),
+                Arg::F32s(out),
+                Arg::U64(m as u64),
+                Arg::U64(k as u64),
+                Arg::U64(n as u64),
+            ],
+        )
+    }
+}
+
 fn blocks(n: usize) -> u32 {
     n.div_ceil(256).min(65_535) as u32
 }
@@ -209,22 +243,16 @@ fn plain_and_q8_0_linear_give_the_generic_bits() -> Result<(), String> {
             let (bytes, _) = stored(dtype, &wf);
             let dw = g.upload(&bytes)?;
             let out = g.zeros::<f32>(m * n)?;
-            // SAFETY: (x, w, dtype, bias, out, m, k, n) as declared; x holds m·k, w n·k values
-            // of `dtype`, bias n and out m·n.
+            // SAFETY: x holds m·k f32, w n·k values of `dtype`, bias n and out m·n.
             unsafe {
-                g.launch("edge_linear_plain")?.run(
-                    (n.div_ceil(64) as u32, m.div_ceil(64) as u32),
-                    256,
-                    &[
-                        Arg::F32s(&dx),
-                        Arg::Bytes(&dw),
-                        Arg::I32(code),
-                        Arg::F32s(&dbias),
-                        Arg::F32s(&out),
-                        Arg::U64(m as u64),
-                        Arg::U64(k as u64),
-                        Arg::U64(n as u64),
-                    ],
+                float_linear(
+                    &g,
+                    "edge_linear_plain",
+                    64,
+                    [&dx, &dbias, &out],
+                    &dw,
+                    code,
+                    (m, k, n),
                 )?
             };
             let want = generic_linear(&x, dtype, &bytes, Some(&bias), m, k, n);
@@ -654,22 +682,17 @@ fn f16_and_bf16_tensor_core_products_agree_with_generic_within_their_rounding() 
             let (bytes, _) = stored(dtype, &wf);
             let dw = g.upload(&bytes)?;
             let out = g.zeros::<f32>(m * n)?;
-            // SAFETY: (x, w, dtype, bias, out, m, k, n): x m·k f32, w n·k halves, bias n,
-            // out m·n; 128 × 128 outputs per block of 256 threads.
+            // SAFETY: x holds m·k f32, w n·k halves, bias n and out m·n; 128 × 128 outputs
+            // per block of 256 threads.
             unsafe {
-                g.launch("edge_linear_f16_mma")?.run(
-                    (n.div_ceil(128) as u32, m.div_ceil(128) as u32),
-                    256,
-                    &[
-                        Arg::F32s(&dx),
-                        Arg::Bytes(&dw),
-                        Arg::I32(code),
-                        Arg::F32s(&db),
-                        Arg::F32s(&out),
-                        Arg::U64(m as u64),
-                        Arg::U64(k as u64),
-                        Arg::U64(n as u64),
-                    ],
+                float_linear(
+                    &g,
+                    "edge_linear_f16_mma",
+                    128,
+                    [&dx, &db, &out],
+                    &dw,
+                    code,
+                    (m, k, n),
                 )?
             };
             let want = generic_linear(&x, dtype, &bytes, Some(&bias), m, k, n);
