@@ -66,6 +66,28 @@ pub(crate) fn facts_of(st: &Stage, lw: u32, lh: u32, tw: u32, th: u32) -> Result
     })
 }
 
+/// Refuses an explicit exact `what` (`tile`, `encoder tile`) of `tw × th` latent pixels that
+/// leaves no core inside `halo` along an axis of the `lw × lh` latent; `hint` ends the message.
+pub(crate) fn check_core(
+    (lw, lh): (u32, u32),
+    (tw, th): (u32, u32),
+    halo: u32,
+    ds: u32,
+    what: &str,
+    hint: &str,
+) -> Result<()> {
+    if window_ok(lw, tw, halo) && window_ok(lh, th, halo) {
+        return Ok(());
+    }
+    Err(PlanError::Invalid(format!(
+        "--vae-tile-size: an exact {what} of {}x{} image pixels leaves no core inside a halo of {halo} latent pixels ({} image pixels) on each side; use at least {} image pixels{hint}",
+        tw * ds,
+        th * ds,
+        halo * ds,
+        (2 * halo + 1) * ds
+    )))
+}
+
 /// The holds `--vae-tile-hold` allows, in the order they are tried.
 pub(crate) fn holds_for(h: TileHold) -> &'static [HeldIn] {
     match h {
@@ -220,15 +242,14 @@ pub fn plan_tiling(
             if tw == lw && th == lh {
                 return Ok(None);
             }
-            if !window_ok(lw, tw, halo) || !window_ok(lh, th, halo) {
-                return Err(PlanError::Invalid(format!(
-                    "--vae-tile-size: an exact tile of {}x{} image pixels leaves no core inside a halo of {halo} latent pixels ({} image pixels) on each side; use at least {} image pixels, or --vae-tile-mode blend",
-                    tw * ds,
-                    th * ds,
-                    halo * ds,
-                    (2 * halo + 1) * ds
-                )));
-            }
+            check_core(
+                (lw, lh),
+                (tw, th),
+                halo,
+                ds,
+                "tile",
+                ", or --vae-tile-mode blend",
+            )?;
         }
         let chosen = choose_window(lw, lh, halo, explicit_window, holds, fits)?;
         if let (Some((tw, th)), None) = (explicit_window, chosen) {

@@ -7,7 +7,7 @@ use edge_models::vae::{build_vae_encoder, build_vae_encoder_down, build_vae_enco
 use edge_schema::plan::{EncoderTiling, HeldIn, Stage, StageKind};
 use edge_schema::DType;
 
-use crate::decoder::{choose_window, facts_of, holds_for, tighten, weights_of, window_ok};
+use crate::decoder::{check_core, choose_window, facts_of, holds_for, tighten, weights_of};
 use crate::error::{PlanError, Result};
 use crate::lower::{arena_estimate, lower, skeleton_stage, TensorTable, WeightResolver};
 use crate::pack::PackPolicy;
@@ -82,16 +82,8 @@ pub fn plan_encoder(
                 },
         ))
     };
-    if let Some((tw, th)) = explicit {
-        if !window_ok(lw, tw, halo) || !window_ok(lh, th, halo) {
-            return Err(PlanError::Invalid(format!(
-                "--vae-tile-size: an exact encoder tile of {}x{} image pixels leaves no core inside a halo of {halo} latent pixels ({} image pixels) on each side; use at least {} image pixels",
-                tw * ds,
-                th * ds,
-                halo * ds,
-                (2 * halo + 1) * ds
-            )));
-        }
+    if let Some(t) = explicit {
+        check_core((lw, lh), t, halo, ds, "encoder tile", "")?;
     }
     let chosen = choose_window(lw, lh, halo, explicit, holds_for(req.hold), |tw, th, hd| {
         Ok(fits(need(tw, th, hd)?))
