@@ -84,7 +84,7 @@ pub fn resolve(meta: &PlanMeta, sizes: &[&ImageSize], max_ram: Option<u64>) -> R
         None => meta.budget,
     };
     // The kernels' worker threads keep the stack pages of their deepest task resident (an
-    // attention task holds ~420 KiB there): touch them now so that what the process holds
+    // attention task holds ~550 KiB there): touch them now so that what the process holds
     // includes them.
     edge_kernels::touch_worker_stacks();
     // The session, created after this, decodes every step once: count that heap too.

@@ -85,6 +85,24 @@ pub fn pack_keys(
     }
 }
 
+/// Copies the values of keys `j0 .. j0 + nk` of head `h` one after the other: `dst[c·head_dim +
+/// d]` is channel `d` of value `j0 + c` (`[nk, head_dim]`, outermost first). Every query block
+/// of a task then reads the tile's values from one contiguous run instead of rows a whole token
+/// apart (which share few cache sets); data movement only.
+pub fn pack_values(
+    p: &AttentionParams,
+    kv_src: &[f32],
+    h: usize,
+    j0: usize,
+    nk: usize,
+    dst: &mut [f32],
+) {
+    let hd = p.head_dim;
+    for (c, row) in dst[..nk * hd].chunks_exact_mut(hd).enumerate() {
+        row.copy_from_slice(&kv_src[(j0 + c) * p.kv_stride + p.v_offset + h * hd..][..hd]);
+    }
+}
+
 /// Query rows `i0 .. i0 + nq` of head `h` and the key tile `j0 .. j0 + nk` they meet.
 #[derive(Clone, Copy, Debug)]
 pub struct QueryBlock<'a> {
@@ -108,21 +126,22 @@ pub struct QueryBlock<'a> {
     pub j0: usize,
     /// Keys in the tile (1..=[`KEY_TILE`]).
     pub nk: usize,
+    /// The tile's values packed by [`pack_values`], `[nk, head_dim]`.
+    pub values: &'a [f32],
 }
 
 impl<'a> QueryBlock<'a> {
     /// Asserts what an [`AttentionOps::block_tile`] may rely on: `1 ≤ nq ≤ QUERY_TILE`,
     /// `1 ≤ nk ≤ KEY_TILE`, `head_dim ≤ MAX_HEAD_DIM`, `keys` holding `head_dim · KEY_TILE` f32,
-    /// and every value row of the tile inside `kv_src` (query, bias and mask rows are reached
-    /// through bounds-checked slices). SIMD steps call it before their unchecked loads.
+    /// and `values` the tile's `nk · head_dim` (query, bias and mask rows are reached through
+    /// bounds-checked slices). SIMD steps call it before their unchecked loads.
     pub fn check_step(&self, keys: &[f32]) {
-        let (p, hd) = (self.p, self.p.head_dim);
+        let hd = self.p.head_dim;
         assert!((1..=QUERY_TILE).contains(&self.nq) && (1..=KEY_TILE).contains(&self.nk));
         assert!(hd <= MAX_HEAD_DIM && keys.len() >= hd * KEY_TILE);
-        let last_v = (self.j0 + self.nk - 1) * p.kv_stride + p.v_offset + self.h * hd + hd;
         assert!(
-            last_v <= self.kv_src.len(),
-            "attention: value rows outside kv_src"
+            self.values.len() >= self.nk * hd,
+            "attention: packed values shorter than the tile"
         );
     }
 
@@ -134,6 +153,7 @@ impl<'a> QueryBlock<'a> {
             p,
             q: &self.q_src[i * p.q_stride + p.q_offset + self.h * p.head_dim..][..p.head_dim],
             kv_src: self.kv_src,
+            values: self.values,
             h: self.h,
             j0: self.j0,
             nk: self.nk,
@@ -200,6 +220,8 @@ pub struct KeyTile<'a> {
     pub q: &'a [f32],
     /// The key/value source.
     pub kv_src: &'a [f32],
+    /// The tile's values packed by [`pack_values`], `[nk, head_dim]`.
+    pub values: &'a [f32],
     /// Head.
     pub h: usize,
     /// First key of the tile.
@@ -220,11 +242,11 @@ impl KeyTile<'_> {
         &self.kv_src[j * p.kv_stride + p.k_offset + self.h * p.head_dim..][..p.head_dim]
     }
 
-    /// Value `j` of head `h`, `[head_dim]`.
+    /// Value `j` (`j0 ≤ j < j0 + nk`) of head `h`, `[head_dim]`, from the packed tile.
     #[inline]
     pub fn value(&self, j: usize) -> &[f32] {
-        let p = self.p;
-        &self.kv_src[j * p.kv_stride + p.v_offset + self.h * p.head_dim..][..p.head_dim]
+        let hd = self.p.head_dim;
+        &self.values[(j - self.j0) * hd..][..hd]
     }
 
     /// The score of key `j` from its dot product with the query:
@@ -371,7 +393,7 @@ pub fn attention_with(
 
 /// One task of [`attention_with`]: every head of the query rows `i_first ..` that `rows`
 /// (`[n, heads·head_dim]`) holds. Its state (the online-softmax state of up to [`TASK_ROWS`]
-/// rows and one packed key tile, about 420 KiB) lives on the task's stack.
+/// rows and one packed key and value tile, about 570 KiB) lives on the task's stack.
 #[allow(clippy::too_many_arguments)]
 fn attend_task(
     ops: &AttentionOps,
@@ -389,6 +411,7 @@ fn attend_task(
     let mut states: [BlockState; TASK_ROWS / QUERY_TILE] =
         std::array::from_fn(|_| BlockState::new());
     let mut keys = [0f32; MAX_HEAD_DIM * KEY_TILE];
+    let mut values = [0f32; MAX_HEAD_DIM * KEY_TILE];
     for h in 0..p.heads {
         for st in &mut states[..nblocks] {
             st.reset(p.head_dim);
@@ -396,6 +419,7 @@ fn attend_task(
         for j0 in (0..p.lk).step_by(KEY_TILE) {
             let nk = KEY_TILE.min(p.lk - j0);
             (ops.pack_keys)(p, kv_src, h, j0, nk, &mut keys);
+            pack_values(p, kv_src, h, j0, nk, &mut values);
             for (bi, st) in states[..nblocks].iter_mut().enumerate() {
                 let b = QueryBlock {
                     p,
@@ -408,6 +432,7 @@ fn attend_task(
                     nq: QUERY_TILE.min(nrows - bi * QUERY_TILE),
                     j0,
                     nk,
+                    values: &values[..nk * p.head_dim],
                 };
                 (ops.block_tile)(&b, &keys[..p.head_dim * KEY_TILE], st);
             }

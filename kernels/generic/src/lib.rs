@@ -36,7 +36,7 @@ mod table;
 mod weights;
 
 pub use attention::{
-    attention, attention_with, generic_row_tile, pack_keys, tile_max, tile_sum,
+    attention, attention_with, generic_row_tile, pack_keys, pack_values, tile_max, tile_sum,
     touch_worker_stacks, AttentionOps, AttentionParams, BlockState, BlockTileFn, KeyTile,
     PackKeysFn, QueryBlock, RowState, GENERIC_ATTENTION, KEY_TILE, MAX_HEAD_DIM, QUERY_TILE,
     SUM_LANES,

@@ -28,7 +28,7 @@ pub(super) const NEON: AttentionOps = AttentionOps {
 fn block_tile(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
     b.check_step(keys);
     // SAFETY: Advanced SIMD is part of every aarch64 target; the packed keys hold
-    // `hd · KEY_TILE` f32 and the tile's value rows lie inside `kv_src` (both checked by
+    // `hd · KEY_TILE` f32 and the packed values the tile's `nk · hd` (both checked by
     // `QueryBlock::check_step`); query rows are bounds-checked slices and the
     // state arrays are sized by the constants asserted above.
     unsafe { block(b, keys, st) }
@@ -84,10 +84,9 @@ unsafe fn block(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
         st.run_max[r] = new_max;
     }
     // acc[r][d] = fma(w[r][j], v[j][d], acc[r][d]), keys in order, 16 channels at a time.
-    let v0 = p.v_offset + b.h * hd;
     let vrow = |j: usize| -> *const f32 {
-        // SAFETY: inside `kv_src` (`QueryBlock::check_step`).
-        unsafe { b.kv_src.as_ptr().add((b.j0 + j) * p.kv_stride + v0) }
+        // SAFETY: row `j < nk` of the packed values (`QueryBlock::check_step`).
+        unsafe { b.values.as_ptr().add(j * hd) }
     };
     let full = hd - hd % 4;
     for d0 in (0..full).step_by(16) {

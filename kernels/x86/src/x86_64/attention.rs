@@ -97,7 +97,8 @@ fn block_tile_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
     b.check_step(keys);
     // SAFETY: AVX-512F was detected before this step was put in a table
     // (`crate::x86_64::avx512_table`); the packed keys hold `hd · KEY_TILE` f32 (asserted), the
-    // value rows of the tile lie inside `kv_src` (both checked by `QueryBlock::check_step`), query, bias and mask rows are bounds-checked slices, and the state arrays
+    // packed values hold the tile's `nk · hd` f32 (both checked by `QueryBlock::check_step`),
+    // query, bias and mask rows are bounds-checked slices, and the state arrays
     // are sized by the constants asserted above.
     unsafe { block_avx512(b, keys, st) }
 }
@@ -162,16 +163,21 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
     // `scale·dot`, `+ bias[j]`, `+ (1 − mask[j])·masked_value`), the tile maximum (lanes past
     // the keys at −∞; `vmaxps(new, running)` skips NaN scores as `f32::max` does, and the order
     // of a maximum changes no bit that reaches the output), the weights `exp(s − m')` (zero past
-    // the keys) and their `tile_sum` (16 lanes, then the halving tree).
+    // the keys) and their `tile_sum` (16 lanes, then the halving tree). Each step runs for all
+    // the block's rows before the next, and nothing branches on the data (the corrections of
+    // the 4 rows are one `exp16`, and `acc ·= c` always runs, in `acc_group`: `x · 1 = x`), so
+    // the rows' dependency chains overlap instead of following each other.
     let nc = nk.div_ceil(16);
     let keep = b.key_mask.map(|x| &x[b.j0..b.j0 + nk]);
+    let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+    let mut v = [[_mm512_setzero_ps(); KEY_TILE / 16]; QUERY_TILE];
+    let mut tile_max = [f32::NEG_INFINITY; 16];
     for r in 0..nq {
         let bias = b
             .bias
             .map(|x| &x[(b.h * p.lq + b.i0 + r) * p.lk + b.j0..][..nk]);
-        let mut v = [_mm512_setzero_ps(); KEY_TILE / 16];
-        let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
-        for (c, vc) in v.iter_mut().enumerate().take(nc) {
+        let mut mx = ninf;
+        for (c, vc) in v[r].iter_mut().enumerate().take(nc) {
             let j = 16 * c;
             let m = mask((nk - j).min(16));
             // SAFETY: the mask covers `j..nk` of the `nk`-long bias and mask slices; `dots[r]`
@@ -192,36 +198,56 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
                     x = _mm512_add_ps(x, _mm512_mul_ps(drop, _mm512_set1_ps(p.masked_value)));
                 }
                 *vc = x;
-                let xm = _mm512_mask_blend_ps(m, _mm512_set1_ps(f32::NEG_INFINITY), x);
-                mx = _mm512_max_ps(xm, mx);
+                mx = _mm512_max_ps(_mm512_mask_blend_ps(m, ninf, x), mx);
             }
         }
-        let new_max = st.run_max[r].max(_mm512_reduce_max_ps(mx));
-        let correction = exp_f32(st.run_max[r] - new_max);
-        if correction != 1.0 {
-            scale_avx512(&mut st.acc[r][..hd], correction);
-        }
-        let nm = _mm512_set1_ps(new_max);
-        let mut sv = _mm512_setzero_ps();
-        for (c, vc) in v.iter().enumerate().take(nc) {
+        tile_max[r] = _mm512_reduce_max_ps(mx);
+    }
+    // Lane r: the row's running maximum, then the new one (`run_max.max(tile maximum)`: no NaN
+    // reaches either operand), the correction `exp(m − m')` and the new maximum per row.
+    let mut old = [f32::NEG_INFINITY; 16];
+    old[..QUERY_TILE].copy_from_slice(&st.run_max);
+    // SAFETY: both arrays hold 16 f32.
+    let (old, tmax) = unsafe {
+        (
+            _mm512_loadu_ps(old.as_ptr()),
+            _mm512_loadu_ps(tile_max.as_ptr()),
+        )
+    };
+    let new_max = _mm512_max_ps(tmax, old);
+    let corr_v = exp16(_mm512_sub_ps(old, new_max));
+    let mut corr = [0f32; 16];
+    let mut nmax = [0f32; 16];
+    // SAFETY: both arrays hold 16 f32.
+    unsafe {
+        _mm512_storeu_ps(corr.as_mut_ptr(), corr_v);
+        _mm512_storeu_ps(nmax.as_mut_ptr(), new_max);
+    }
+    let mut sv = [_mm512_setzero_ps(); QUERY_TILE];
+    for r in 0..nq {
+        let nm = _mm512_set1_ps(nmax[r]);
+        for (c, vc) in v[r].iter().enumerate().take(nc) {
             let m = mask((nk - 16 * c).min(16));
             let w = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(*vc, nm)));
-            sv = _mm512_add_ps(sv, w);
+            sv[r] = _mm512_add_ps(sv[r], w);
             // SAFETY: `16c + 16 ≤ KEY_TILE`, inside the row's score array.
             unsafe { _mm512_storeu_ps(st.scores[r].as_mut_ptr().add(16 * c), w) };
         }
-        let t = _mm512_add_ps(sv, _mm512_shuffle_f32x4::<0b01_00_11_10>(sv, sv));
+    }
+    for r in 0..nq {
+        let s = sv[r];
+        let t = _mm512_add_ps(s, _mm512_shuffle_f32x4::<0b01_00_11_10>(s, s));
         let t = _mm512_add_ps(t, _mm512_shuffle_f32x4::<0b10_11_00_01>(t, t));
         let t = _mm512_add_ps(t, _mm512_permute_ps::<0b01_00_11_10>(t));
         let t = _mm512_add_ps(t, _mm512_permute_ps::<0b10_11_00_01>(t));
-        st.run_sum[r] = st.run_sum[r] * correction + _mm512_cvtss_f32(t);
-        st.run_max[r] = new_max;
+        st.run_sum[r] = st.run_sum[r] * corr[r] + _mm512_cvtss_f32(t);
+        st.run_max[r] = nmax[r];
     }
+    let corr: [f32; QUERY_TILE] = std::array::from_fn(|r| corr[r]);
     let mut vp = [std::ptr::null::<f32>(); KEY_TILE];
-    let v0 = p.v_offset + b.h * hd;
     for (jj, v) in vp.iter_mut().enumerate().take(nk) {
-        // SAFETY: inside `kv_src` (`QueryBlock::check_step`).
-        *v = unsafe { b.kv_src.as_ptr().add((b.j0 + jj) * p.kv_stride + v0) };
+        // SAFETY: row `jj < nk` of the packed values (`QueryBlock::check_step`).
+        *v = unsafe { b.values.as_ptr().add(jj * hd) };
     }
     let vp = &vp[..nk];
     // Groups of up to 5 × 16 head channels: the group's accumulators of every row stay in
@@ -232,14 +258,14 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
         // accumulators hold `MAX_HEAD_DIM ≥ hd`; the masks stay below `hd`.
         unsafe {
             match (nq, lanes.div_ceil(16)) {
-                (4, 5) => acc_group::<4, 5>(st, vp, d0, lanes),
-                (4, 4) => acc_group::<4, 4>(st, vp, d0, lanes),
-                (4, 3) => acc_group::<4, 3>(st, vp, d0, lanes),
-                (4, 2) => acc_group::<4, 2>(st, vp, d0, lanes),
-                (4, _) => acc_group::<4, 1>(st, vp, d0, lanes),
-                (3, _) => acc_group::<3, 5>(st, vp, d0, lanes),
-                (2, _) => acc_group::<2, 5>(st, vp, d0, lanes),
-                _ => acc_group::<1, 5>(st, vp, d0, lanes),
+                (4, 5) => acc_group::<4, 5>(st, &corr, vp, d0, lanes),
+                (4, 4) => acc_group::<4, 4>(st, &corr, vp, d0, lanes),
+                (4, 3) => acc_group::<4, 3>(st, &corr, vp, d0, lanes),
+                (4, 2) => acc_group::<4, 2>(st, &corr, vp, d0, lanes),
+                (4, _) => acc_group::<4, 1>(st, &corr, vp, d0, lanes),
+                (3, _) => acc_group::<3, 5>(st, &corr, vp, d0, lanes),
+                (2, _) => acc_group::<2, 5>(st, &corr, vp, d0, lanes),
+                _ => acc_group::<1, 5>(st, &corr, vp, d0, lanes),
             }
         }
     }
@@ -247,12 +273,11 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
 
 /// Head channels per register group of the value pass.
 const GROUP_LANES: usize = 80;
-/// Value rows fetched ahead of their use (rows lie a whole token apart in the fused qkv
-/// buffer, which the hardware prefetchers do not follow).
-const PREFETCH_KEYS: usize = 8;
 
-/// `acc[r][d0 + d] = fma(w[r][j], v[j][d0 + d], acc[r][d0 + d])` for the first `NQ` rows,
-/// `d < lanes ≤ 16·NC`, keys `j` in order (the generic per-element sequence).
+/// `acc[r][d0 + d] ·= corr[r]`, then `acc[r][d0 + d] = fma(w[r][j], v[j][d0 + d],
+/// acc[r][d0 + d])` for the first `NQ` rows, `d < lanes ≤ 16·NC`, keys `j` in order (the generic
+/// per-element sequence; the generic step skips the product when `corr[r] = 1`, which changes
+/// no bit).
 ///
 /// # Safety
 /// AVX-512F must be present; every `vp[j]` must point at `d0 + lanes` readable f32.
@@ -260,6 +285,7 @@ const PREFETCH_KEYS: usize = 8;
 #[target_feature(enable = "avx512f")]
 unsafe fn acc_group<const NQ: usize, const NC: usize>(
     st: &mut BlockState,
+    corr: &[f32; QUERY_TILE],
     vp: &[*const f32],
     d0: usize,
     lanes: usize,
@@ -272,16 +298,11 @@ unsafe fn acc_group<const NQ: usize, const NC: usize>(
     for r in 0..NQ {
         for c in 0..NC {
             // SAFETY: masked to `d0 + 16c + lane < d0 + lanes ≤ MAX_HEAD_DIM`.
-            a[r][c] = unsafe { _mm512_maskz_loadu_ps(m[c], st.acc[r].as_ptr().add(d0 + 16 * c)) };
+            let x = unsafe { _mm512_maskz_loadu_ps(m[c], st.acc[r].as_ptr().add(d0 + 16 * c)) };
+            a[r][c] = _mm512_mul_ps(x, _mm512_set1_ps(corr[r]));
         }
     }
     for (jj, &v) in vp.iter().enumerate() {
-        if let Some(&ahead) = vp.get(jj + PREFETCH_KEYS) {
-            for c in 0..NC {
-                // A hint only: no access happens, and `ahead` points into a value row.
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(d0 + 16 * c) as *const i8);
-            }
-        }
         let mut w = [_mm512_setzero_ps(); NQ];
         for r in 0..NQ {
             w[r] = _mm512_set1_ps(st.scores[r][jj]);
@@ -428,28 +449,5 @@ unsafe fn scale8_run(a: *mut f32, c: f32, full: usize) {
         // SAFETY: `i + 8 <= full`, inside the slice.
         unsafe { _mm256_storeu_ps(a.add(i), _mm256_mul_ps(_mm256_loadu_ps(a.add(i)), cv)) };
         i += 8;
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn scale_avx512(acc: &mut [f32], c: f32) {
-    // SAFETY: AVX-512F is enabled in this function; masked accesses stay inside `acc`.
-    unsafe { scale16_run(acc.as_mut_ptr(), c, acc.len()) };
-}
-
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn scale16_run(a: *mut f32, c: f32, len: usize) {
-    let cv = _mm512_set1_ps(c);
-    let mut i = 0;
-    while i < len {
-        let m = mask((len - i).min(16));
-        // SAFETY: the mask covers only elements `i..len`.
-        unsafe {
-            let x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a.add(i)), cv);
-            _mm512_mask_storeu_ps(a.add(i), m, x);
-        }
-        i += 16;
     }
 }
