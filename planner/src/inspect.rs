@@ -276,6 +276,9 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
                         PackLayout::Interleaved4x8 => {
                             format!("{} (interleaved 4x8)", e.dtype.name())
                         }
+                        PackLayout::Interleaved16x4 => {
+                            format!("{} (interleaved 16x4)", e.dtype.name())
+                        }
                     };
                     *by_type.entry(key).or_default() += e.len;
                 }

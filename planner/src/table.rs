@@ -118,16 +118,23 @@ impl TensorTable {
         Some(sec)
     }
 
-    /// Repacks, for an aarch64 target, every `Q8_0`/`Q4_0` matrix `[n, k]` with `n ≥ 4` that the
-    /// plan uses only as a `Linear` weight into [`PackLayout::Interleaved4x8`] (the layout the NEON
-    /// kernels read 4 rows at a time, `edge_kernels::pack`), and records the layout in its entry.
-    /// Other targets keep [`PackLayout::RowMajor`]. The generic kernels read both layouts with
+    /// Repacks every matrix `[n, k]` that the plan uses only as a `Linear` weight into the layout
+    /// its target's kernels read (`edge_kernels::pack`), and records the layout in its entry:
+    /// for an aarch64 target, `Q8_0`/`Q4_0` with `n ≥ 4` into [`PackLayout::Interleaved4x8`]
+    /// (the NEON kernels read 4 rows at a time); for an x86-64 target that names `avx512vnni`
+    /// (`--target x86_64-avx512`), `Q8_0` with `n ≥ 16` into [`PackLayout::Interleaved16x4`]
+    /// (the VNNI kernels' `vpdpbusd` operands, read in place instead of repacked at every call).
+    /// Other targets keep [`PackLayout::RowMajor`]. The generic kernels read every layout with
     /// bit-identical results, so a repacked plan still runs (and is checked) on the workstation.
     /// Returns the number of tensors repacked. Must run before sections and digests are built.
     pub fn repack_for_target(&mut self, stages: &[Stage], target: &Target) -> usize {
-        if target.isa != Isa::Aarch64 {
-            return 0;
-        }
+        let layout = match target.isa {
+            Isa::Aarch64 => PackLayout::Interleaved4x8,
+            Isa::X86_64 if target.features.iter().any(|f| f == "avx512vnni") => {
+                PackLayout::Interleaved16x4
+            }
+            _ => return 0,
+        };
         // Per tensor: Some(true) if every use is a linear weight operand, Some(false) otherwise.
         let mut linear_only: Vec<Option<bool>> = vec![None; self.entries.len()];
         for stage in stages {
@@ -148,16 +155,16 @@ impl TensorTable {
         for (t, (entry, data)) in self.entries.iter_mut().zip(&mut self.data).enumerate() {
             let [n, k] = entry.shape[..] else { continue };
             if linear_only[t] != Some(true)
-                || !edge_kernels::pack::interleaves(entry.dtype)
-                || n < edge_kernels::pack::GROUP_ROWS as u64
+                || !edge_kernels::pack::holds(layout, entry.dtype)
+                || n < edge_kernels::pack::group_rows(layout) as u64
                 || entry.layout != PackLayout::RowMajor
             {
                 continue;
             }
             let mut out = vec![0u8; data.len()];
-            edge_kernels::pack::interleave4x8(entry.dtype, data, n as usize, k as usize, &mut out);
+            edge_kernels::pack::repack(layout, entry.dtype, data, n as usize, k as usize, &mut out);
             *data = out;
-            entry.layout = PackLayout::Interleaved4x8;
+            entry.layout = layout;
             repacked += 1;
         }
         repacked

@@ -382,6 +382,15 @@ pub enum PackLayout {
     /// (the idea of ggml's `block_q8_0x4` in `ggml-cpu/repack.cpp`). The last `n mod 4` rows
     /// follow row-major. Same byte length as [`PackLayout::RowMajor`]. Only `Linear` weights.
     Interleaved4x8,
+    /// `Q8_0` matrices `[n, k]` (outermost-first) repacked for the x86-64 AVX-512 VNNI kernels,
+    /// which compute 16 weight rows (output columns) in the 16 lanes of a zmm: rows
+    /// `16g .. 16g+16` are stored together, block index by block index. For block `b` of group
+    /// `g` (544 bytes at `(g·k/32 + b)·544`) the 16 rows' f16 scales come first (row order, 32
+    /// bytes), then the quants in steps of 4: quant `4s + e` of row `r` at byte `32 + 64s + 4r
+    /// + e`, so each 64-byte step is the signed operand of one `vpdpbusd` (the layout the
+    /// kernels otherwise build at run time for every call). The last `n mod 16` rows follow
+    /// row-major. Same byte length as [`PackLayout::RowMajor`]. Only `Linear` weights.
+    Interleaved16x4,
 }
 
 /// A packed weight tensor in the weight region.

@@ -244,6 +244,15 @@ fn meta() -> PlanMeta {
                 offset: 128,
                 len: 72,
             },
+            TensorEntry {
+                name: "w16".into(),
+                dtype: DType::Q8_0,
+                shape: vec![16, 32],
+                layout: PackLayout::Interleaved16x4,
+                section: 0,
+                offset: 256,
+                len: 544,
+            },
         ],
         sections: vec![SectionEntry {
             offset: 0,
@@ -273,7 +282,7 @@ fn metadata_bytes_are_frozen() {
     let digest = blake3::hash(&bytes).to_hex().to_string();
     assert_eq!(
         (FORMAT_VERSION, bytes.len(), digest.as_str()),
-        (9, GOLDEN_LEN, GOLDEN_DIGEST),
+        (10, GOLDEN_LEN, GOLDEN_DIGEST),
         "the postcard encoding of PlanMeta changed: bump FORMAT_VERSION and update the golden values"
     );
     assert_eq!(PlanMeta::decode(&bytes).unwrap(), meta());
@@ -298,5 +307,5 @@ fn header_layout_is_frozen() {
     assert_eq!(&b[224..256], &[0x44; 32]);
 }
 
-const GOLDEN_LEN: usize = 558;
-const GOLDEN_DIGEST: &str = "8a631ef611a5eba9e5b0ac66fee3c973d4f8a438677565c4a027791ff9a0dd06";
+const GOLDEN_LEN: usize = 572;
+const GOLDEN_DIGEST: &str = "38c03de223abc6c2be6efbfac0807ac92f95896834f76108d627bd5f70e2ca5e";

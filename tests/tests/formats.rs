@@ -777,29 +777,59 @@ const ALPHA_Q8_FWD: f64 = 4.9e-3;
 
 /// `--target aarch64-neon` repacks the Q8_0 / Q4_0 linear weights into `Interleaved4x8`
 /// (every matrix with at least 4 rows that is only a linear weight: transformer, cross-K/V and
-/// T5 projections), keeps everything else row-major, and the plan run on this machine with the
+/// T5 projections), `--target x86_64-avx512` the Q8_0 ones with at least 16 rows into
+/// `Interleaved16x4`; everything else stays row-major, and the plan run on this machine with the
 /// generic kernels gives bit-identical latents to the same model compiled for the generic
-/// target (the generic kernels read both layouts in the same arithmetic order). This is what
-/// `edgeplan verify` relies on to check an aarch64 plan before it is flashed.
+/// target (the generic kernels read every layout in the same arithmetic order). This is what
+/// `edgeplan verify` relies on to check a device's plan before it is flashed.
 #[test]
-fn aarch64_plans_repack_linear_weights_and_run_identically_here() {
-    for q in [DType::Q8_0, DType::Q4_0] {
+fn target_plans_repack_linear_weights_and_run_identically_here() {
+    let arm = Target {
+        isa: Isa::Aarch64,
+        features: vec!["neon".into()],
+    };
+    let x86 = Target {
+        isa: Isa::X86_64,
+        features: ["avx512f", "avx512bw", "avx512vnni"]
+            .map(String::from)
+            .to_vec(),
+    };
+    for (target, layout, q, rows, label) in [
+        (
+            &arm,
+            PackLayout::Interleaved4x8,
+            DType::Q8_0,
+            4,
+            "interleaved 4x8",
+        ),
+        (
+            &arm,
+            PackLayout::Interleaved4x8,
+            DType::Q4_0,
+            4,
+            "interleaved 4x8",
+        ),
+        (
+            &x86,
+            PackLayout::Interleaved16x4,
+            DType::Q8_0,
+            16,
+            "interleaved 16x4",
+        ),
+    ] {
         let generic = build(Some(&fixture(SIGMA)), &ComponentFiles::default(), Some(q));
         let mut o = opts(Some(q));
-        o.target = Target {
-            isa: Isa::Aarch64,
-            features: vec!["neon".into()],
-        };
+        o.target = target.clone();
         let mut c = compile_inputs(Some(&fixture(SIGMA)), &ComponentFiles::default(), &o)
             .unwrap_or_else(|e| panic!("compile: {e}"));
         let bytes = edge_planner::write::assemble(&mut c.meta, &c.table).expect("assemble");
-        let arm = Plan::from_bytes(&bytes).expect("aarch64 plan verifies");
+        let packed = Plan::from_bytes(&bytes).expect("target plan verifies");
 
         let mut repacked = 0;
         for (e, g) in c.table.entries.iter().zip(&generic.0.table.entries) {
             assert_eq!((&e.name, e.dtype, &e.shape), (&g.name, g.dtype, &g.shape));
-            let expect = e.dtype == q && e.shape.len() == 2 && e.shape[0] >= 4;
-            if e.layout == PackLayout::Interleaved4x8 {
+            let expect = e.dtype == q && e.shape.len() == 2 && e.shape[0] >= rows;
+            if e.layout == layout {
                 assert!(expect, "{} {:?} {:?} repacked", e.name, e.dtype, e.shape);
                 repacked += 1;
             } else {
@@ -810,20 +840,23 @@ fn aarch64_plans_repack_linear_weights_and_run_identically_here() {
                 );
             }
         }
-        assert!(repacked >= 20, "{q}: only {repacked} tensors repacked");
+        assert!(
+            repacked >= 20,
+            "{target} {q}: only {repacked} tensors repacked"
+        );
         let summary = edge_planner::inspect::summary(&c.meta, bytes.len() as u64);
         assert!(
-            summary.contains(&format!("{} (interleaved 4x8)", q.name())),
+            summary.contains(&format!("{} ({label})", q.name())),
             "{summary}"
         );
 
         let (want, _) = dpm4_latents(&generic.1, SIGMA, "pipeline_dpm_4_cat_64x64");
-        let (got, _) = dpm4_latents(&arm, SIGMA, "pipeline_dpm_4_cat_64x64");
+        let (got, _) = dpm4_latents(&packed, SIGMA, "pipeline_dpm_4_cat_64x64");
         assert!(
             got.iter()
                 .zip(&want)
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{q}: the aarch64 plan's latents differ from the generic plan's"
+            "{target} {q}: the target plan's latents differ from the generic plan's"
         );
     }
 }

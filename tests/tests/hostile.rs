@@ -718,6 +718,17 @@ fn repacked_layout_on_a_non_matrix_type_is_refused() {
     );
 }
 
+#[test]
+fn vnni_layout_on_another_type_is_refused() {
+    refused(
+        "f32 tensor marked Interleaved16x4",
+        &["tensor 0", "Interleaved16x4", "only 2-D Q8_0 matrices"],
+        |m| {
+            m.tensors[0].layout = PackLayout::Interleaved16x4;
+        },
+    );
+}
+
 /// An aarch64 plan's repacked matrix fed to a kernel that reads row-major data (here: as the
 /// activation operand of its own linear step) is refused before anything runs.
 #[test]

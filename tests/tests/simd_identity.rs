@@ -98,3 +98,63 @@ fn alpha_q4_0_plan_is_byte_identical() {
 fn alpha_f32_plan_is_byte_identical() {
     identical("pixart-alpha-tiny", None);
 }
+
+/// A `--target x86_64-avx512` plan (its `Q8_0` matrices in `PackLayout::Interleaved16x4`, read
+/// in place or copied by the VNNI kernels) gives the same bytes as the row-major `q8_0` plan,
+/// with the generic kernels and every x86 table this CPU has.
+#[test]
+fn sigma_q8_0_avx512_target_plan_is_byte_identical() {
+    use edge_schema::plan::{Isa, PackLayout, Target};
+    let compile = |target: Target| {
+        let opts = edge_planner::CompileOptions {
+            sizes: vec![(64, 64)],
+            policy: edge_planner::pack::PackPolicy {
+                default: Some(DType::Q8_0),
+                rules: Vec::new(),
+            },
+            target,
+            ..Default::default()
+        };
+        let mut c =
+            edge_planner::compile_folder(&fixture("pixart-sigma-tiny"), &opts).expect("compiles");
+        let bytes = edge_planner::write::assemble(&mut c.meta, &c.table).expect("assemble");
+        Plan::from_bytes(&bytes).expect("plan verifies")
+    };
+    let row_major = compile(Target {
+        isa: Isa::Generic,
+        features: Vec::new(),
+    });
+    let packed = compile(Target {
+        isa: Isa::X86_64,
+        features: ["avx512f", "avx512bw", "avx512vnni"]
+            .map(String::from)
+            .to_vec(),
+    });
+    let repacked = packed
+        .meta()
+        .tensors
+        .iter()
+        .filter(|t| t.layout == PackLayout::Interleaved16x4)
+        .count();
+    assert!(repacked > 0, "no tensor was repacked for x86_64-avx512");
+    let noise: Vec<f32> = (0..4 * 8 * 8)
+        .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+        .collect();
+    let want = run(
+        &row_major,
+        edge_kernels::generic(),
+        &noise,
+        (64, 64),
+        SamplingMethod::DpmPp2m,
+    );
+    let mut tables = vec![("generic".to_string(), edge_kernels::generic())];
+    for (label, t) in edge_kernels_x86::variants(&edge_kernels::cpu::features()) {
+        tables.push((label.to_string(), t));
+    }
+    for (label, t) in tables {
+        let got = run(&packed, t, &noise, (64, 64), SamplingMethod::DpmPp2m);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        assert_eq!(bits(&got.0), bits(&want.0), "{label}: final latents differ");
+        assert_eq!(got.1, want.1, "{label}: PNG pixels differ");
+    }
+}

@@ -41,7 +41,7 @@ pub fn best_labelled() -> (&'static str, KernelTable) {
 /// be in `layout`.
 pub fn linear_variant_name(table: &KernelTable, dtype: DType, layout: PackLayout) -> &'static str {
     assert!(
-        layout == PackLayout::RowMajor || edge_kernels::pack::interleaves(dtype),
+        edge_kernels::pack::holds(layout, dtype),
         "linear: {dtype:?} weights cannot be in layout {layout:?}"
     );
     edge_kernels_x86::linear_variant_name(table, dtype, layout)

@@ -60,7 +60,7 @@ pub fn linear(
         w.dtype
     );
     assert!(
-        w.layout == PackLayout::RowMajor || pack::interleaves(w.dtype),
+        pack::holds(w.layout, w.dtype),
         "linear: {:?} weights cannot be in layout {:?}",
         w.dtype,
         w.layout

@@ -1,6 +1,7 @@
 //! Weight repacking: [`PackLayout::Interleaved4x8`] (rows of `Q8_0`/`Q4_0` matrices
-//! interleaved in groups of 4 for the aarch64 kernels), its inverse, and block access for the
-//! generic kernels, which read any layout.
+//! interleaved in groups of 4 for the aarch64 kernels) and [`PackLayout::Interleaved16x4`]
+//! (`Q8_0` rows in groups of 16, quants in 4-byte steps, for the x86-64 AVX-512 VNNI kernels),
+//! their inverses, and block access for the generic kernels, which read any layout.
 
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
@@ -12,9 +13,33 @@ pub const CHUNK: usize = 8;
 /// Largest block (`Q8_0`, 34 bytes) among the layouts' types.
 pub const MAX_BLOCK_BYTES: usize = 34;
 
+/// Weight rows per group of [`PackLayout::Interleaved16x4`].
+pub const GROUP_ROWS_16: usize = 16;
+/// Quant bytes per row and step of [`PackLayout::Interleaved16x4`] (one `vpdpbusd` lane).
+pub const STEP_16: usize = 4;
+
 /// Whether matrices of `dtype` can be stored as [`PackLayout::Interleaved4x8`] (`Q8_0`, `Q4_0`).
 pub fn interleaves(dtype: DType) -> bool {
     matches!(dtype, DType::Q8_0 | DType::Q4_0)
+}
+
+/// Whether matrices of `dtype` can be stored in `layout` (any type row-major;
+/// [`PackLayout::Interleaved4x8`]: `Q8_0`, `Q4_0`; [`PackLayout::Interleaved16x4`]: `Q8_0`).
+pub fn holds(layout: PackLayout, dtype: DType) -> bool {
+    match layout {
+        PackLayout::RowMajor => true,
+        PackLayout::Interleaved4x8 => interleaves(dtype),
+        PackLayout::Interleaved16x4 => dtype == DType::Q8_0,
+    }
+}
+
+/// Rows per group of an interleaved `layout` (1 for row-major).
+pub fn group_rows(layout: PackLayout) -> usize {
+    match layout {
+        PackLayout::RowMajor => 1,
+        PackLayout::Interleaved4x8 => GROUP_ROWS,
+        PackLayout::Interleaved16x4 => GROUP_ROWS_16,
+    }
 }
 
 /// `(block bytes, quant bytes per row and block)` of an interleavable type.
@@ -38,30 +63,34 @@ fn locate(
 ) -> (usize, Quants) {
     let (bb, _) = block_geometry(dtype);
     let nb = k / 32;
-    let grouped = match layout {
-        PackLayout::RowMajor => 0,
-        PackLayout::Interleaved4x8 => n / GROUP_ROWS * GROUP_ROWS,
-    };
+    let rows = group_rows(layout);
+    let grouped = if rows > 1 { n / rows * rows } else { 0 };
     if r >= grouped {
         let base = (r * nb + b) * bb;
-        (
+        return (
             base,
             Quants {
                 base: base + 2,
-                interleaved: false,
+                chunk: usize::MAX,
+                stride: 0,
             },
-        )
-    } else {
-        let (g, rr) = (r / GROUP_ROWS, r % GROUP_ROWS);
-        let base = (g * nb + b) * GROUP_ROWS * bb;
-        (
-            base + 2 * rr,
-            Quants {
-                base: base + 2 * GROUP_ROWS + CHUNK * rr,
-                interleaved: true,
-            },
-        )
+        );
     }
+    let (g, rr) = (r / rows, r % rows);
+    let base = (g * nb + b) * rows * bb;
+    let chunk = if layout == PackLayout::Interleaved16x4 {
+        STEP_16
+    } else {
+        CHUNK
+    };
+    (
+        base + 2 * rr,
+        Quants {
+            base: base + 2 * rows + chunk * rr,
+            chunk,
+            stride: chunk * rows,
+        },
+    )
 }
 
 /// Byte offsets of one block's quant bytes (see [`locate`]).
@@ -69,19 +98,17 @@ fn locate(
 struct Quants {
     /// Offset of quant byte 0.
     base: usize,
-    /// Chunks of [`CHUNK`] bytes are [`GROUP_ROWS`] chunks apart.
-    interleaved: bool,
+    /// Bytes per chunk of consecutive quants (`usize::MAX`: the block's quants are contiguous).
+    chunk: usize,
+    /// Bytes from one chunk of a row to its next (the group's rows' chunks lie between).
+    stride: usize,
 }
 
 impl Quants {
     /// Offset of quant byte `i` of the block.
     #[inline]
     fn at(self, i: usize) -> usize {
-        if self.interleaved {
-            self.base + CHUNK * GROUP_ROWS * (i / CHUNK) + i % CHUNK
-        } else {
-            self.base + i
-        }
+        self.base + self.stride * (i / self.chunk) + i % self.chunk
     }
 }
 
@@ -131,17 +158,21 @@ pub fn read_block(
     }
 }
 
-/// Repacks a row-major `[n, k]` `Q8_0`/`Q4_0` matrix (`src`) into [`PackLayout::Interleaved4x8`]
-/// (`dst`, same length). Panics if `dtype` cannot be interleaved or a length does not match.
-pub fn interleave4x8(dtype: DType, src: &[u8], n: usize, k: usize, dst: &mut [u8]) {
-    check(dtype, src.len(), n, k, "interleave4x8 src");
-    check(dtype, dst.len(), n, k, "interleave4x8 dst");
+/// Repacks a row-major `[n, k]` matrix (`src`) into `layout` (`dst`, same length). Panics if
+/// `layout` cannot hold `dtype` ([`holds`]) or a length does not match.
+pub fn repack(layout: PackLayout, dtype: DType, src: &[u8], n: usize, k: usize, dst: &mut [u8]) {
+    assert!(
+        holds(layout, dtype) && layout != PackLayout::RowMajor,
+        "repack: {dtype:?} weights cannot be in layout {layout:?}"
+    );
+    check(dtype, src.len(), n, k, "repack src");
+    check(dtype, dst.len(), n, k, "repack dst");
     let (bb, qb) = block_geometry(dtype);
     let nb = k / 32;
     for r in 0..n {
         for b in 0..nb {
             let blk = &src[(r * nb + b) * bb..][..bb];
-            let (scale, quant) = locate(dtype, PackLayout::Interleaved4x8, n, k, r, b);
+            let (scale, quant) = locate(dtype, layout, n, k, r, b);
             dst[scale..scale + 2].copy_from_slice(&blk[..2]);
             for (i, &q) in blk[2..2 + qb].iter().enumerate() {
                 dst[quant.at(i)] = q;
@@ -150,18 +181,28 @@ pub fn interleave4x8(dtype: DType, src: &[u8], n: usize, k: usize, dst: &mut [u8
     }
 }
 
-/// The inverse of [`interleave4x8`]: writes the row-major matrix of an interleaved one.
-pub fn deinterleave4x8(dtype: DType, src: &[u8], n: usize, k: usize, dst: &mut [u8]) {
-    check(dtype, src.len(), n, k, "deinterleave4x8 src");
-    check(dtype, dst.len(), n, k, "deinterleave4x8 dst");
+/// The inverse of [`repack`]: writes the row-major matrix of one stored in `layout`.
+pub fn unpack(layout: PackLayout, dtype: DType, src: &[u8], n: usize, k: usize, dst: &mut [u8]) {
+    check(dtype, src.len(), n, k, "unpack src");
+    check(dtype, dst.len(), n, k, "unpack dst");
     let (bb, _) = block_geometry(dtype);
     let nb = k / 32;
     for r in 0..n {
         for b in 0..nb {
             let out = &mut dst[(r * nb + b) * bb..][..bb];
-            read_block(dtype, PackLayout::Interleaved4x8, src, n, k, r, b, out);
+            read_block(dtype, layout, src, n, k, r, b, out);
         }
     }
+}
+
+/// [`repack`] into [`PackLayout::Interleaved4x8`].
+pub fn interleave4x8(dtype: DType, src: &[u8], n: usize, k: usize, dst: &mut [u8]) {
+    repack(PackLayout::Interleaved4x8, dtype, src, n, k, dst)
+}
+
+/// [`unpack`] from [`PackLayout::Interleaved4x8`].
+pub fn deinterleave4x8(dtype: DType, src: &[u8], n: usize, k: usize, dst: &mut [u8]) {
+    unpack(PackLayout::Interleaved4x8, dtype, src, n, k, dst)
 }
 
 #[cfg(test)]
@@ -192,6 +233,93 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn interleave16x4_round_trips_and_moves_every_byte() {
+        for n in [1, 15, 16, 17, 33] {
+            for k in [32, 96] {
+                let src = matrix(DType::Q8_0, n, k);
+                let mut packed = vec![0u8; src.len()];
+                repack(
+                    PackLayout::Interleaved16x4,
+                    DType::Q8_0,
+                    &src,
+                    n,
+                    k,
+                    &mut packed,
+                );
+                let mut back = vec![0u8; src.len()];
+                unpack(
+                    PackLayout::Interleaved16x4,
+                    DType::Q8_0,
+                    &packed,
+                    n,
+                    k,
+                    &mut back,
+                );
+                assert_eq!(back, src, "n={n} k={k}");
+                if n >= 16 {
+                    assert_ne!(packed, src, "n={n} k={k}: nothing moved");
+                } else {
+                    assert_eq!(
+                        packed, src,
+                        "n={n} k={k}: fewer than 16 rows stay row-major"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn group16_layout_is_scales_then_4_byte_steps() {
+        // Q8_0, 17 rows, 2 blocks: row r's block b is [scale (2 bytes), 32 quants].
+        let (n, k) = (17, 64);
+        let mut src = vec![0u8; n * 2 * 34];
+        for r in 0..n {
+            for b in 0..2 {
+                let at = (r * 2 + b) * 34;
+                src[at] = r as u8;
+                src[at + 1] = 0x80 + b as u8;
+                for i in 0..32 {
+                    src[at + 2 + i] = (r * 7 + b * 32 + i) as u8;
+                }
+            }
+        }
+        let mut dst = vec![0u8; src.len()];
+        repack(
+            PackLayout::Interleaved16x4,
+            DType::Q8_0,
+            &src,
+            n,
+            k,
+            &mut dst,
+        );
+        // Block 1 of group 0 starts at 544: 16 scales, then step s of row r at 32 + 64s + 4r.
+        let g = 544;
+        for r in 0..16 {
+            assert_eq!(&dst[g + 2 * r..g + 2 * r + 2], &[r as u8, 0x81]);
+        }
+        let (s, r) = (5, 9);
+        let q = (r * 2 + 1) * 34 + 2 + 4 * s;
+        assert_eq!(&dst[g + 32 + 64 * s + 4 * r..][..4], &src[q..q + 4]);
+        // Row 16 (the tail) stays where row-major puts it.
+        assert_eq!(&dst[16 * 2 * 34..], &src[16 * 2 * 34..]);
+    }
+
+    #[test]
+    #[should_panic(expected = "repack: Q4_0 weights cannot be in layout Interleaved16x4")]
+    fn interleave16x4_refuses_other_types() {
+        let src = matrix(DType::Q4_0, 16, 32);
+        let mut dst = vec![0u8; src.len()];
+        repack(
+            PackLayout::Interleaved16x4,
+            DType::Q4_0,
+            &src,
+            16,
+            32,
+            &mut dst,
+        );
     }
 
     #[test]

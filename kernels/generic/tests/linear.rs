@@ -347,16 +347,21 @@ fn misaligned_f16_weights_give_the_same_result() {
     assert_eq!(aligned, out);
 }
 
-/// `Interleaved4x8` weights (`edge_kernels::pack`) give bit-identical results to the same
-/// matrix row-major, on ragged row counts (groups of 4 plus a row-major tail, or no group at
-/// all) and block counts; other types in that layout are refused.
+/// `Interleaved4x8` (`Q8_0`, `Q4_0`) and `Interleaved16x4` (`Q8_0`) weights
+/// (`edge_kernels::pack`) give bit-identical results to the same matrix row-major, on ragged
+/// row counts (groups plus a row-major tail, or no group at all) and block counts; other types
+/// in those layouts are refused.
 #[test]
 fn interleaved_q8_0_q4_0_match_row_major_bitwise() {
-    use edge_kernels::pack::interleave4x8;
+    use edge_kernels::pack::repack;
     use edge_schema::plan::PackLayout;
     let mut rng = Rng::new(7);
-    for dtype in [DType::Q8_0, DType::Q4_0] {
-        for n in [1, 3, 4, 5, 8, 13] {
+    for (layout, dtype) in [
+        (PackLayout::Interleaved4x8, DType::Q8_0),
+        (PackLayout::Interleaved4x8, DType::Q4_0),
+        (PackLayout::Interleaved16x4, DType::Q8_0),
+    ] {
+        for n in [1, 3, 4, 5, 8, 13, 16, 21, 32, 35] {
             for k in [32, 96] {
                 for m in [1, 3] {
                     let w = rng.vec(n * k, 1.0);
@@ -367,7 +372,7 @@ fn interleaved_q8_0_q4_0_match_row_major_bitwise() {
                         quant::quantize_row(dtype, src, dst);
                     }
                     let mut il = vec![0u8; rm.len()];
-                    interleave4x8(dtype, &rm, n, k, &mut il);
+                    repack(layout, dtype, &rm, n, k, &mut il);
                     let mut scratch = AlignedBytes::zeroed(linear_scratch_bytes(dtype, m, k));
                     let mut a = vec![0f32; m * n];
                     let mut b = vec![0f32; m * n];
@@ -384,12 +389,12 @@ fn interleaved_q8_0_q4_0_match_row_major_bitwise() {
                     let wi = WeightRef {
                         dtype,
                         bytes: &il,
-                        layout: PackLayout::Interleaved4x8,
+                        layout,
                     };
                     linear(&x, wi, None, &mut b, m, k, n, scratch.bytes_mut());
                     assert!(
                         a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
-                        "{dtype:?} n={n} k={k} m={m}"
+                        "{layout:?} {dtype:?} n={n} k={k} m={m}"
                     );
                 }
             }

@@ -125,7 +125,7 @@ pub fn linear_layout_variant_name(
     #[cfg(not(target_arch = "aarch64"))]
     {
         assert!(
-            layout == PackLayout::RowMajor || edge_kernels::pack::interleaves(dtype),
+            edge_kernels::pack::holds(layout, dtype),
             "linear: {dtype:?} weights cannot be in layout {layout:?}"
         );
         let _ = table;

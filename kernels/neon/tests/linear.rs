@@ -252,6 +252,43 @@ fn linear_q4_0_interleaved_matches_generic_bitwise() {
 /// through every variant, bit-identical to the generic kernel on the row-major bytes. The
 /// weight scale has a full 11-bit f16 significand so that the large integer sums make the f32
 /// scaling round (a different operation order would show).
+/// `Q8_0` weights in the x86 layout ([`PackLayout::Interleaved16x4`], what `--target
+/// x86_64-avx512` plans hold) have no NEON kernel: every variant forwards them to the generic
+/// kernel, which gives the row-major bits.
+#[test]
+fn x86_layout_goes_to_the_generic_kernel() {
+    let generic = edge_kernels::generic();
+    let mut rng = Rng(0x0DDB_1A5E_5BAD_5EED);
+    for (m, k, n) in [(1, 32, 16), (3, 96, 17), (7, 64, 40)] {
+        let x = rng.vec(m * k, 2.0);
+        let w = rng.vec(n * k, 0.5);
+        let wbuf = pack(DType::Q8_0, &w, n, k);
+        let rm = &wbuf.as_bytes()[..n * 34 * (k / 32)];
+        let mut il = vec![0u8; rm.len()];
+        pack::repack(PackLayout::Interleaved16x4, DType::Q8_0, rm, n, k, &mut il);
+        let packed = WeightRef {
+            dtype: DType::Q8_0,
+            bytes: &il,
+            layout: PackLayout::Interleaved16x4,
+        };
+        let want = run(&generic, &x, DType::Q8_0, rm, None, m, k, n);
+        for (label, table) in variants() {
+            assert_eq!(
+                linear_layout_variant_name(&table, DType::Q8_0, PackLayout::Interleaved16x4),
+                "generic_linear_f32",
+                "{label}"
+            );
+            let got = run_layout(&table, &x, packed, None, m, k, n);
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{label} m={m} k={k} n={n}"
+            );
+        }
+    }
+}
+
 #[test]
 fn interleaved_extreme_quants_match_generic() {
     let generic = edge_kernels::generic();

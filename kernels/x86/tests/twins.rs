@@ -147,6 +147,67 @@ fn linear_matches_generic_bit_for_bit() {
     }
 }
 
+/// `Q8_0` weights in `PackLayout::Interleaved16x4` (what `--target x86_64-avx512` plans hold):
+/// every table gives the generic kernel's bits on the row-major matrix, for whole groups of 16
+/// columns read in place, row-major tail columns, fewer rows than a tile, the few-rows path and
+/// the many-rows path.
+#[test]
+fn interleaved16x4_q8_0_matches_row_major_generic() {
+    use edge_schema::plan::PackLayout;
+    let generic = edge_kernels::generic();
+    let shapes = [
+        (1, 32, 16),
+        (3, 64, 17),
+        (6, 96, 33),
+        (13, 256, 48),
+        (49, 64, 130),
+        (70, 160, 5),
+        (100, 96, 64),
+        (2, 1024, 1040),
+    ];
+    let mut rng = Rng(0x51F1_5EED_0DD5_1234);
+    for (label, t) in tables() {
+        for &(m, k, n) in &shapes {
+            let x = rng.vec(m * k, 2.0);
+            let w = rng.vec(n * k, 0.5);
+            let bias = rng.vec(n, 1.0);
+            let (buf, len) = weights(DType::Q8_0, &w, n, k);
+            let rm = &buf.as_bytes()[..len];
+            let mut packed = vec![0u8; len];
+            edge_kernels::pack::repack(
+                PackLayout::Interleaved16x4,
+                DType::Q8_0,
+                rm,
+                n,
+                k,
+                &mut packed,
+            );
+            let wi = WeightRef {
+                dtype: DType::Q8_0,
+                bytes: &packed,
+                layout: PackLayout::Interleaved16x4,
+            };
+            for b in [None, Some(bias.as_slice())] {
+                let want = run_linear(
+                    &generic,
+                    &x,
+                    WeightRef::row_major(DType::Q8_0, rm),
+                    b,
+                    m,
+                    k,
+                    n,
+                );
+                let got = run_linear(&t, &x, wi, b, m, k, n);
+                let what = format!(
+                    "linear Q8_0 Interleaved16x4 m={m} k={k} n={n} bias={}",
+                    b.is_some()
+                );
+                assert_bits(label, &what, &got, &want);
+            }
+        }
+    }
+}
+
 #[test]
 fn linear_extremes_match_generic() {
     // Saturated quants (|q| = 127 and the −128 a foreign GGUF may hold), zero blocks and large

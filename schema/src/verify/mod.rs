@@ -77,6 +77,14 @@ pub fn verify_file(meta: &PlanMeta, weights_len: u64) -> Result<()> {
                 t.name, t.dtype, t.shape
             )));
         }
+        if t.layout == PackLayout::Interleaved16x4 && (t.dtype != DType::Q8_0 || t.shape.len() != 2)
+        {
+            return Err(invalid(format!(
+                "tensor {i} ({}) of {} {:?} is in layout Interleaved16x4, which holds only \
+                 2-D Q8_0 matrices",
+                t.name, t.dtype, t.shape
+            )));
+        }
         let end = t.offset.checked_add(t.len);
         if t.offset % TENSOR_ALIGN != 0 || end.is_none_or(|e| e > sec.len) {
             return Err(Error::Truncated {

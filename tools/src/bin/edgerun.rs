@@ -914,10 +914,10 @@ fn generate(a: GenArgs) -> Result<()> {
                 format!(
                     "{}{} -> {name}",
                     d.name(),
-                    if l == PackLayout::RowMajor {
-                        ""
-                    } else {
-                        " (interleaved)"
+                    match l {
+                        PackLayout::RowMajor => "",
+                        PackLayout::Interleaved4x8 => " (interleaved 4x8)",
+                        PackLayout::Interleaved16x4 => " (interleaved 16x4)",
                     }
                 )
             })

@@ -138,9 +138,12 @@ pub(crate) fn linear_layout_variant_name(
         return linear_variant_name(table, dtype);
     }
     assert!(
-        edge_kernels::pack::interleaves(dtype),
+        edge_kernels::pack::holds(layout, dtype),
         "linear: {dtype:?} weights cannot be in layout {layout:?}"
     );
+    if layout == PackLayout::Interleaved16x4 {
+        return "generic_linear_f32";
+    }
     match (table.linear.name, dtype) {
         (LINEAR_BASE, DType::Q8_0) => "neon_linear_q8_0_base_x4",
         (LINEAR_DOTPROD, DType::Q8_0) => "neon_linear_q8_0_dotprod_x4",
@@ -225,10 +228,12 @@ fn linear(
     n: usize,
     scratch: &mut [u8],
 ) {
-    if !matches!(
+    // The x86 VNNI layout has no NEON kernel: the generic one reads it (same bits).
+    if (!matches!(
         w.dtype,
         DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0
-    ) && !kquant::handles(w.dtype)
+    ) && !kquant::handles(w.dtype))
+        || w.layout == PackLayout::Interleaved16x4
     {
         return edge_kernels::linear(x, w, bias, out, m, k, n, scratch);
     }

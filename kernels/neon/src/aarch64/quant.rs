@@ -947,6 +947,9 @@ pub(super) fn linear_quant(
     let grouped = match layout {
         PackLayout::RowMajor => 0,
         PackLayout::Interleaved4x8 => n / GROUP_ROWS * GROUP_ROWS,
+        PackLayout::Interleaved16x4 => {
+            unreachable!("linear_quant: Interleaved16x4 weights go to the generic kernel")
+        }
     };
     let gbytes = nb * group_block_bytes(dtype);
     let acts = &mut scratch[..m * arow];

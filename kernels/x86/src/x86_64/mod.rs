@@ -178,6 +178,9 @@ pub(crate) fn linear_variant_name(
         LINEAR_AVX2 if plain => Some(tile::AVX2.name),
         LINEAR_AVX512 | LINEAR_AVX512_VNNI if plain => Some(tile::AVX512.name),
         LINEAR_AVX512_VNNI if q32 => Some("avx512vnni_linear_q32_panel_6x32"),
+        LINEAR_AVX512_VNNI if layout == PackLayout::Interleaved16x4 && dtype == DType::Q8_0 => {
+            Some("avx512vnni_linear_q8_0_in_place_6x32")
+        }
         LINEAR_AVX2 | LINEAR_AVX512 | LINEAR_AVX512_VNNI => Some("generic_linear_f32"),
         _ => None,
     }

@@ -16,6 +16,11 @@
 //!   generic order: `Q8_0`, `Q5_0`: `sumi · (dw · da)`; `Q4_0`: `(sumi · dw) · da`; `Q4_1`,
 //!   `Q5_1`: `(dw · da) · sumi + mw · sa`; `sumf` starts at 0 and takes the blocks in order, then
 //!   the bias is added. IEEE multiplication is commutative, so lane order does not matter.
+//! - `Q8_0` weights of a `--target x86_64-avx512` plan ([`PackLayout::Interleaved16x4`]) already
+//!   hold the eight k-steps of each 16-row group and block, with the 16 f16 scales before them:
+//!   only the scales (widened) and the corrections go to scratch, and the quants are read in
+//!   place by calls with few rows or copied (one `memcpy` per block, no transposition) by the
+//!   others; the last `n mod 16` rows are row-major and repacked as above.
 //! - A register tile is 6 activation rows × 32 columns (12 integer and 12 f32 accumulators);
 //!   each k-step loads the two 16-column weight vectors once and broadcasts 4 activation bytes
 //!   per row. `Q8_0` panels are packed with gathers, the other types block by block through
@@ -24,6 +29,7 @@
 use std::arch::x86_64::*;
 
 use edge_kernels::{quant, quant_panel_cols, WeightRef, QUANT_PANEL_BLOCK_BYTES};
+use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 use rayon::prelude::*;
 
@@ -87,10 +93,90 @@ fn scaling(d: DType) -> Option<Scaling> {
 /// Whether [`linear`] handles weights of this type in this layout (row-major 32-element block
 /// types); the caller forwards every other case to the generic kernel.
 pub(crate) fn handles(w: &WeightRef<'_>, m: usize, k: usize) -> bool {
-    scaling(w.dtype).is_some()
-        && w.layout == edge_schema::plan::PackLayout::RowMajor
-        && m >= R
-        && k >= 32
+    let layout_ok = match w.layout {
+        PackLayout::RowMajor => true,
+        PackLayout::Interleaved16x4 => w.dtype == DType::Q8_0,
+        PackLayout::Interleaved4x8 => false,
+    };
+    // Few rows are left to the generic kernel when the weights must be repacked at run time;
+    // in place, the tile's clamped rows cost less than the generic dot products.
+    let rows_ok = m >= R || (w.layout == PackLayout::Interleaved16x4 && m >= 1);
+    scaling(w.dtype).is_some() && layout_ok && rows_ok && k >= 32
+}
+
+/// Where one 16-column group's operands come from: its quants (`qstride` bytes from block to
+/// block, the eight 64-byte `vpdpbusd` steps of a block contiguous) and its per-block f32
+/// scales, i32 corrections and f32 minimums (`meta`, [`GROUP_BLOCK`] bytes per block, at
+/// [`SCALE_AT`], [`CORR_AT`], [`MIN_AT`]).
+#[derive(Clone, Copy)]
+struct GroupSrc<'a> {
+    quants: &'a [u8],
+    qstride: usize,
+    meta: &'a [u8],
+}
+
+/// Bytes per block of one group of [`PackLayout::Interleaved16x4`] (16 f16 scales, 512 quants).
+const PLAN_GROUP_BLOCK: usize = 32 + 512;
+
+/// The operands of group `g` (columns `p0 + 16g ..`) of a panel whose scratch slots are
+/// `panel` (`nb` group blocks each): quants read `in_place` from the plan's
+/// [`PackLayout::Interleaved16x4`] weights for whole groups (`j0 + 16 ≤ direct`), from the
+/// slot otherwise. In place pays with few activation rows (each group's quants are read by
+/// few row tiles: the T5 encode of a prompt, 0.83 → 0.60 s measured); with many, the tile
+/// measured about 10 % slower reading the mapped weights than its scratch copy, so those
+/// calls copy.
+fn group_src<'a>(
+    w: &WeightRef<'a>,
+    panel: &'a [u8],
+    g: usize,
+    p0: usize,
+    nb: usize,
+    direct: usize,
+    in_place: bool,
+) -> GroupSrc<'a> {
+    let meta = &panel[g * nb * GROUP_BLOCK..(g + 1) * nb * GROUP_BLOCK];
+    let j0 = p0 + g * GROUP;
+    if in_place && j0 + GROUP <= direct {
+        let start = j0 / GROUP * nb * PLAN_GROUP_BLOCK;
+        GroupSrc {
+            quants: &w.bytes[start + 32..start + nb * PLAN_GROUP_BLOCK],
+            qstride: PLAN_GROUP_BLOCK,
+            meta,
+        }
+    } else {
+        GroupSrc {
+            quants: meta,
+            qstride: GROUP_BLOCK,
+            meta,
+        }
+    }
+}
+
+/// Fills the scratch slot `dst` of group `j0 .. j0 + 16` (`nb` group blocks): its scales,
+/// corrections and minimums, and — unless the quants are read `in_place` from
+/// [`PackLayout::Interleaved16x4`] weights (whole groups, `j0 + 16 ≤ direct`) — its quants,
+/// repacked from row-major weights or copied from `Interleaved16x4` ones.
+#[allow(clippy::too_many_arguments)]
+fn prepare_group(
+    w: WeightRef<'_>,
+    wrow: usize,
+    bb: usize,
+    n: usize,
+    j0: usize,
+    direct: usize,
+    in_place: bool,
+    dst: &mut [u8],
+) {
+    if j0 + GROUP > direct {
+        return pack_group(w, wrow, bb, n, j0, dst);
+    }
+    let in_place = in_place && j0 + GROUP <= direct;
+    let nb = dst.len() / GROUP_BLOCK;
+    let start = j0 / GROUP * nb * PLAN_GROUP_BLOCK;
+    let src = &w.bytes[start..start + nb * PLAN_GROUP_BLOCK];
+    // SAFETY: AVX-512F/BW/VNNI were detected before this kernel was put in a table; `src`
+    // holds `nb` plan group blocks and `dst` `nb` slots (both sliced to length above).
+    unsafe { meta_group_q8_0(src, dst, !in_place) }
 }
 
 /// The `linear` slot for `handles()` cases, after `edge_kernels::contract::linear` passed.
@@ -140,6 +226,11 @@ pub(crate) fn linear(
     let acts = &*acts;
     let rows_per_task = (m / 8).next_multiple_of(R).clamp(R, 10 * R);
     let pcols = quant_panel_cols(k);
+    // Columns whose quants are read in place (whole groups of an `Interleaved16x4` weight).
+    let direct = match w.layout {
+        PackLayout::Interleaved16x4 => n / GROUP * GROUP,
+        _ => 0,
+    };
     let bias_of = |j: usize, s: f32| match bias {
         Some(b) => s + b[j],
         None => s,
@@ -159,9 +250,13 @@ pub(crate) fn linear(
                 .for_each(|(pi, pg)| {
                     let g0 = 2 * pi;
                     for (g, gdst) in pg.chunks_mut(nb * GROUP_BLOCK).enumerate() {
-                        pack_group(w, wrow, bb, n, p0 + (g0 + g) * GROUP, gdst);
+                        prepare_group(w, wrow, bb, n, p0 + (g0 + g) * GROUP, direct, true, gdst);
                     }
+                    let pg = &*pg;
                     let pair = pg.len() / (nb * GROUP_BLOCK);
+                    let srcs: [GroupSrc<'_>; 2] = std::array::from_fn(|g| {
+                        group_src(&w, pg, g.min(pair - 1), p0 + g0 * GROUP, nb, direct, true)
+                    });
                     let valid = (ncols - g0 * GROUP).min(pair * GROUP);
                     let j0 = p0 + g0 * GROUP;
                     let mut res = [[0f32; 2 * GROUP]; R];
@@ -170,7 +265,7 @@ pub(crate) fn linear(
                             let i = (r0 + r).min(m - 1);
                             &acts[i * arow..(i + 1) * arow]
                         });
-                        tile(kind, &ap, ablock, qoff, pg, pair, nb, &mut res);
+                        tile(kind, &ap, ablock, qoff, &srcs[..pair], nb, &mut res);
                         for (r, row) in res.iter().enumerate().take(m - r0) {
                             for (c, &v) in row[..valid].iter().enumerate() {
                                 // SAFETY: `(r0 + r)·n + j0 + c < m·n = out.len()` (`r0 + r < m`,
@@ -187,7 +282,7 @@ pub(crate) fn linear(
         panel
             .par_chunks_mut(nb * GROUP_BLOCK)
             .enumerate()
-            .for_each(|(g, dst)| pack_group(w, wrow, bb, n, p0 + g * GROUP, dst));
+            .for_each(|(g, dst)| prepare_group(w, wrow, bb, n, p0 + g * GROUP, direct, false, dst));
         let panel = &*panel;
         out.par_chunks_mut(rows_per_task * n)
             .enumerate()
@@ -202,8 +297,10 @@ pub(crate) fn linear(
                     });
                     for g0 in (0..groups).step_by(2) {
                         let pair = (groups - g0).min(2);
-                        let pg = &panel[g0 * nb * GROUP_BLOCK..(g0 + pair) * nb * GROUP_BLOCK];
-                        tile(kind, &ap, ablock, qoff, pg, pair, nb, &mut res);
+                        let srcs: [GroupSrc<'_>; 2] = std::array::from_fn(|g| {
+                            group_src(&w, panel, g0 + g.min(pair - 1), p0, nb, direct, false)
+                        });
+                        tile(kind, &ap, ablock, qoff, &srcs[..pair], nb, &mut res);
                         for r in 0..R.min(rows - r0) {
                             let base = (r0 + r) * n + p0 + g0 * GROUP;
                             let valid = (ncols - g0 * GROUP).min(pair * GROUP);
@@ -455,33 +552,74 @@ unsafe fn pack_group_q8_0(bytes: &[u8], wrow: usize, n: usize, j0: usize, dst: &
     }
 }
 
-/// `res[r][c]` = the block-summed dot product of activation row `acts[r]` with panel column
-/// `c` (`pair` groups of 16 columns in `pg`).
-#[allow(clippy::too_many_arguments)]
+/// The scratch slot of a group of [`PackLayout::Interleaved16x4`] weights (`src`: `nb` plan
+/// group blocks of 16 f16 scales and eight 64-byte quant steps): per block the 16 scales
+/// widened with `vcvtph2ps` (exact), the corrections `−128 · Σ w` of each column (`vpdpbusd`
+/// of the steps with bytes of 1) and, with `copy`, the quant steps themselves: the same bytes
+/// [`pack_group_q8_0`] writes, without its transposition.
+///
+/// # Safety
+/// AVX-512F, BW and VNNI must be present; `src.len() == nb · PLAN_GROUP_BLOCK` and
+/// `dst.len() == nb · GROUP_BLOCK`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn meta_group_q8_0(src: &[u8], dst: &mut [u8], copy: bool) {
+    let nb = dst.len() / GROUP_BLOCK;
+    assert!(src.len() == nb * PLAN_GROUP_BLOCK && dst.len() == nb * GROUP_BLOCK);
+    let ones = _mm512_set1_epi8(1);
+    for (blk, gb) in src
+        .chunks_exact(PLAN_GROUP_BLOCK)
+        .zip(dst.chunks_exact_mut(GROUP_BLOCK))
+    {
+        // SAFETY: `blk` holds PLAN_GROUP_BLOCK bytes (32 of scales, 8 steps of 64 quants) and
+        // `gb` GROUP_BLOCK; the stores lie at SCALE_AT, CORR_AT, MIN_AT < GROUP_BLOCK.
+        unsafe {
+            let mut sum = _mm512_setzero_si512();
+            for s in 0..8 {
+                let words = _mm512_loadu_si512(blk.as_ptr().add(32 + 64 * s) as *const __m512i);
+                sum = _mm512_dpbusd_epi32(sum, ones, words);
+            }
+            if copy {
+                std::ptr::copy_nonoverlapping(blk.as_ptr().add(32), gb.as_mut_ptr(), 512);
+            }
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.as_ptr() as *const __m256i));
+            let corr = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(sum));
+            _mm512_storeu_ps(gb.as_mut_ptr().add(SCALE_AT) as *mut f32, d);
+            _mm512_storeu_si512(gb.as_mut_ptr().add(CORR_AT) as *mut __m512i, corr);
+            _mm512_storeu_ps(gb.as_mut_ptr().add(MIN_AT) as *mut f32, _mm512_setzero_ps());
+        }
+    }
+}
+
+/// `res[r][c]` = the block-summed dot product of activation row `acts[r]` with column `c` of
+/// the groups `srcs` (one or two groups of 16 columns).
 fn tile(
     kind: Scaling,
     acts: &[&[u8]; R],
     ablock: usize,
     qoff: usize,
-    pg: &[u8],
-    pair: usize,
+    srcs: &[GroupSrc<'_>],
     nb: usize,
     res: &mut [[f32; 2 * GROUP]; R],
 ) {
     assert!(acts.iter().all(|a| a.len() == nb * ablock) && qoff + 32 == ablock);
-    assert!(pg.len() == pair * nb * GROUP_BLOCK && (pair == 1 || pair == 2));
+    assert!(srcs.len() == 1 || srcs.len() == 2);
+    for s in srcs {
+        assert!(s.meta.len() >= nb * GROUP_BLOCK && s.qstride >= 512);
+        assert!(s.quants.len() >= (nb - 1) * s.qstride + 512);
+    }
     // SAFETY: the kernel table holds this kernel only when AVX-512F/BW and VNNI were detected
     // (`crate::x86_64::table`); every pointer offset below stays inside `acts[r]` (block `b`
-    // of `nb`, bytes `qoff..qoff + 32`, the f16 scale at 0 and, for Q8_1, the sum at 2) and
-    // inside `pg` (group `g < pair`, block `b < nb`, bytes `0..GROUP_BLOCK`), as asserted above.
+    // of `nb`, bytes `qoff..qoff + 32`, the f16 scale at 0 and, for Q8_1, the sum at 2), inside
+    // each group's quants (block `b < nb` at `b · qstride`, 512 bytes) and inside its meta
+    // (block `b < nb`, bytes `0..GROUP_BLOCK`), as asserted above.
     unsafe {
-        match (kind, pair) {
-            (Scaling::SumiTimesScales, 2) => qtile::<2, 0>(acts, ablock, qoff, pg, nb, res),
-            (Scaling::SumiTimesScales, _) => qtile::<1, 0>(acts, ablock, qoff, pg, nb, res),
-            (Scaling::SumiThenScales, 2) => qtile::<2, 1>(acts, ablock, qoff, pg, nb, res),
-            (Scaling::SumiThenScales, _) => qtile::<1, 1>(acts, ablock, qoff, pg, nb, res),
-            (Scaling::WithMin, 2) => qtile::<2, 2>(acts, ablock, qoff, pg, nb, res),
-            (Scaling::WithMin, _) => qtile::<1, 2>(acts, ablock, qoff, pg, nb, res),
+        match (kind, srcs.len()) {
+            (Scaling::SumiTimesScales, 2) => qtile::<2, 0>(acts, ablock, qoff, srcs, nb, res),
+            (Scaling::SumiTimesScales, _) => qtile::<1, 0>(acts, ablock, qoff, srcs, nb, res),
+            (Scaling::SumiThenScales, 2) => qtile::<2, 1>(acts, ablock, qoff, srcs, nb, res),
+            (Scaling::SumiThenScales, _) => qtile::<1, 1>(acts, ablock, qoff, srcs, nb, res),
+            (Scaling::WithMin, 2) => qtile::<2, 2>(acts, ablock, qoff, srcs, nb, res),
+            (Scaling::WithMin, _) => qtile::<1, 2>(acts, ablock, qoff, srcs, nb, res),
         }
     }
 }
@@ -504,7 +642,7 @@ unsafe fn qtile<const G: usize, const KIND: u8>(
     acts: &[&[u8]; R],
     ablock: usize,
     qoff: usize,
-    pg: &[u8],
+    srcs: &[GroupSrc<'_>],
     nb: usize,
     res: &mut [[f32; 2 * GROUP]; R],
 ) {
@@ -512,19 +650,19 @@ unsafe fn qtile<const G: usize, const KIND: u8>(
     for (p, a) in ap.iter_mut().zip(acts) {
         *p = a.as_ptr();
     }
-    let mut gp = [pg.as_ptr(); G];
-    for g in 0..G {
-        // SAFETY: group `g < G = pair` starts `g · nb · GROUP_BLOCK` bytes into `pg`.
-        gp[g] = unsafe { pg.as_ptr().add(g * nb * GROUP_BLOCK) };
-    }
+    let qp: [*const u8; G] = std::array::from_fn(|g| srcs[g].quants.as_ptr());
+    let qs: [usize; G] = std::array::from_fn(|g| srcs[g].qstride);
+    let mp: [*const u8; G] = std::array::from_fn(|g| srcs[g].meta.as_ptr());
     let mut facc = [[_mm512_setzero_ps(); G]; R];
     for b in 0..nb {
         // SAFETY: offsets as stated in `tile`: block `b < nb` of every group and row.
         unsafe {
-            let mut blk = [gp[0]; G];
+            let mut blk = [mp[0]; G];
+            let mut qb = [qp[0]; G];
             let mut iacc = [[_mm512_setzero_si512(); G]; R];
             for g in 0..G {
-                blk[g] = gp[g].add(b * GROUP_BLOCK);
+                blk[g] = mp[g].add(b * GROUP_BLOCK);
+                qb[g] = qp[g].add(b * qs[g]);
                 let corr = _mm512_loadu_si512(blk[g].add(CORR_AT) as *const __m512i);
                 for r in 0..R {
                     iacc[r][g] = corr;
@@ -537,7 +675,7 @@ unsafe fn qtile<const G: usize, const KIND: u8>(
             for s in 0..8 {
                 let mut wv = [_mm512_setzero_si512(); G];
                 for g in 0..G {
-                    wv[g] = _mm512_loadu_si512(blk[g].add(s * 64) as *const __m512i);
+                    wv[g] = _mm512_loadu_si512(qb[g].add(s * 64) as *const __m512i);
                 }
                 for r in 0..R {
                     let a = _mm512_set1_epi32((aq[r].add(s * 4) as *const i32).read_unaligned());
