@@ -57,11 +57,53 @@ unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
+    /// [`store_sums`] into elements `i .. i + len` of the output.
+    ///
     /// # Safety
-    /// `i` is inside the output and no other thread writes or reads element `i` meanwhile.
-    unsafe fn write(self, i: usize, v: f32) {
-        // SAFETY: the caller's contract.
-        unsafe { *self.0.add(i) = v };
+    /// Elements `i .. i + len` are inside the output and no other thread writes or reads them
+    /// meanwhile; `len ≤ 32` and `bias`, if any, holds `len` values.
+    unsafe fn write_sums(
+        self,
+        i: usize,
+        sums: &[f32; 2 * GROUP],
+        bias: Option<&[f32]>,
+        len: usize,
+    ) {
+        // SAFETY: the caller's contract (the elements are this task's alone).
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.0.add(i), len) };
+        store_sums(dst, sums, bias);
+    }
+}
+
+/// `dst[c] = sums[c] + bias[c]` (or `sums[c]` without bias) for `c < dst.len() ≤ 32`: the
+/// generic kernel's final addition, 16 lanes at a time.
+#[inline]
+fn store_sums(dst: &mut [f32], sums: &[f32; 2 * GROUP], bias: Option<&[f32]>) {
+    let len = dst.len();
+    assert!(len <= 2 * GROUP && bias.is_none_or(|b| b.len() == len));
+    // SAFETY: AVX-512F is present (the table holding this kernel requires it); the masked
+    // loads and stores stay below `len` in `dst` and `bias`, and `sums` holds 32 f32.
+    unsafe { store_sums_impl(dst.as_mut_ptr(), sums, bias.map(|b| b.as_ptr()), len) }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn store_sums_impl(
+    dst: *mut f32,
+    sums: &[f32; 2 * GROUP],
+    bias: Option<*const f32>,
+    len: usize,
+) {
+    for lo in (0..len).step_by(GROUP) {
+        let m = super::vmath::mask((len - lo).min(GROUP));
+        // SAFETY: the caller's bounds: lanes `lo .. lo + 16` of `sums`, masked to `len`
+        // elements of `dst` and `bias`.
+        unsafe {
+            let mut v = _mm512_loadu_ps(sums.as_ptr().add(lo));
+            if let Some(b) = bias {
+                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, b.add(lo)));
+            }
+            _mm512_mask_storeu_ps(dst.add(lo), m, v);
+        }
     }
 }
 
@@ -231,10 +273,6 @@ pub(crate) fn linear(
         PackLayout::Interleaved16x4 => n / GROUP * GROUP,
         _ => 0,
     };
-    let bias_of = |j: usize, s: f32| match bias {
-        Some(b) => s + b[j],
-        None => s,
-    };
     for p0 in (0..n).step_by(pcols) {
         let ncols = pcols.min(n - p0);
         let groups = ncols.div_ceil(GROUP);
@@ -267,13 +305,12 @@ pub(crate) fn linear(
                         });
                         tile(kind, &ap, ablock, qoff, &srcs[..pair], nb, &mut res);
                         for (r, row) in res.iter().enumerate().take(m - r0) {
-                            for (c, &v) in row[..valid].iter().enumerate() {
-                                // SAFETY: `(r0 + r)·n + j0 + c < m·n = out.len()` (`r0 + r < m`,
-                                // `j0 + c < p0 + ncols ≤ n`), and the columns `j0 .. j0 + valid`
-                                // belong to this task alone (one task per pair of groups), so
-                                // no two tasks write the same element and nothing reads `out`.
-                                unsafe { dst.write((r0 + r) * n + j0 + c, bias_of(j0 + c, v)) };
-                            }
+                            let b = bias.map(|b| &b[j0..j0 + valid]);
+                            // SAFETY: `(r0 + r)·n + j0 + valid ≤ m·n = out.len()` (`r0 + r < m`,
+                            // `j0 + valid ≤ p0 + ncols ≤ n`), and the columns `j0 .. j0 + valid`
+                            // belong to this task alone (one task per pair of groups), so no
+                            // two tasks write the same element and nothing reads `out`.
+                            unsafe { dst.write_sums((r0 + r) * n + j0, row, b, valid) };
                         }
                     }
                 });
@@ -304,13 +341,12 @@ pub(crate) fn linear(
                         for r in 0..R.min(rows - r0) {
                             let base = (r0 + r) * n + p0 + g0 * GROUP;
                             let valid = (ncols - g0 * GROUP).min(pair * GROUP);
-                            for (c, o) in rows_out[base..base + valid].iter_mut().enumerate() {
-                                let s = res[r][c];
-                                *o = match bias {
-                                    Some(b) => s + b[p0 + g0 * GROUP + c],
-                                    None => s,
-                                };
-                            }
+                            let j0 = p0 + g0 * GROUP;
+                            store_sums(
+                                &mut rows_out[base..base + valid],
+                                &res[r],
+                                bias.map(|b| &b[j0..j0 + valid]),
+                            );
                         }
                     }
                 }
