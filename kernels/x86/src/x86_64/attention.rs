@@ -118,12 +118,15 @@ unsafe fn scores_avx512<const NC: usize>(
 ) {
     let mut a = [[_mm512_setzero_ps(); NC]; QUERY_TILE];
     let kp = keys.as_ptr();
+    assert!(keys.len() >= hd * KEY_TILE && qs.iter().all(|q| q.len() >= hd));
+    let qp: [*const f32; QUERY_TILE] = std::array::from_fn(|r| qs[r].as_ptr());
     for d in 0..hd {
         // SAFETY: `d < hd` and `16·NC ≤ KEY_TILE`, inside the packed keys.
         let kv: [__m512; NC] =
             std::array::from_fn(|c| unsafe { _mm512_loadu_ps(kp.add(d * KEY_TILE + 16 * c)) });
         for r in 0..QUERY_TILE {
-            let qb = _mm512_set1_ps(qs[r][d]);
+            // SAFETY: `d < hd ≤ qs[r].len()` (asserted above).
+            let qb = _mm512_set1_ps(unsafe { *qp[r].add(d) });
             for c in 0..NC {
                 a[r][c] = _mm512_fmadd_ps(qb, kv[c], a[r][c]);
             }
@@ -244,28 +247,24 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
         st.run_max[r] = nmax[r];
     }
     let corr: [f32; QUERY_TILE] = std::array::from_fn(|r| corr[r]);
-    let mut vp = [std::ptr::null::<f32>(); KEY_TILE];
-    for (jj, v) in vp.iter_mut().enumerate().take(nk) {
-        // SAFETY: row `jj < nk` of the packed values (`QueryBlock::check_step`).
-        *v = unsafe { b.values.as_ptr().add(jj * hd) };
-    }
-    let vp = &vp[..nk];
+    // The packed values, `[nk, hd]` (`QueryBlock::check_step`).
+    let vp = b.values.as_ptr();
     // Groups of up to 5 × 16 head channels: the group's accumulators of every row stay in
     // registers while the keys pass in order.
     for d0 in (0..hd).step_by(GROUP_LANES) {
         let lanes = (hd - d0).min(GROUP_LANES);
-        // SAFETY: AVX-512F is enabled here; `vp` holds value rows of `hd` elements and the
+        // SAFETY: AVX-512F is enabled here; `vp` holds `nk` value rows of `hd` elements and the
         // accumulators hold `MAX_HEAD_DIM ≥ hd`; the masks stay below `hd`.
         unsafe {
             match (nq, lanes.div_ceil(16)) {
-                (4, 5) => acc_group::<4, 5>(st, &corr, vp, d0, lanes),
-                (4, 4) => acc_group::<4, 4>(st, &corr, vp, d0, lanes),
-                (4, 3) => acc_group::<4, 3>(st, &corr, vp, d0, lanes),
-                (4, 2) => acc_group::<4, 2>(st, &corr, vp, d0, lanes),
-                (4, _) => acc_group::<4, 1>(st, &corr, vp, d0, lanes),
-                (3, _) => acc_group::<3, 5>(st, &corr, vp, d0, lanes),
-                (2, _) => acc_group::<2, 5>(st, &corr, vp, d0, lanes),
-                _ => acc_group::<1, 5>(st, &corr, vp, d0, lanes),
+                (4, 5) => acc_group::<4, 5>(st, &corr, vp, nk, hd, d0, lanes),
+                (4, 4) => acc_group::<4, 4>(st, &corr, vp, nk, hd, d0, lanes),
+                (4, 3) => acc_group::<4, 3>(st, &corr, vp, nk, hd, d0, lanes),
+                (4, 2) => acc_group::<4, 2>(st, &corr, vp, nk, hd, d0, lanes),
+                (4, _) => acc_group::<4, 1>(st, &corr, vp, nk, hd, d0, lanes),
+                (3, _) => acc_group::<3, 5>(st, &corr, vp, nk, hd, d0, lanes),
+                (2, _) => acc_group::<2, 5>(st, &corr, vp, nk, hd, d0, lanes),
+                _ => acc_group::<1, 5>(st, &corr, vp, nk, hd, d0, lanes),
             }
         }
     }
@@ -280,13 +279,15 @@ const GROUP_LANES: usize = 80;
 /// no bit).
 ///
 /// # Safety
-/// AVX-512F must be present; every `vp[j]` must point at `d0 + lanes` readable f32.
+/// AVX-512F must be present; `vp` must point at `nk` rows of `hd ≥ d0 + lanes` readable f32.
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn acc_group<const NQ: usize, const NC: usize>(
     st: &mut BlockState,
     corr: &[f32; QUERY_TILE],
-    vp: &[*const f32],
+    vp: *const f32,
+    nk: usize,
+    hd: usize,
     d0: usize,
     lanes: usize,
 ) {
@@ -302,7 +303,8 @@ unsafe fn acc_group<const NQ: usize, const NC: usize>(
             a[r][c] = _mm512_mul_ps(x, _mm512_set1_ps(corr[r]));
         }
     }
-    for (jj, &v) in vp.iter().enumerate() {
+    for jj in 0..nk {
+        let v = vp.wrapping_add(jj * hd);
         let mut w = [_mm512_setzero_ps(); NQ];
         for r in 0..NQ {
             w[r] = _mm512_set1_ps(st.scores[r][jj]);
