@@ -514,7 +514,15 @@ pub(crate) fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Res
     let encoder_compiled = meta.sizes.iter().any(|z| z.encoder_stage.is_some());
     meta.notes
         .extend(unused_notes(&t5_src, &dit_src, &vae_src, encoder_compiled));
-    table.repack_for_target(&meta.stages, &meta.target);
+    let repacked = table.repack_for_target(&meta.stages, &meta.target);
+    if repacked == 0 && !meta.target.features.is_empty() && meta.target.isa == Isa::X86_64 {
+        meta.notes.push(format!(
+            "--target {}: no Q8_0 linear weight to store in the AVX-512 VNNI layout (only Q8_0 \
+             matrices of at least 16 rows are repacked); the plan still requires those CPU \
+             features on an x86-64 host: compile with --target x86_64 to run it on any x86-64 CPU",
+            meta.target
+        ));
+    }
     crate::budget::apply(
         &mut meta,
         &table.entries,

@@ -242,7 +242,7 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
         meta.vae.scaling_factor,
         groups.map_or("none".to_string(), |g| g.to_string())
     );
-    let mut total_by_type: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut total_by_type: BTreeMap<String, u64> = BTreeMap::new();
     for (i, st) in meta.stages.iter().enumerate() {
         let ratio = if st.live_lower_bound > 0 {
             st.arena_size as f64 / st.live_lower_bound as f64
@@ -271,15 +271,7 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
             if let Storage::Weight(t) = v.storage {
                 if !std::mem::replace(&mut seen[t as usize], true) {
                     let e = &meta.tensors[t as usize];
-                    let key = match e.layout {
-                        PackLayout::RowMajor => e.dtype.name().to_string(),
-                        PackLayout::Interleaved4x8 => {
-                            format!("{} (interleaved 4x8)", e.dtype.name())
-                        }
-                        PackLayout::Interleaved16x4 => {
-                            format!("{} (interleaved 16x4)", e.dtype.name())
-                        }
-                    };
+                    let key = pack_name(e);
                     *by_type.entry(key).or_default() += e.len;
                 }
             }
@@ -294,7 +286,7 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
         );
     }
     for e in &meta.tensors {
-        *total_by_type.entry(e.dtype.name()).or_default() += e.len;
+        *total_by_type.entry(pack_name(e)).or_default() += e.len;
     }
     let parts: Vec<String> = total_by_type
         .iter()
@@ -323,4 +315,14 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
 /// `n latent pixel(s)`.
 fn latent_px(n: u32) -> String {
     format!("{n} latent pixel{}", if n == 1 { "" } else { "s" })
+}
+
+/// A tensor's pack as `inspect` names it: the type, and the layout when it is not row-major
+/// (`q8_0 (interleaved 16x4)`).
+fn pack_name(e: &edge_schema::plan::TensorEntry) -> String {
+    match e.layout {
+        PackLayout::RowMajor => e.dtype.name().to_string(),
+        PackLayout::Interleaved4x8 => format!("{} (interleaved 4x8)", e.dtype.name()),
+        PackLayout::Interleaved16x4 => format!("{} (interleaved 16x4)", e.dtype.name()),
+    }
 }

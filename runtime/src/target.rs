@@ -1,7 +1,8 @@
 //! Checking a plan's [`Target`] against this CPU (DESIGN.md invariant 8).
 //!
-//! Every pack layout a planner writes (row-major ggml blocks, and the `Interleaved4x8` repack of
-//! `aarch64-neon` plans) is understood by the generic kernels on any CPU; so a plan compiled for
+//! Every pack layout a planner writes (row-major ggml blocks, the `Interleaved4x8` repack of
+//! `aarch64-neon` plans and the `Interleaved16x4` one of `x86_64-avx512` plans) is understood by
+//! the generic kernels on any CPU; so a plan compiled for
 //! another ISA still runs (that is how
 //! `edgeplan verify` checks an aarch64 plan on the workstation). What a plan can demand is CPU
 //! features for its packs: when it names features and runs on its own ISA, each must be

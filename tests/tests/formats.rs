@@ -861,6 +861,31 @@ fn target_plans_repack_linear_weights_and_run_identically_here() {
     }
 }
 
+/// `--target x86_64-avx512` with no `Q8_0` matrix to repack (here `--quant f16`) says so in a
+/// plan note: the plan still demands the AVX-512 features, for nothing.
+#[test]
+fn avx512_target_without_q8_0_weights_says_so() {
+    let mut o = opts(Some(DType::F16));
+    o.target = Target {
+        isa: Isa::X86_64,
+        features: ["avx512f", "avx512bw", "avx512vnni"]
+            .map(String::from)
+            .to_vec(),
+    };
+    let c = compile_inputs(Some(&fixture(SIGMA)), &ComponentFiles::default(), &o)
+        .unwrap_or_else(|e| panic!("compile: {e}"));
+    assert!(c
+        .table
+        .entries
+        .iter()
+        .all(|e| e.layout == PackLayout::RowMajor));
+    let notes = c.meta.notes.join("\n");
+    assert!(
+        notes.contains("no Q8_0 linear weight") && notes.contains("--target x86_64"),
+        "{notes}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // What no file states is said, what no graph uses is reported, non-finite weights are named
 // ---------------------------------------------------------------------------------------------

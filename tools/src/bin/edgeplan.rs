@@ -246,9 +246,10 @@ struct CompileArgs {
     /// VAE tile size relative to the image: ≤ 1 a fraction of each axis, > 1 a tile count (X or XxY).
     #[arg(long = "vae-relative-tile-size", allow_hyphen_values = true)]
     vae_relative_tile_size: Option<String>,
-    /// Target the plan is packed for: generic, x86_64, x86_64-avx512 (Q8_0 weights in the
-    /// AVX-512 VNNI kernels' layout; the plan then needs avx512f, avx512bw and avx512vnni on an
-    /// x86-64 host), aarch64-neon, or a GPU: cuda-sm72
+    /// Target the plan is packed for: generic, x86_64 (or x86-64), x86_64-avx512 (or
+    /// x86-64-avx512: Q8_0 weights in the AVX-512 VNNI kernels' layout; the plan then needs
+    /// avx512f, avx512bw and avx512vnni on an x86-64 host), aarch64-neon (or aarch64: Q8_0/Q4_0
+    /// weights in the NEON kernels' layout), or a GPU: cuda-sm72
     /// (Xavier), cuda-sm87 (Orin), cuda-sm90 (generic packs plus the CUDA kernels compiled
     /// here with NVRTC and stored in the plan; needs an edgeplan built with `--features cuda`
     /// and libnvrtc.so.12).
@@ -336,7 +337,7 @@ fn parse_target(s: &str) -> Result<Target> {
         ),
         "aarch64" | "aarch64-neon" => (Isa::Aarch64, vec!["neon".to_string()]),
         other => {
-            bail!("--target: unknown target `{other}` (expected generic, x86_64 (or x86-64), x86_64-avx512, aarch64-neon (or aarch64), cuda-sm72, cuda-sm87, cuda-sm90)")
+            bail!("--target: unknown target `{other}` (expected generic, x86_64 (or x86-64), x86_64-avx512 (or x86-64-avx512), aarch64-neon (or aarch64), cuda-sm72, cuda-sm87, cuda-sm90)")
         }
     };
     Ok(Target { isa, features })
