@@ -6,7 +6,8 @@ use edge_models::config::{PixArtConfig, T5Config, VaeConfig};
 use edge_models::pixart::MicroConditions;
 use edge_models::t5::build_t5_encoder;
 use edge_schema::plan::{
-    ImageSize, Isa, ModelFamily, ModelInfo, PlanMeta, StageKind, Target, TextInfo, VaeInfo,
+    ImageSize, Isa, ModelFamily, ModelInfo, PackLayout, PlanMeta, StageKind, Target, TextInfo,
+    VaeInfo,
 };
 use edge_schema::DType;
 
@@ -515,7 +516,8 @@ pub(crate) fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Res
     meta.notes
         .extend(unused_notes(&t5_src, &dit_src, &vae_src, encoder_compiled));
     let repacked = table.repack_for_target(&meta.stages, &meta.target);
-    if repacked == 0 && !meta.target.features.is_empty() && meta.target.isa == Isa::X86_64 {
+    let vnni = crate::table::target_layout(&meta.target) == Some(PackLayout::Interleaved16x4);
+    if repacked == 0 && vnni {
         meta.notes.push(format!(
             "--target {}: no Q8_0 linear weight to store in the AVX-512 VNNI layout (only Q8_0 \
              matrices of at least 16 rows are repacked); the plan still requires those CPU \

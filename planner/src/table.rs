@@ -128,12 +128,8 @@ impl TensorTable {
     /// bit-identical results, so a repacked plan still runs (and is checked) on the workstation.
     /// Returns the number of tensors repacked. Must run before sections and digests are built.
     pub fn repack_for_target(&mut self, stages: &[Stage], target: &Target) -> usize {
-        let layout = match target.isa {
-            Isa::Aarch64 => PackLayout::Interleaved4x8,
-            Isa::X86_64 if target.features.iter().any(|f| f == "avx512vnni") => {
-                PackLayout::Interleaved16x4
-            }
-            _ => return 0,
+        let Some(layout) = target_layout(target) else {
+            return 0;
         };
         // Per tensor: Some(true) if every use is a linear weight operand, Some(false) otherwise.
         let mut linear_only: Vec<Option<bool>> = vec![None; self.entries.len()];
@@ -168,5 +164,18 @@ impl TensorTable {
             repacked += 1;
         }
         repacked
+    }
+}
+
+/// The layout [`TensorTable::repack_for_target`] stores `target`'s linear weights in:
+/// [`PackLayout::Interleaved4x8`] for aarch64, [`PackLayout::Interleaved16x4`] for an x86-64
+/// target naming `avx512vnni`; `None` where weights stay row-major.
+pub fn target_layout(target: &Target) -> Option<PackLayout> {
+    match target.isa {
+        Isa::Aarch64 => Some(PackLayout::Interleaved4x8),
+        Isa::X86_64 if target.features.iter().any(|f| f == "avx512vnni") => {
+            Some(PackLayout::Interleaved16x4)
+        }
+        _ => None,
     }
 }

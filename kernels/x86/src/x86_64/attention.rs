@@ -174,7 +174,7 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
     let keep = b.key_mask.map(|x| &x[b.j0..b.j0 + nk]);
     let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
     let mut v = [[_mm512_setzero_ps(); KEY_TILE / 16]; QUERY_TILE];
-    let mut tile_max = [f32::NEG_INFINITY; 16];
+    let mut row_max = [f32::NEG_INFINITY; 16];
     for r in 0..nq {
         let bias = b
             .bias
@@ -204,7 +204,7 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
                 mx = _mm512_max_ps(_mm512_mask_blend_ps(m, ninf, x), mx);
             }
         }
-        tile_max[r] = _mm512_reduce_max_ps(mx);
+        row_max[r] = _mm512_reduce_max_ps(mx);
     }
     // Lane r: the row's running maximum, then the new one (`run_max.max(tile maximum)`: no NaN
     // reaches either operand), the correction `exp(m − m')` and the new maximum per row.
@@ -214,7 +214,7 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
     let (old, tmax) = unsafe {
         (
             _mm512_loadu_ps(old.as_ptr()),
-            _mm512_loadu_ps(tile_max.as_ptr()),
+            _mm512_loadu_ps(row_max.as_ptr()),
         )
     };
     let new_max = _mm512_max_ps(tmax, old);

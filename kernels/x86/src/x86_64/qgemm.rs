@@ -160,65 +160,71 @@ struct GroupSrc<'a> {
 /// Bytes per block of one group of [`PackLayout::Interleaved16x4`] (16 f16 scales, 512 quants).
 const PLAN_GROUP_BLOCK: usize = 32 + 512;
 
+/// The plan bytes (`nb` blocks of [`PLAN_GROUP_BLOCK`]) of the 16-column group starting at
+/// column `j0` when `w` is in [`PackLayout::Interleaved16x4`] and the group is whole (the last
+/// `n mod 16` rows are row-major); `None` otherwise.
+fn plan_group<'a>(w: &WeightRef<'a>, n: usize, j0: usize, nb: usize) -> Option<&'a [u8]> {
+    (w.layout == PackLayout::Interleaved16x4 && j0 + GROUP <= n / GROUP * GROUP).then(|| {
+        let start = j0 / GROUP * nb * PLAN_GROUP_BLOCK;
+        &w.bytes[start..start + nb * PLAN_GROUP_BLOCK]
+    })
+}
+
 /// The operands of group `g` (columns `p0 + 16g ..`) of a panel whose scratch slots are
 /// `panel` (`nb` group blocks each): quants read `in_place` from the plan's
-/// [`PackLayout::Interleaved16x4`] weights for whole groups (`j0 + 16 ≤ direct`), from the
-/// slot otherwise. In place pays with few activation rows (each group's quants are read by
-/// few row tiles: the T5 encode of a prompt, 0.83 → 0.60 s measured); with many, the tile
-/// measured about 10 % slower reading the mapped weights than its scratch copy, so those
-/// calls copy.
+/// [`PackLayout::Interleaved16x4`] weights for whole groups ([`plan_group`]), from the slot
+/// otherwise. In place pays with few activation rows (each group's quants are read by few row
+/// tiles: the T5 encode of a prompt, 0.83 → 0.60 s measured); with many, the tile measured
+/// about 10 % slower reading the mapped weights than its scratch copy, so those calls copy.
 fn group_src<'a>(
     w: &WeightRef<'a>,
+    n: usize,
     panel: &'a [u8],
     g: usize,
     p0: usize,
     nb: usize,
-    direct: usize,
     in_place: bool,
 ) -> GroupSrc<'a> {
     let meta = &panel[g * nb * GROUP_BLOCK..(g + 1) * nb * GROUP_BLOCK];
-    let j0 = p0 + g * GROUP;
-    if in_place && j0 + GROUP <= direct {
-        let start = j0 / GROUP * nb * PLAN_GROUP_BLOCK;
-        GroupSrc {
-            quants: &w.bytes[start + 32..start + nb * PLAN_GROUP_BLOCK],
+    let in_plan = if in_place {
+        plan_group(w, n, p0 + g * GROUP, nb)
+    } else {
+        None
+    };
+    match in_plan {
+        Some(src) => GroupSrc {
+            quants: &src[32..],
             qstride: PLAN_GROUP_BLOCK,
             meta,
-        }
-    } else {
-        GroupSrc {
+        },
+        None => GroupSrc {
             quants: meta,
             qstride: GROUP_BLOCK,
             meta,
-        }
+        },
     }
 }
 
 /// Fills the scratch slot `dst` of group `j0 .. j0 + 16` (`nb` group blocks): its scales,
 /// corrections and minimums, and — unless the quants are read `in_place` from
-/// [`PackLayout::Interleaved16x4`] weights (whole groups, `j0 + 16 ≤ direct`) — its quants,
-/// repacked from row-major weights or copied from `Interleaved16x4` ones.
-#[allow(clippy::too_many_arguments)]
+/// [`PackLayout::Interleaved16x4`] weights ([`plan_group`]) — its quants, repacked from
+/// row-major weights or copied from `Interleaved16x4` ones.
 fn prepare_group(
     w: WeightRef<'_>,
     wrow: usize,
     bb: usize,
     n: usize,
     j0: usize,
-    direct: usize,
     in_place: bool,
     dst: &mut [u8],
 ) {
-    if j0 + GROUP > direct {
-        return pack_group(w, wrow, bb, n, j0, dst);
-    }
-    let in_place = in_place && j0 + GROUP <= direct;
     let nb = dst.len() / GROUP_BLOCK;
-    let start = j0 / GROUP * nb * PLAN_GROUP_BLOCK;
-    let src = &w.bytes[start..start + nb * PLAN_GROUP_BLOCK];
-    // SAFETY: AVX-512F/BW/VNNI were detected before this kernel was put in a table; `src`
-    // holds `nb` plan group blocks and `dst` `nb` slots (both sliced to length above).
-    unsafe { meta_group_q8_0(src, dst, !in_place) }
+    match plan_group(&w, n, j0, nb) {
+        // SAFETY: AVX-512F/BW/VNNI were detected before this kernel was put in a table; `src`
+        // holds `nb` plan group blocks and `dst` `nb` slots.
+        Some(src) => unsafe { meta_group_q8_0(src, dst, !in_place) },
+        None => pack_group(w, wrow, bb, n, j0, dst),
+    }
 }
 
 /// The `linear` slot for `handles()` cases, after `edge_kernels::contract::linear` passed.
@@ -268,11 +274,6 @@ pub(crate) fn linear(
     let acts = &*acts;
     let rows_per_task = (m / 8).next_multiple_of(R).clamp(R, 10 * R);
     let pcols = quant_panel_cols(k);
-    // Columns whose quants are read in place (whole groups of an `Interleaved16x4` weight).
-    let direct = match w.layout {
-        PackLayout::Interleaved16x4 => n / GROUP * GROUP,
-        _ => 0,
-    };
     for p0 in (0..n).step_by(pcols) {
         let ncols = pcols.min(n - p0);
         let groups = ncols.div_ceil(GROUP);
@@ -288,12 +289,12 @@ pub(crate) fn linear(
                 .for_each(|(pi, pg)| {
                     let g0 = 2 * pi;
                     for (g, gdst) in pg.chunks_mut(nb * GROUP_BLOCK).enumerate() {
-                        prepare_group(w, wrow, bb, n, p0 + (g0 + g) * GROUP, direct, true, gdst);
+                        prepare_group(w, wrow, bb, n, p0 + (g0 + g) * GROUP, true, gdst);
                     }
                     let pg = &*pg;
                     let pair = pg.len() / (nb * GROUP_BLOCK);
                     let srcs: [GroupSrc<'_>; 2] = std::array::from_fn(|g| {
-                        group_src(&w, pg, g.min(pair - 1), p0 + g0 * GROUP, nb, direct, true)
+                        group_src(&w, n, pg, g.min(pair - 1), p0 + g0 * GROUP, nb, true)
                     });
                     let valid = (ncols - g0 * GROUP).min(pair * GROUP);
                     let j0 = p0 + g0 * GROUP;
@@ -319,7 +320,7 @@ pub(crate) fn linear(
         panel
             .par_chunks_mut(nb * GROUP_BLOCK)
             .enumerate()
-            .for_each(|(g, dst)| prepare_group(w, wrow, bb, n, p0 + g * GROUP, direct, false, dst));
+            .for_each(|(g, dst)| prepare_group(w, wrow, bb, n, p0 + g * GROUP, false, dst));
         let panel = &*panel;
         out.par_chunks_mut(rows_per_task * n)
             .enumerate()
@@ -335,7 +336,7 @@ pub(crate) fn linear(
                     for g0 in (0..groups).step_by(2) {
                         let pair = (groups - g0).min(2);
                         let srcs: [GroupSrc<'_>; 2] = std::array::from_fn(|g| {
-                            group_src(&w, panel, g0 + g.min(pair - 1), p0, nb, direct, false)
+                            group_src(&w, n, panel, g0 + g.min(pair - 1), p0, nb, false)
                         });
                         tile(kind, &ap, ablock, qoff, &srcs[..pair], nb, &mut res);
                         for r in 0..R.min(rows - r0) {
