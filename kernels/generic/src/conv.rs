@@ -4,8 +4,21 @@ use edge_schema::DType;
 use rayon::prelude::*;
 
 use crate::contract;
-use crate::gemm::{gemm, Bias, F32Tile, GENERIC_TILE};
+use crate::gemm::{
+    column_tasks, gemm, gemm_column_tasks, Bias, F32Tile, COLUMN_TASK_ROWS, GENERIC_TILE,
+    PANEL_SLOTS,
+};
 pub use crate::params::{conv2d_scratch_bytes, Conv2dParams};
+
+/// im2col tiles in [`conv2d`]'s scratch: one per column task ([`PANEL_SLOTS`]) from
+/// `COLUMN_TASK_ROWS` output channels on, else one.
+pub(crate) fn col_slots(p: &Conv2dParams) -> usize {
+    if p.cout >= COLUMN_TASK_ROWS {
+        PANEL_SLOTS
+    } else {
+        1
+    }
+}
 use crate::weights::{convert_row, f32_view, f32_view_mut, WeightRef};
 
 /// `generic_conv2d_f32`: `out[co, oy, ox] = bias[co] + Σ_{ci,ky,kx} w[co, ci, ky, kx] ·
@@ -60,7 +73,7 @@ pub fn conv2d_with(
         return;
     }
 
-    let (wbuf, colbuf) = scratch.split_at_mut(need - p.col_tile_bytes());
+    let (wbuf, colbuf) = scratch.split_at_mut(need - p.col_tile_bytes() * col_slots(p));
     let wf: &[f32] = match w.dtype {
         DType::F32 => f32_view(w.bytes, "conv2d weight (F32)"),
         _ => {
@@ -73,8 +86,25 @@ pub fn conv2d_with(
     };
     let pt = p.pixel_tile();
     let tc = tile.cols;
-    let col = f32_view_mut(&mut colbuf[..p.col_tile_bytes()], "conv2d scratch");
     let b = bias.map_or(Bias::None, Bias::PerRow);
+    let slots = (colbuf.len() / p.col_tile_bytes()).min(PANEL_SLOTS);
+    if column_tasks(
+        p.cout,
+        npix.div_ceil(pt),
+        slots,
+        rayon::current_num_threads(),
+    ) {
+        // Column tasks (`gemm_column_tasks`): each unfolds its own pixel tile and runs every
+        // output channel over it.
+        let slots = f32_view_mut(&mut colbuf[..slots * p.col_tile_bytes()], "conv2d scratch");
+        let fill = |j0: usize, nb: usize, panels: &mut [f32]| {
+            for (pi, panel) in panels.chunks_mut(kk * tc).enumerate() {
+                im2col_panel(p, x, j0 + pi * tc, (nb - pi * tc).min(tc), 0, panel, tc);
+            }
+        };
+        return gemm_column_tasks(tile, wf, p.cout, kk, npix, pt, slots, fill, |_, _| b, out);
+    }
+    let col = f32_view_mut(&mut colbuf[..p.col_tile_bytes()], "conv2d scratch");
     for p0 in (0..npix).step_by(pt) {
         let np = pt.min(npix - p0);
         let panels = &mut col[..np.div_ceil(tc) * kk * tc];

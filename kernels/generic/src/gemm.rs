@@ -19,6 +19,9 @@
 //! rows, column blocks; inside a task it walks the panels and blocks of [`KC`] input features,
 //! the running sums of the task's rows held in a buffer on its stack.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
 use rayon::prelude::*;
 
 /// Input features per cache block: a packed panel block is `KC · cols` f32 (at most 32 KiB, so
@@ -262,6 +265,111 @@ pub(crate) fn gemm(
         });
 }
 
+/// Panel slots of a column-task scratch ([`gemm_column_tasks`]): at most this many tasks run at
+/// once, so the split is used only when the pool has no more threads.
+pub const PANEL_SLOTS: usize = 4;
+
+/// Fewest rows of `x` for which the callers choose column tasks.
+pub(crate) const COLUMN_TASK_ROWS: usize = 8;
+
+/// Whether [`gemm_column_tasks`] suits `m` rows and `blocks` column blocks with `slots` scratch
+/// slots on `threads` threads: at least [`COLUMN_TASK_ROWS`] rows, a slot for every thread
+/// (and at least two), and enough blocks to share evenly (at least 4 per thread, or a multiple
+/// of the thread count). Either choice gives the same bits; this only decides the speed.
+pub(crate) fn column_tasks(m: usize, blocks: usize, slots: usize, threads: usize) -> bool {
+    m >= COLUMN_TASK_ROWS
+        && slots >= threads.max(2)
+        && (blocks >= 4 * threads || (blocks >= threads && blocks.is_multiple_of(threads)))
+}
+
+/// `out[i, j] = dot(x[i, ..], column j) + bias` for all `i < m`, `j < n` (`out` `[m, n]`) by
+/// column tasks: one task per slot of `slots` (each `block.div_ceil(tile.cols) · k · tile.cols`
+/// f32) takes the next `block` columns not yet taken, has `fill(j0, nb, panels)` pack columns
+/// `j0 .. j0 + nb` into its slot (the driver's panel layout, see [`gemm`]), and runs every row
+/// over them; `bias_for(j0, nb)` gives their [`Bias`]. Each panel is then written and read by
+/// one core, with one fork-join per call. (Packing one shared panel with every thread and then
+/// splitting its rows moved each panel's lines between the cores' caches and cost two
+/// fork-joins per panel: BENCHMARKS.md, "column tasks".) Same per-element sequence and bits as
+/// [`gemm`] for any thread count and slot count.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_column_tasks<'b>(
+    tile: &F32Tile,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    block: usize,
+    slots: &mut [f32],
+    fill: impl Fn(usize, usize, &mut [f32]) + Sync,
+    bias_for: impl Fn(usize, usize) -> Bias<'b> + Sync,
+    out: &mut [f32],
+) {
+    tile.check();
+    let slot_len = block.div_ceil(tile.cols) * k * tile.cols;
+    assert!(block > 0 && slot_len > 0 && slots.len() >= slot_len && x.len() >= m * k);
+    assert!(out.len() == m * n, "gemm: output is not [m, n]");
+    let blocks = n.div_ceil(block);
+    // Each block's columns of every row, for the one task that takes the block.
+    let mut views: Vec<Vec<&mut [f32]>> = (0..blocks).map(|_| Vec::with_capacity(m)).collect();
+    for row in out.chunks_mut(n) {
+        for (v, cols) in views.iter_mut().zip(row.chunks_mut(block)) {
+            v.push(cols);
+        }
+    }
+    let views: Vec<Mutex<Vec<&mut [f32]>>> = views.into_iter().map(Mutex::new).collect();
+    let next = AtomicUsize::new(0);
+    slots.par_chunks_exact_mut(slot_len).for_each(|slot| loop {
+        let bi = next.fetch_add(1, Ordering::Relaxed);
+        if bi >= blocks {
+            break;
+        }
+        let j0 = bi * block;
+        let nb = block.min(n - j0);
+        let panels = &mut slot[..nb.div_ceil(tile.cols) * k * tile.cols];
+        fill(j0, nb, panels);
+        // The counter gives each block to one task: never contended.
+        let mut rows = views[bi].lock().unwrap_or_else(|e| e.into_inner());
+        gemm_columns(tile, x, m, k, panels, nb, bias_for(j0, nb), &mut rows);
+    });
+}
+
+/// `out_rows[i][jj] = dot(x[i, ..], column jj) + bias` for every row `i < m` and the `nb`
+/// columns of `panels` (`out_rows[i]` is row `i`'s slice of them), on the calling thread: rows
+/// in blocks of `8 · tile.rows`, each block over the panels in [`COL_BLOCK`]s (as [`gemm`]).
+#[allow(clippy::too_many_arguments)]
+fn gemm_columns(
+    tile: &F32Tile,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    panels: &[f32],
+    nb: usize,
+    bias: Bias<'_>,
+    out_rows: &mut [&mut [f32]],
+) {
+    assert!(out_rows.len() == m && out_rows.iter().all(|r| r.len() == nb));
+    assert!(
+        panels.len() >= nb.div_ceil(tile.cols) * k * tile.cols,
+        "gemm: packed panels too short"
+    );
+    let rb = 8 * tile.rows;
+    let mut acc = [0f32; 8 * MAX_TILE_ROWS * COL_BLOCK];
+    for i0 in (0..m).step_by(rb) {
+        let rows = rb.min(m - i0);
+        for c0 in (0..nb).step_by(COL_BLOCK) {
+            let cn = COL_BLOCK.min(nb - c0);
+            let res = &mut acc[..rows * COL_BLOCK];
+            res.fill(0.0);
+            run_block(tile, x, i0, rows, k, panels, c0, cn, res);
+            for (r, dst) in out_rows[i0..i0 + rows].iter_mut().enumerate() {
+                for (c, o) in dst[c0..c0 + cn].iter_mut().enumerate() {
+                    *o = bias.apply(res[r * COL_BLOCK + c], i0 + r, c0 + c);
+                }
+            }
+        }
+    }
+}
+
 /// Accumulates `res[r·COL_BLOCK + c] += dot(x[i0 + r], w[c0 + c])` (fused, in feature order, on
 /// top of what `res` holds) for `r < rows`, `c < cn` (`cn ≤ COL_BLOCK`, `c0` a multiple of it),
 /// reading the packed panels in place.
@@ -290,6 +398,95 @@ fn run_block(
                 let acc = &mut res[r0 * COL_BLOCK + p0..];
                 (tile.run)(&xs[..nr], panel, kc, acc, COL_BLOCK);
                 r0 += nr;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn column_tasks_need_rows_slots_and_an_even_share() {
+        // The PixArt-Σ linears and VAE convolutions on 2 threads take them.
+        assert!(column_tasks(1024, 72, PANEL_SLOTS, 2));
+        assert!(column_tasks(128, 1366, PANEL_SLOTS, 2));
+        assert!(column_tasks(8, 2, PANEL_SLOTS, 1));
+        // Too few rows, a slot short, more threads than slots, an uneven share.
+        assert!(!column_tasks(7, 72, PANEL_SLOTS, 2));
+        assert!(!column_tasks(1024, 72, 1, 1));
+        assert!(!column_tasks(1024, 72, PANEL_SLOTS, PANEL_SLOTS + 1));
+        assert!(!column_tasks(1024, 3, PANEL_SLOTS, 2));
+        assert!(column_tasks(1024, 4, PANEL_SLOTS, 2));
+    }
+
+    /// Packs `w` (`[n, k]` row-major f32) columns `j0 .. j0 + nb` into the driver's panels.
+    fn pack_cols(w: &[f32], k: usize, j0: usize, nb: usize, tc: usize, panels: &mut [f32]) {
+        panels.fill(0.0);
+        for c in 0..nb {
+            for t in 0..k {
+                panels[((c / tc) * k + t) * tc + c % tc] = w[(j0 + c) * k + t];
+            }
+        }
+    }
+
+    /// Column tasks give the row split's bits on ragged shapes, for any slot count and block.
+    #[test]
+    fn column_tasks_give_the_row_split_bits() {
+        let mut s = 0x9E37_79B9u32;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s as f32 / u32::MAX as f32) - 0.5
+        };
+        let tile = GENERIC_TILE;
+        let tc = tile.cols;
+        for (m, k, n, block) in [
+            (9usize, 300usize, 131usize, 64usize),
+            (20, 129, 200, 48),
+            (13, 17, 40, 16),
+        ] {
+            let x: Vec<f32> = (0..m * k).map(|_| next()).collect();
+            let w: Vec<f32> = (0..n * k).map(|_| next()).collect();
+            let bias: Vec<f32> = (0..n).map(|_| next()).collect();
+            let mut all = vec![0f32; n.div_ceil(tc) * k * tc];
+            pack_cols(&w, k, 0, n, tc, &mut all);
+            let mut want = vec![0f32; m * n];
+            gemm(
+                &tile,
+                &x,
+                m,
+                k,
+                &all,
+                n,
+                0,
+                n,
+                Bias::PerCol(&bias),
+                &mut want,
+            );
+            for slots in 1..=3 {
+                let slot_len = block.div_ceil(tc) * k * tc;
+                let mut scratch = vec![0f32; slots * slot_len];
+                let mut got = vec![f32::NAN; m * n];
+                gemm_column_tasks(
+                    &tile,
+                    &x,
+                    m,
+                    k,
+                    n,
+                    block,
+                    &mut scratch,
+                    |j0, nb, panels| pack_cols(&w, k, j0, nb, tc, panels),
+                    |j0, nb| Bias::PerCol(&bias[j0..j0 + nb]),
+                    &mut got,
+                );
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "m={m} k={k} n={n} block={block} slots={slots}");
             }
         }
     }

@@ -121,8 +121,9 @@ impl Conv2dParams {
     }
 }
 
-/// Scratch bytes [`conv2d`] needs: one im2col tile (`pixel_tile` rounded up to 64 pixels, times
-/// `cin·kh·kw` f32) plus, for `F16`/`BF16` weights, the weights converted to f32 (`cout ·
+/// Scratch bytes [`conv2d`] needs: im2col tiles (`pixel_tile` rounded up to 64 pixels, times
+/// `cin·kh·kw` f32; [`crate::PANEL_SLOTS`] of them from 8 output channels on, one per column
+/// task, else one) plus, for `F16`/`BF16` weights, the weights converted to f32 (`cout ·
 /// cin·kh·kw` f32).
 pub fn conv2d_scratch_bytes(p: &Conv2dParams, w_dtype: DType) -> usize {
     let kk = p.patch_len();
@@ -131,5 +132,5 @@ pub fn conv2d_scratch_bytes(p: &Conv2dParams, w_dtype: DType) -> usize {
         DType::F16 | DType::BF16 => p.cout * kk * 4,
         other => panic!("conv2d_scratch_bytes: weights of type {other:?} are not supported"),
     };
-    weights + p.col_tile_bytes()
+    weights + p.col_tile_bytes() * crate::conv::col_slots(p)
 }

@@ -73,16 +73,24 @@ fn run(
 
 /// The order the GEMM driver defines for every ISA (`gemm.rs`): per output element one
 /// accumulator from `0.0`, `acc = fma(x[c], w[c], acc)` for `c = 0..k` in order, then `+ bias`.
-/// Shapes cross the driver's feature blocks (128), column blocks (64) and its few-rows path.
+/// Shapes cross the driver's feature blocks (128), column blocks (64), its few-rows path and,
+/// on pools of 1, 2, 3 and 5 threads, both its row split and its column tasks (which it picks
+/// by the thread count and the number of 64-column panels: 5 threads is more than the scratch
+/// has panel slots).
 #[test]
 fn plain_types_follow_the_fused_sequential_order_bit_for_bit() {
     let mut rng = Rng::new(0x5EED_F00D);
-    for (m, k, n) in [
-        (1, 5, 3),
-        (3, 300, 150),
-        (7, 129, 65),
-        (8, 128, 64),
-        (70, 260, 131),
+    for (m, k, n, threads) in [
+        (1, 5, 3, 2),
+        (3, 300, 150, 2),
+        (7, 129, 65, 2),
+        (8, 128, 64, 2),
+        (70, 260, 131, 1),
+        (70, 260, 131, 2),
+        (70, 260, 131, 3),
+        (40, 300, 520, 2),
+        (9, 33, 200, 3),
+        (40, 300, 520, 5),
     ] {
         let x = rng.vec(m * k, 2.0);
         let w = rng.vec(n * k, 0.5);
@@ -90,7 +98,7 @@ fn plain_types_follow_the_fused_sequential_order_bit_for_bit() {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let (wb, wv) = plain_weight(dtype, &w);
             for b in [None, Some(bias.as_slice())] {
-                let got = run(dtype, &wb, &x, b, m, k, n);
+                let got = with_threads(threads, || run(dtype, &wb, &x, b, m, k, n));
                 for i in 0..m {
                     for j in 0..n {
                         let mut acc = 0f32;
@@ -101,7 +109,7 @@ fn plain_types_follow_the_fused_sequential_order_bit_for_bit() {
                         assert_eq!(
                             got[i * n + j].to_bits(),
                             want.to_bits(),
-                            "{dtype:?} m={m} k={k} n={n} at ({i}, {j}): {} vs {want}",
+                            "{dtype:?} m={m} k={k} n={n}, {threads} threads, at ({i}, {j}): {} vs {want}",
                             got[i * n + j]
                         );
                     }
@@ -273,8 +281,11 @@ fn quantized_identical_for_any_thread_count() {
 
 #[test]
 fn scratch_sizes() {
-    assert_eq!(linear_scratch_bytes(DType::F32, 100, 64), 64 * 64 * 4);
-    assert_eq!(linear_scratch_bytes(DType::F16, 100, 64), 64 * 64 * 4);
+    // One 64-column f32 panel per column task from 8 rows on, one panel below.
+    assert_eq!(edge_kernels::PANEL_SLOTS, 4);
+    assert_eq!(linear_scratch_bytes(DType::F32, 100, 64), 4 * 64 * 64 * 4);
+    assert_eq!(linear_scratch_bytes(DType::F16, 8, 64), 4 * 64 * 64 * 4);
+    assert_eq!(linear_scratch_bytes(DType::BF16, 7, 64), 64 * 64 * 4);
     // Quantized activations (rounded up to 64 bytes), then one repacked panel of up to 512
     // weight columns (at most 2 MiB, at least 64 columns) for the 32-element block types (used
     // by the SIMD twins).
