@@ -15,9 +15,13 @@
 //! **Blocking.** The caller packs the weight columns transposed into panels of `tile.cols`
 //! (`panel[t·cols + c] = w[j0 + c, t]`, [`crate::linear`] 64 columns at a time into its
 //! scratch, [`crate::conv2d`] in its im2col), so the tile reads `cols` consecutive floats per
-//! feature. The driver splits the output into row blocks (one task each) or, for fewer than 8
-//! rows, column blocks; inside a task it walks the panels and blocks of [`KC`] input features,
-//! the running sums of the task's rows held in a buffer on its stack.
+//! feature. From 8 rows on, when the pool has at most [`PANEL_SLOTS`] threads, the callers run
+//! **column tasks** ([`gemm_column_tasks`]): each task packs the next block of columns into its
+//! own scratch slot and runs every row over it, so a panel never leaves its core's caches and
+//! a call forks once. Otherwise ([`gemm`]) all threads pack one shared panel, then the output
+//! is split into row blocks (one task each) or, for fewer than 8 rows, column blocks. Inside a
+//! task the driver walks the panels and blocks of [`KC`] input features, the running sums of
+//! the task's rows held in a buffer on its stack.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -265,7 +269,7 @@ pub(crate) fn gemm(
         });
 }
 
-/// Panel slots of a column-task scratch ([`gemm_column_tasks`]): at most this many tasks run at
+/// Panel slots of a column-task scratch (`gemm_column_tasks`): at most this many tasks run at
 /// once, so the split is used only when the pool has no more threads.
 pub const PANEL_SLOTS: usize = 4;
 

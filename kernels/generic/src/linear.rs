@@ -62,18 +62,28 @@ pub fn linear_scratch_bytes(w_dtype: DType, m: usize, k: usize) -> usize {
 }
 
 /// How [`linear_scratch_bytes`] lays out the scratch of quantized weights: `(activation
-/// region, panel region)` in bytes. The activations (`m` rows of
-/// `quant::activation_row_bytes(w_dtype, k)`) come first, the region rounded up to 64 bytes; the
+/// region, panel region)` in bytes. The activations come first, the region rounded up to 64
+/// bytes: `m` rows of `quant::activation_row_bytes(w_dtype, k)` (what the generic kernel
+/// writes), or for the 32-element block types `m` rows of `k / 32` blocks of
+/// [`QUANT_ACT_BLOCK_BYTES`] if that is more (room for the SIMD twins' widened blocks); the
 /// repacked panel ([`quant_panel_bytes`], 32-element block types only; 0 otherwise) follows.
 pub fn quant_scratch_layout(w_dtype: DType, m: usize, k: usize) -> (usize, usize) {
-    let acts = (m * quant::activation_row_bytes(w_dtype, k)).next_multiple_of(64);
-    let panel = if w_dtype.block_size() == 32 {
-        quant_panel_bytes(k)
+    let ggml = quant::activation_row_bytes(w_dtype, k);
+    let (row, panel) = if w_dtype.block_size() == 32 {
+        (
+            ggml.max(k / 32 * QUANT_ACT_BLOCK_BYTES),
+            quant_panel_bytes(k),
+        )
     } else {
-        0
+        (ggml, 0)
     };
-    (acts, panel)
+    ((m * row).next_multiple_of(64), panel)
 }
+
+/// Bytes per 32-element activation block that a SIMD twin of the 32-element block types may use
+/// in the activation region of [`quant_scratch_layout`]: the block's scale and sum widened to
+/// f32, then its 32 quants (the x86 VNNI kernel's layout: a scale is then one broadcast load).
+pub const QUANT_ACT_BLOCK_BYTES: usize = 40;
 
 /// Bytes of one repacked panel of [`quant_panel_cols`]`(k)` weight columns of `k` elements
 /// (`k / 32` blocks of [`QUANT_PANEL_BLOCK_BYTES`] per column).

@@ -286,12 +286,15 @@ fn scratch_sizes() {
     assert_eq!(linear_scratch_bytes(DType::F32, 100, 64), 4 * 64 * 64 * 4);
     assert_eq!(linear_scratch_bytes(DType::F16, 8, 64), 4 * 64 * 64 * 4);
     assert_eq!(linear_scratch_bytes(DType::BF16, 7, 64), 64 * 64 * 4);
-    // Quantized activations (rounded up to 64 bytes), then one repacked panel of up to 512
-    // weight columns (at most 2 MiB, at least 64 columns) for the 32-element block types (used
-    // by the SIMD twins).
+    // Quantized activations (for the 32-element block types room for the SIMD twins' widened
+    // blocks, 40 bytes per 32 values; rounded up to 64 bytes), then one repacked panel of up to
+    // 512 weight columns (at most 2 MiB, at least 64 columns) for the 32-element block types
+    // (used by the SIMD twins).
+    assert_eq!(edge_kernels::QUANT_ACT_BLOCK_BYTES, 40);
+    assert!(quant::activation_row_bytes(DType::Q4_1, 64) <= 2 * 40);
     assert_eq!(
         linear_scratch_bytes(DType::Q8_0, 3, 64),
-        (3 * quant::activation_row_bytes(DType::Q8_0, 64)).next_multiple_of(64) + 512 * 2 * 44
+        (3 * 2 * 40usize).next_multiple_of(64) + 512 * 2 * 44
     );
     assert_eq!(edge_kernels::quant_panel_cols(1152), 512);
     assert_eq!(edge_kernels::quant_panel_cols(4608), 320);

@@ -6,7 +6,9 @@
 //! Method (the layout of tinyBLAS / ggml's repacked CPU kernels, not their code):
 //! - Each activation row is quantized with the generic `quantize_activation_row` (`Q8_0` for
 //!   `Q8_0`/`Q4_0`/`Q5_0` weights, `Q8_1` for `Q4_1`/`Q5_1`), then its quants are biased to
-//!   unsigned, `u = q + 128` (one XOR with 0x80), which `vpdpbusd` needs in its first operand.
+//!   unsigned, `u = q + 128` (one XOR with 0x80), which `vpdpbusd` needs in its first operand,
+//!   and its blocks' f16 scale and sum are stored widened to f32 ([`ACT_BLOCK`]), so the tile
+//!   broadcasts them with a load instead of converting them per row and block.
 //! - Weights are repacked [`quant_panel_cols`] columns at a time into scratch: per group of 16
 //!   columns and block, eight k-steps of `16 columns × 4 bytes` of signed values (the values
 //!   ggml's generic dot multiplies, [`quant::block32_values`]), then 16 f32 scales, 16 i32
@@ -246,9 +248,10 @@ pub(crate) fn linear(
     };
     let nb = k / 32;
     let bb = wrow / nb;
-    let arow = quant::activation_row_bytes(w.dtype, k);
-    let ablock = arow / nb;
-    let qoff = ablock - 32;
+    // Widened activation blocks (`QUANT_ACT_BLOCK_BYTES`): f32 scale, f32 sum, 32 quants.
+    let ablock = ACT_BLOCK;
+    let qoff = ACT_QUANTS_AT;
+    let arow = nb * ablock;
     let (act_len, panel_len) = edge_kernels::quant_scratch_layout(w.dtype, m, k);
     let (acts, rest) = scratch.split_at_mut(act_len);
     let panel = &mut rest[..panel_len];
@@ -259,17 +262,12 @@ pub(crate) fn linear(
         .for_each(|(dst, src)| {
             if q8_0 {
                 // SAFETY: AVX-512F/BW were detected before this kernel was put in a table;
-                // `dst` holds `k / 32` blocks of 34 bytes for the `k` values of `src` (the
-                // scratch layout of `quant_scratch_layout`).
-                unsafe { quantize_q8_0_biased(src, dst) };
+                // `dst` holds `k / 32` blocks of ACT_BLOCK bytes for the `k` values of `src`
+                // (the activation region of `quant_scratch_layout`).
+                unsafe { quantize_q8_0_wide(src, dst) };
                 return;
             }
-            quant::quantize_activation_row(w.dtype, src, dst);
-            for blk in dst.chunks_exact_mut(ablock) {
-                for q in &mut blk[qoff..] {
-                    *q ^= 0x80;
-                }
-            }
+            widen_activation_row(w.dtype, src, dst);
         });
     let acts = &*acts;
     let rows_per_task = (m / 8).next_multiple_of(R).clamp(R, 10 * R);
@@ -355,20 +353,53 @@ pub(crate) fn linear(
     }
 }
 
+/// Bytes of one widened activation block ([`edge_kernels::QUANT_ACT_BLOCK_BYTES`]): the
+/// block's f16 scale `d` widened to f32 at 0, its f16 sum `s` (`Q8_1`; 0 for `Q8_0`) widened at
+/// 4, then the 32 quants biased to unsigned (`q ^ 0x80`) at [`ACT_QUANTS_AT`]. Widening is
+/// exact, so the tile's f32 terms are the generic ones; a scale is then one broadcast load
+/// (the f16 conversion took two of the tile's vector operations per row and block).
+const ACT_BLOCK: usize = edge_kernels::QUANT_ACT_BLOCK_BYTES;
+/// Offset of the quants in a widened activation block.
+const ACT_QUANTS_AT: usize = 8;
+
+/// One row of `x` quantized as the generic [`quant::quantize_activation_row`] does for weights
+/// of type `w` (ggml's `Q8_0` or `Q8_1` blocks), block by block, and stored widened
+/// ([`ACT_BLOCK`] bytes per block) in `dst`.
+fn widen_activation_row(w: DType, x: &[f32], dst: &mut [u8]) {
+    let ggml = quant::activation_row_bytes(w, 32);
+    assert!((34..=36).contains(&ggml) && dst.len() == x.len() / 32 * ACT_BLOCK);
+    let mut blk = [0u8; 36];
+    for (v, out) in x.chunks_exact(32).zip(dst.chunks_exact_mut(ACT_BLOCK)) {
+        quant::quantize_activation_row(w, v, &mut blk[..ggml]);
+        let d = quant::fp16_to_fp32(u16::from_le_bytes([blk[0], blk[1]]));
+        let s = if ggml == 36 {
+            quant::fp16_to_fp32(u16::from_le_bytes([blk[2], blk[3]]))
+        } else {
+            0.0
+        };
+        out[..4].copy_from_slice(&d.to_le_bytes());
+        out[4..8].copy_from_slice(&s.to_le_bytes());
+        for (o, &q) in out[ACT_QUANTS_AT..].iter_mut().zip(&blk[ggml - 32..ggml]) {
+            *o = q ^ 0x80;
+        }
+    }
+}
+
 /// ggml's `quantize_row_q8_0_ref` (the generic [`quant::quantize_activation_row`] for `Q8_0`),
-/// 32 values per block in two zmm, with the quants stored biased (`q ^ 0x80 = q + 128`, as the
-/// VNNI tile reads them): `amax` of `|x|` (a maximum: order-free without NaN), `d = amax / 127`,
+/// 32 values per block in two zmm, stored widened ([`ACT_BLOCK`]: the f16 scale's f32 value,
+/// 0, the quants biased to unsigned, `q ^ 0x80 = q + 128`, as the VNNI tile reads them): `amax` of `|x|` (a maximum: order-free without NaN), `d = amax / 127`,
 /// `id = 1/d` (0 for `d = 0`) and the f16 scale in the generic scalar code, `round(x·id)` half
 /// away from zero as `t + (|x·id − t| ≥ ½ ? ±1 : 0)` with `t = trunc(x·id)` (both steps exact).
 /// A block holding NaN or ±∞ takes the generic scalar path (its fold and `as i8` saturation).
 ///
 /// # Safety
-/// AVX-512F and BW present; `dst.len() == src.len() / 32 · 34`, `src.len()` a multiple of 32.
+/// AVX-512F and BW present; `dst.len() == src.len() / 32 · ACT_BLOCK`, `src.len()` a multiple
+/// of 32.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn quantize_q8_0_biased(src: &[f32], dst: &mut [u8]) {
-    assert!(src.len().is_multiple_of(32) && dst.len() == src.len() / 32 * 34);
+unsafe fn quantize_q8_0_wide(src: &[f32], dst: &mut [u8]) {
+    assert!(src.len().is_multiple_of(32) && dst.len() == src.len() / 32 * ACT_BLOCK);
     let sign = _mm512_set1_epi32(i32::MIN);
-    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
+    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(ACT_BLOCK)) {
         // SAFETY: `x` holds 32 f32.
         let (v0, v1) = unsafe {
             (
@@ -386,8 +417,9 @@ unsafe fn quantize_q8_0_biased(src: &[f32], dst: &mut [u8]) {
         if bad != 0 {
             let mut blk = [edge_schema::blocks::BlockQ8_0 { d: 0, qs: [0; 32] }];
             quant::quantize_row_q8_0(x, &mut blk);
-            b[..2].copy_from_slice(&blk[0].d.to_le_bytes());
-            for (o, &q) in b[2..].iter_mut().zip(&blk[0].qs) {
+            b[..4].copy_from_slice(&quant::fp16_to_fp32(blk[0].d).to_le_bytes());
+            b[4..8].copy_from_slice(&0f32.to_le_bytes());
+            for (o, &q) in b[ACT_QUANTS_AT..].iter_mut().zip(&blk[0].qs) {
                 *o = (q as u8) ^ 0x80;
             }
             continue;
@@ -395,7 +427,9 @@ unsafe fn quantize_q8_0_biased(src: &[f32], dst: &mut [u8]) {
         let amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        b[..2].copy_from_slice(&quant::fp32_to_fp16(d).to_le_bytes());
+        let d16 = quant::fp16_to_fp32(quant::fp32_to_fp16(d));
+        b[..4].copy_from_slice(&d16.to_le_bytes());
+        b[4..8].copy_from_slice(&0f32.to_le_bytes());
         let idv = _mm512_set1_ps(id);
         let half = _mm512_set1_ps(0.5);
         let one = _mm512_set1_epi32(1f32.to_bits() as i32);
@@ -413,14 +447,15 @@ unsafe fn quantize_q8_0_biased(src: &[f32], dst: &mut [u8]) {
             _mm512_xor_si512(_mm512_cvtps_epi32(r), _mm512_set1_epi32(0x80))
         };
         let (q0, q1) = (round(v0), round(v1));
-        // SAFETY: bytes `2..34` of the block: two stores of 16 bytes.
+        // SAFETY: bytes `ACT_QUANTS_AT .. ACT_QUANTS_AT + 32 = ACT_BLOCK` of the block: two
+        // stores of 16 bytes.
         unsafe {
             _mm_storeu_si128(
-                b.as_mut_ptr().add(2) as *mut __m128i,
+                b.as_mut_ptr().add(ACT_QUANTS_AT) as *mut __m128i,
                 _mm512_cvtepi32_epi8(q0),
             );
             _mm_storeu_si128(
-                b.as_mut_ptr().add(18) as *mut __m128i,
+                b.as_mut_ptr().add(ACT_QUANTS_AT + 16) as *mut __m128i,
                 _mm512_cvtepi32_epi8(q1),
             );
         }
@@ -646,7 +681,7 @@ fn tile(
     }
     // SAFETY: the kernel table holds this kernel only when AVX-512F/BW and VNNI were detected
     // (`crate::x86_64::table`); every pointer offset below stays inside `acts[r]` (block `b`
-    // of `nb`, bytes `qoff..qoff + 32`, the f16 scale at 0 and, for Q8_1, the sum at 2), inside
+    // of `nb`, bytes `qoff..qoff + 32`, the f32 scale at 0 and, for Q8_1, the sum at 4), inside
     // each group's quants (block `b < nb` at `b · qstride`, 512 bytes) and inside its meta
     // (block `b < nb`, bytes `0..GROUP_BLOCK`), as asserted above.
     unsafe {
@@ -659,18 +694,6 @@ fn tile(
             (Scaling::WithMin, _) => qtile::<1, 2>(acts, ablock, qoff, srcs, nb, res),
         }
     }
-}
-
-/// The f16 at `p` widened (exactly, as `quant::fp16_to_fp32`) and broadcast to 16 lanes.
-///
-/// # Safety
-/// AVX-512F must be present and `p` must point at two readable bytes.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn f16_splat(p: *const u8) -> __m512 {
-    // SAFETY: the caller passes a pointer to two readable bytes.
-    let bits = u16::from_le_bytes(unsafe { [*p, *p.add(1)] });
-    _mm512_cvtph_ps(_mm256_set1_epi16(bits as i16))
 }
 
 /// `G` groups of 16 columns × `R` rows; `KIND` 0, 1, 2 = [`Scaling`] in declaration order.
@@ -731,9 +754,9 @@ unsafe fn qtile<const G: usize, const KIND: u8>(
             }
             for r in 0..R {
                 let ab = ap[r].add(b * ablock);
-                let da = f16_splat(ab);
+                let da = _mm512_set1_ps((ab as *const f32).read_unaligned());
                 let sa = if KIND == 2 {
-                    f16_splat(ab.add(2))
+                    _mm512_set1_ps((ab.add(4) as *const f32).read_unaligned())
                 } else {
                     _mm512_setzero_ps()
                 };
