@@ -186,17 +186,7 @@ fn plain(
             for (p, dst) in panels.chunks_mut(k * tc).enumerate() {
                 let valid = nb.saturating_sub(p * tc).min(tc);
                 for (ci, chunk) in dst.chunks_mut(PACK_FEATURES * tc).enumerate() {
-                    let kc = chunk.len() / tc;
-                    (tile.pack)(
-                        w,
-                        wrow,
-                        j0 + p * tc,
-                        valid,
-                        ci * PACK_FEATURES,
-                        kc,
-                        tc,
-                        chunk,
-                    );
+                    pack_features(tile, w, wrow, j0 + p * tc, valid, ci, chunk);
                 }
             }
         };
@@ -215,23 +205,29 @@ fn plain(
                 dst.par_chunks_mut(PACK_FEATURES * tc)
                     .enumerate()
                     .for_each(|(ci, chunk)| {
-                        let kc = chunk.len() / tc;
-                        (tile.pack)(
-                            w,
-                            wrow,
-                            j0 + p * tc,
-                            valid,
-                            ci * PACK_FEATURES,
-                            kc,
-                            tc,
-                            chunk,
-                        );
+                        pack_features(tile, w, wrow, j0 + p * tc, valid, ci, chunk)
                     });
             }
         }
         let b = bias.map_or(Bias::None, |b| Bias::PerCol(&b[j0..j0 + nb]));
         gemm(tile, x, m, k, panels, nb, j0, n, b, out);
     }
+}
+
+/// Packs chunk `ci` of [`PACK_FEATURES`] input features (as many as `chunk` holds rows of
+/// `tile.cols`) of weight rows `col0 .. col0 + valid` into `chunk` with the tile's packer.
+fn pack_features(
+    tile: &F32Tile,
+    w: WeightRef<'_>,
+    wrow: usize,
+    col0: usize,
+    valid: usize,
+    ci: usize,
+    chunk: &mut [f32],
+) {
+    let tc = tile.cols;
+    let kc = chunk.len() / tc;
+    (tile.pack)(w, wrow, col0, valid, ci * PACK_FEATURES, kc, tc, chunk);
 }
 
 /// Columns of one output row per task in the quantized path.
