@@ -5,9 +5,9 @@
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(
-        "not a plan file: it starts with {:?}, expected {:?}",
-        String::from_utf8_lossy(found).escape_debug().to_string(),
-        String::from_utf8_lossy(expected)
+        "not a plan file: it starts with {}, expected {}",
+        magic_text(found),
+        magic_text(expected)
     )]
     BadMagic { found: [u8; 8], expected: [u8; 8] },
     #[error(
@@ -33,3 +33,42 @@ pub enum Error {
 
 /// Result with the schema [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The first bytes of a file for a message: quoted when they are printable ASCII, else as hex
+/// (`bytes 8f 13 3a … (hex)`), so a binary file's start reads plainly.
+fn magic_text(bytes: &[u8]) -> String {
+    if bytes.iter().all(|b| (0x20..0x7f).contains(b)) {
+        format!("{:?}", String::from_utf8_lossy(bytes))
+    } else {
+        let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        format!("bytes {} (hex)", hex.join(" "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_magic_shows_text_or_hex() {
+        let expected = *b"EDGEPLAN";
+        let text = Error::BadMagic {
+            found: *b"GGUF\x03\0\0\0",
+            expected,
+        }
+        .to_string();
+        assert_eq!(
+            text,
+            "not a plan file: it starts with bytes 47 47 55 46 03 00 00 00 (hex), expected \"EDGEPLAN\""
+        );
+        let text = Error::BadMagic {
+            found: *b"PK-ZIP!!",
+            expected,
+        }
+        .to_string();
+        assert_eq!(
+            text,
+            "not a plan file: it starts with \"PK-ZIP!!\", expected \"EDGEPLAN\""
+        );
+    }
+}

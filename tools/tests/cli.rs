@@ -980,6 +980,31 @@ fn bench_profiles_every_stage() {
     );
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--stage unet"));
+    // A plan that cannot be opened is named with its flag, as `generate` names it.
+    let (dir, empty) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let missing = dir.path().join("missing.plan");
+    let o = run(EDGERUN, &["bench", "--plan", s(&missing)]);
+    assert_refused(
+        "bench, no plan",
+        &o,
+        &["--plan: ", "missing.plan"],
+        empty.path(),
+    );
+    let junk = dir.path().join("junk.plan");
+    let mut bytes = vec![0x8f, 0x13, 0x3a, 0xff, 0, 1, 2, 3];
+    bytes.resize(4096, 0);
+    std::fs::write(&junk, bytes).unwrap();
+    let o = run(EDGERUN, &["bench", "--plan", s(&junk)]);
+    assert_refused(
+        "bench, not a plan",
+        &o,
+        &[
+            "--plan: ",
+            "junk.plan",
+            "bytes 8f 13 3a ff 00 01 02 03 (hex)",
+        ],
+        empty.path(),
+    );
 }
 
 #[test]

@@ -816,7 +816,7 @@ fn generate(a: GenArgs) -> Result<()> {
     let plan = match &a.trusted_key {
         Some(k) => {
             let key = edge_runtime::TrustedKey::from_file(k)?;
-            Plan::open_signed(&a.plan, &key)?
+            Plan::open_signed(&a.plan, &key).context("--plan")?
         }
         None => Plan::open(&a.plan).context("--plan")?,
     };
@@ -1252,7 +1252,7 @@ fn bench(a: BenchArgs) -> Result<()> {
     }
     start_threads(a.threads)?;
     let threads = rayon::current_num_threads();
-    let plan = Plan::open(&a.plan)?;
+    let plan = Plan::open(&a.plan).context("--plan")?;
     let meta = plan.meta();
     edge_runtime::target::check(&meta.target)
         .with_context(|| format!("plan {}", a.plan.display()))?;
