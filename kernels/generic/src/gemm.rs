@@ -23,7 +23,6 @@
 //! task the driver walks the panels and blocks of [`KC`] input features, the running sums of
 //! the task's rows held in a buffer on its stack.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use rayon::prelude::*;
@@ -312,28 +311,39 @@ pub(crate) fn gemm_column_tasks<'b>(
     let slot_len = block.div_ceil(tile.cols) * k * tile.cols;
     assert!(block > 0 && slot_len > 0 && slots.len() >= slot_len && x.len() >= m * k);
     assert!(out.len() == m * n, "gemm: output is not [m, n]");
-    let blocks = n.div_ceil(block);
-    // Each block's columns of every row, for the one task that takes the block.
-    let mut views: Vec<Vec<&mut [f32]>> = (0..blocks).map(|_| Vec::with_capacity(m)).collect();
-    for row in out.chunks_mut(n) {
-        for (v, cols) in views.iter_mut().zip(row.chunks_mut(block)) {
-            v.push(cols);
-        }
+    // The columns not yet taken, of every row; a task takes the next block's columns off the
+    // front of each row under the lock (O(m) slice splits), then works without it.
+    struct Untaken<'o> {
+        j0: usize,
+        rows: Vec<&'o mut [f32]>,
     }
-    let views: Vec<Mutex<Vec<&mut [f32]>>> = views.into_iter().map(Mutex::new).collect();
-    let next = AtomicUsize::new(0);
-    slots.par_chunks_exact_mut(slot_len).for_each(|slot| loop {
-        let bi = next.fetch_add(1, Ordering::Relaxed);
-        if bi >= blocks {
-            break;
+    let untaken = Mutex::new(Untaken {
+        j0: 0,
+        rows: out.chunks_mut(n).collect(),
+    });
+    slots.par_chunks_exact_mut(slot_len).for_each(|slot| {
+        let mut mine: Vec<&mut [f32]> = Vec::with_capacity(m);
+        loop {
+            let (j0, nb) = {
+                let mut u = untaken.lock().unwrap_or_else(|e| e.into_inner());
+                let j0 = u.j0;
+                if j0 >= n {
+                    break;
+                }
+                let nb = block.min(n - j0);
+                u.j0 += nb;
+                mine.clear();
+                for row in u.rows.iter_mut() {
+                    let (taken, rest) = std::mem::take(row).split_at_mut(nb);
+                    *row = rest;
+                    mine.push(taken);
+                }
+                (j0, nb)
+            };
+            let panels = &mut slot[..nb.div_ceil(tile.cols) * k * tile.cols];
+            fill(j0, nb, panels);
+            gemm_columns(tile, x, m, k, panels, nb, bias_for(j0, nb), &mut mine);
         }
-        let j0 = bi * block;
-        let nb = block.min(n - j0);
-        let panels = &mut slot[..nb.div_ceil(tile.cols) * k * tile.cols];
-        fill(j0, nb, panels);
-        // The counter gives each block to one task: never contended.
-        let mut rows = views[bi].lock().unwrap_or_else(|e| e.into_inner());
-        gemm_columns(tile, x, m, k, panels, nb, bias_for(j0, nb), &mut rows);
     });
 }
 
