@@ -5,20 +5,9 @@ use rayon::prelude::*;
 
 use crate::contract;
 use crate::gemm::{
-    column_tasks, gemm, gemm_column_tasks, Bias, F32Tile, COLUMN_TASK_ROWS, GENERIC_TILE,
-    PANEL_SLOTS,
+    column_tasks, gemm, gemm_column_tasks, scratch_slots, Bias, F32Tile, GENERIC_TILE, PANEL_SLOTS,
 };
 pub use crate::params::{conv2d_scratch_bytes, Conv2dParams};
-
-/// im2col tiles in [`conv2d`]'s scratch: one per column task ([`PANEL_SLOTS`]) from
-/// `COLUMN_TASK_ROWS` output channels on, else one.
-pub(crate) fn col_slots(p: &Conv2dParams) -> usize {
-    if p.cout >= COLUMN_TASK_ROWS {
-        PANEL_SLOTS
-    } else {
-        1
-    }
-}
 use crate::weights::{convert_row, f32_view, f32_view_mut, WeightRef};
 
 /// `generic_conv2d_f32`: `out[co, oy, ox] = bias[co] + Σ_{ci,ky,kx} w[co, ci, ky, kx] ·
@@ -73,7 +62,7 @@ pub fn conv2d_with(
         return;
     }
 
-    let (wbuf, colbuf) = scratch.split_at_mut(need - p.col_tile_bytes() * col_slots(p));
+    let (wbuf, colbuf) = scratch.split_at_mut(need - p.col_tile_bytes() * scratch_slots(p.cout));
     let wf: &[f32] = match w.dtype {
         DType::F32 => f32_view(w.bytes, "conv2d weight (F32)"),
         _ => {

@@ -250,21 +250,11 @@ pub(crate) fn gemm(
     out.par_chunks_mut(rb * n)
         .enumerate()
         .for_each(|(b, rows_out)| {
-            let i0 = b * rb;
-            let rows = rows_out.len() / n;
-            let mut acc = [0f32; 8 * MAX_TILE_ROWS * COL_BLOCK];
-            for c0 in (0..nb).step_by(COL_BLOCK) {
-                let cn = COL_BLOCK.min(nb - c0);
-                let res = &mut acc[..rows * COL_BLOCK];
-                res.fill(0.0);
-                run_block(tile, x, i0, rows, k, panels, c0, cn, res);
-                for r in 0..rows {
-                    let dst = &mut rows_out[r * n + j0 + c0..][..cn];
-                    for (c, o) in dst.iter_mut().enumerate() {
-                        *o = bias.apply(res[r * COL_BLOCK + c], i0 + r, c0 + c);
-                    }
-                }
-            }
+            let mut rows: Vec<&mut [f32]> = rows_out
+                .chunks_mut(n)
+                .map(|r| &mut r[j0..j0 + nb])
+                .collect();
+            rows_into(tile, x, b * rb, k, panels, nb, bias, &mut rows);
         });
 }
 
@@ -274,6 +264,16 @@ pub const PANEL_SLOTS: usize = 4;
 
 /// Fewest rows of `x` for which the callers choose column tasks.
 pub(crate) const COLUMN_TASK_ROWS: usize = 8;
+
+/// Panels (or im2col tiles) a scratch holds for a product with `m` rows: one per column task
+/// ([`PANEL_SLOTS`]) from [`COLUMN_TASK_ROWS`] rows on, else one.
+pub(crate) fn scratch_slots(m: usize) -> usize {
+    if m >= COLUMN_TASK_ROWS {
+        PANEL_SLOTS
+    } else {
+        1
+    }
+}
 
 /// Whether [`gemm_column_tasks`] suits `m` rows and `blocks` column blocks with `slots` scratch
 /// slots on `threads` threads: at least [`COLUMN_TASK_ROWS`] rows, a slot for every thread
@@ -342,42 +342,43 @@ pub(crate) fn gemm_column_tasks<'b>(
             };
             let panels = &mut slot[..nb.div_ceil(tile.cols) * k * tile.cols];
             fill(j0, nb, panels);
-            gemm_columns(tile, x, m, k, panels, nb, bias_for(j0, nb), &mut mine);
+            rows_into(tile, x, 0, k, panels, nb, bias_for(j0, nb), &mut mine);
         }
     });
 }
 
-/// `out_rows[i][jj] = dot(x[i, ..], column jj) + bias` for every row `i < m` and the `nb`
-/// columns of `panels` (`out_rows[i]` is row `i`'s slice of them), on the calling thread: rows
-/// in blocks of `8 · tile.rows`, each block over the panels in [`COL_BLOCK`]s (as [`gemm`]).
+/// `out_rows[r][jj] = dot(x[i0 + r, ..], column jj) + bias` for every `r < out_rows.len()` and
+/// the `nb` columns of `panels` (`out_rows[r]` is row `i0 + r`'s slice of them), on the calling
+/// thread: rows in blocks of `8 · tile.rows`, each block over the panels in [`COL_BLOCK`]s. A
+/// row-split task of [`gemm`] is one such block; a column task, all rows.
 #[allow(clippy::too_many_arguments)]
-fn gemm_columns(
+fn rows_into(
     tile: &F32Tile,
     x: &[f32],
-    m: usize,
+    i0: usize,
     k: usize,
     panels: &[f32],
     nb: usize,
     bias: Bias<'_>,
     out_rows: &mut [&mut [f32]],
 ) {
-    assert!(out_rows.len() == m && out_rows.iter().all(|r| r.len() == nb));
+    assert!(out_rows.iter().all(|r| r.len() == nb));
     assert!(
         panels.len() >= nb.div_ceil(tile.cols) * k * tile.cols,
         "gemm: packed panels too short"
     );
     let rb = 8 * tile.rows;
     let mut acc = [0f32; 8 * MAX_TILE_ROWS * COL_BLOCK];
-    for i0 in (0..m).step_by(rb) {
-        let rows = rb.min(m - i0);
+    for (bi, block) in out_rows.chunks_mut(rb).enumerate() {
+        let (b0, rows) = (i0 + bi * rb, block.len());
         for c0 in (0..nb).step_by(COL_BLOCK) {
             let cn = COL_BLOCK.min(nb - c0);
             let res = &mut acc[..rows * COL_BLOCK];
             res.fill(0.0);
-            run_block(tile, x, i0, rows, k, panels, c0, cn, res);
-            for (r, dst) in out_rows[i0..i0 + rows].iter_mut().enumerate() {
+            run_block(tile, x, b0, rows, k, panels, c0, cn, res);
+            for (r, dst) in block.iter_mut().enumerate() {
                 for (c, o) in dst[c0..c0 + cn].iter_mut().enumerate() {
-                    *o = bias.apply(res[r * COL_BLOCK + c], i0 + r, c0 + c);
+                    *o = bias.apply(res[r * COL_BLOCK + c], b0 + r, c0 + c);
                 }
             }
         }

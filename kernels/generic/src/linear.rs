@@ -6,7 +6,7 @@ use rayon::prelude::*;
 use edge_schema::plan::PackLayout;
 
 use crate::gemm::{
-    column_tasks, gemm, gemm_column_tasks, Bias, F32Tile, COLUMN_TASK_ROWS, GENERIC_TILE,
+    column_tasks, gemm, gemm_column_tasks, scratch_slots, Bias, F32Tile, GENERIC_TILE,
     MAX_TILE_COLS, PACK_FEATURES, PANEL_SLOTS,
 };
 use crate::weights::{f32_view, f32_view_mut, WeightRef};
@@ -49,10 +49,7 @@ pub const QUANT_PANEL_BLOCK_BYTES: usize = 44;
 /// generic kernel leaves it unused; the planner sizes every plan for the fastest twin).
 pub fn linear_scratch_bytes(w_dtype: DType, m: usize, k: usize) -> usize {
     match w_dtype {
-        DType::F32 | DType::F16 | DType::BF16 if m >= COLUMN_TASK_ROWS => {
-            PANEL_SLOTS * PANEL * k * 4
-        }
-        DType::F32 | DType::F16 | DType::BF16 => PANEL * k * 4,
+        DType::F32 | DType::F16 | DType::BF16 => scratch_slots(m) * PANEL * k * 4,
         d if d.is_quantized() => {
             let (acts, panel) = quant_scratch_layout(d, m, k);
             acts + panel

@@ -132,5 +132,5 @@ pub fn conv2d_scratch_bytes(p: &Conv2dParams, w_dtype: DType) -> usize {
         DType::F16 | DType::BF16 => p.cout * kk * 4,
         other => panic!("conv2d_scratch_bytes: weights of type {other:?} are not supported"),
     };
-    weights + p.col_tile_bytes() * crate::conv::col_slots(p)
+    weights + p.col_tile_bytes() * crate::gemm::scratch_slots(p.cout)
 }

@@ -371,26 +371,29 @@ fn widen_activation_row(w: DType, x: &[f32], dst: &mut [u8]) {
     let mut blk = [0u8; 36];
     for (v, out) in x.chunks_exact(32).zip(dst.chunks_exact_mut(ACT_BLOCK)) {
         quant::quantize_activation_row(w, v, &mut blk[..ggml]);
-        let d = quant::fp16_to_fp32(u16::from_le_bytes([blk[0], blk[1]]));
-        let s = if ggml == 36 {
-            quant::fp16_to_fp32(u16::from_le_bytes([blk[2], blk[3]]))
-        } else {
-            0.0
-        };
-        out[..4].copy_from_slice(&d.to_le_bytes());
-        out[4..8].copy_from_slice(&s.to_le_bytes());
+        let s = (ggml == 36).then(|| u16::from_le_bytes([blk[2], blk[3]]));
+        put_scales(out, u16::from_le_bytes([blk[0], blk[1]]), s);
         for (o, &q) in out[ACT_QUANTS_AT..].iter_mut().zip(&blk[ggml - 32..ggml]) {
             *o = q ^ 0x80;
         }
     }
 }
 
+/// Writes a widened block's head: the f16 scale `d` and sum `s` (0 without one) as f32.
+fn put_scales(out: &mut [u8], d: u16, s: Option<u16>) {
+    let s = s.map_or(0.0, quant::fp16_to_fp32);
+    out[..4].copy_from_slice(&quant::fp16_to_fp32(d).to_le_bytes());
+    out[4..ACT_QUANTS_AT].copy_from_slice(&s.to_le_bytes());
+}
+
 /// ggml's `quantize_row_q8_0_ref` (the generic [`quant::quantize_activation_row`] for `Q8_0`),
 /// 32 values per block in two zmm, stored widened ([`ACT_BLOCK`]: the f16 scale's f32 value,
-/// 0, the quants biased to unsigned, `q ^ 0x80 = q + 128`, as the VNNI tile reads them): `amax` of `|x|` (a maximum: order-free without NaN), `d = amax / 127`,
-/// `id = 1/d` (0 for `d = 0`) and the f16 scale in the generic scalar code, `round(x·id)` half
-/// away from zero as `t + (|x·id − t| ≥ ½ ? ±1 : 0)` with `t = trunc(x·id)` (both steps exact).
-/// A block holding NaN or ±∞ takes the generic scalar path (its fold and `as i8` saturation).
+/// 0, the quants biased to unsigned, `q ^ 0x80 = q + 128`, as the VNNI tile reads them):
+/// `amax` of `|x|` (a maximum: order-free without NaN), `d = amax / 127`, `id = 1/d` (0 for
+/// `d = 0`) and the f16 scale in the generic scalar code, `round(x·id)` half away from zero as
+/// `t + (|x·id − t| ≥ ½ ? ±1 : 0)` with `t = trunc(x·id)` (both steps exact). A block holding
+/// NaN or ±∞ takes the generic scalar path ([`widen_activation_row`]: its fold and `as i8`
+/// saturation).
 ///
 /// # Safety
 /// AVX-512F and BW present; `dst.len() == src.len() / 32 · ACT_BLOCK`, `src.len()` a multiple
@@ -415,21 +418,13 @@ unsafe fn quantize_q8_0_wide(src: &[f32], dst: &mut [u8]) {
         let bad =
             _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(a0, inf) | _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(a1, inf);
         if bad != 0 {
-            let mut blk = [edge_schema::blocks::BlockQ8_0 { d: 0, qs: [0; 32] }];
-            quant::quantize_row_q8_0(x, &mut blk);
-            b[..4].copy_from_slice(&quant::fp16_to_fp32(blk[0].d).to_le_bytes());
-            b[4..8].copy_from_slice(&0f32.to_le_bytes());
-            for (o, &q) in b[ACT_QUANTS_AT..].iter_mut().zip(&blk[0].qs) {
-                *o = (q as u8) ^ 0x80;
-            }
+            widen_activation_row(DType::Q8_0, x, b);
             continue;
         }
         let amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        let d16 = quant::fp16_to_fp32(quant::fp32_to_fp16(d));
-        b[..4].copy_from_slice(&d16.to_le_bytes());
-        b[4..8].copy_from_slice(&0f32.to_le_bytes());
+        put_scales(b, quant::fp32_to_fp16(d), None);
         let idv = _mm512_set1_ps(id);
         let half = _mm512_set1_ps(0.5);
         let one = _mm512_set1_epi32(1f32.to_bits() as i32);
