@@ -76,7 +76,12 @@ pub(crate) fn check_core(
     what: &str,
     hint: &str,
 ) -> Result<()> {
-    if window_ok(lw, tw, halo) && window_ok(lh, th, halo) {
+    // As `choose_window` will take it: aligned to even window starts.
+    let (aw, ah) = (
+        tiles::align_window(lw as usize, tw as usize) as u32,
+        tiles::align_window(lh as usize, th as usize) as u32,
+    );
+    if window_ok(lw, aw, halo) && window_ok(lh, ah, halo) {
         return Ok(());
     }
     Err(PlanError::Invalid(format!(
@@ -84,7 +89,7 @@ pub(crate) fn check_core(
         tw * ds,
         th * ds,
         halo * ds,
-        (2 * halo + 1) * ds
+        (2 * halo + 2) * ds
     )))
 }
 
@@ -110,13 +115,25 @@ pub(crate) fn choose_window(
     fits: impl Fn(u32, u32, HeldIn) -> Result<bool>,
 ) -> Result<Option<(u32, u32, HeldIn)>> {
     let ok = |tw: u32, th: u32| window_ok(lw, tw, halo) && window_ok(lh, th, halo);
+    // Each side shortened by one latent pixel where its parity would leave a window starting
+    // at an odd pixel (`tiles::window_ok`).
+    let align = |tw: u32, th: u32| {
+        (
+            tiles::align_window(lw as usize, tw as usize) as u32,
+            tiles::align_window(lh as usize, th as usize) as u32,
+        )
+    };
     for &held in holds {
         let window = match explicit {
-            Some((tw, th)) => (ok(tw, th) && fits(tw, th, held)?).then_some((tw, th)),
+            Some((tw, th)) => {
+                let (tw, th) = align(tw, th);
+                (ok(tw, th) && fits(tw, th, held)?).then_some((tw, th))
+            }
             None => crate::tiling::largest_fitting(lw, lh, 0.0, |tw, th| {
+                let (tw, th) = align(tw, th);
                 Ok(ok(tw, th) && fits(tw, th, held)?)
             })?
-            .map(|t| (t.tile_latent_w, t.tile_latent_h)),
+            .map(|t| align(t.tile_latent_w, t.tile_latent_h)),
         };
         if let Some((tw, th)) = window {
             return Ok(Some((tw, th, held)));
@@ -125,22 +142,25 @@ pub(crate) fn choose_window(
     Ok(None)
 }
 
-/// Whether a window of `win` latent pixels leaves a core along an axis of `len` for `halo`.
+/// Whether a window of `win` latent pixels can cover an axis of `len` for `halo`
+/// ([`tiles::window_ok`]: a core inside the halo, and even window starts).
 pub(crate) fn window_ok(len: u32, win: u32, halo: u32) -> bool {
-    win == len || (win < len && 2 * halo < win)
+    tiles::window_ok(len as usize, win as usize, halo as usize)
 }
 
 /// The smallest window that covers an axis of `len` with as many windows as `win` does
 /// (`edge_schema::tiles::window_count`): less memory and less work on the halos.
 pub(crate) fn tighten(len: u32, win: u32, halo: u32) -> u32 {
-    if win >= len || 2 * halo >= win {
+    if win >= len || !window_ok(len, win, halo) {
         return win;
     }
-    let n = tiles::window_count(len as usize, win as usize, halo as usize) as u32;
-    // n windows cover n·win − 2·halo·(n − 1) pixels.
-    (len + 2 * halo * (n - 1))
-        .div_ceil(n)
-        .clamp(2 * halo + 1, win)
+    let n = tiles::window_count(len as usize, win as usize, halo as usize);
+    (2 * halo + 2..win)
+        .find(|&w| {
+            window_ok(len, w, halo)
+                && tiles::window_count(len as usize, w as usize, halo as usize) <= n
+        })
+        .unwrap_or(win)
 }
 
 fn hold_name(h: HeldIn) -> &'static str {

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use edge_kernels::Conv2dParams;
 use edge_schema::op::Op;
 use edge_schema::plan::{Stage, StageKind, Step};
 use edge_schema::DType;
@@ -17,7 +18,7 @@ use edge_schema::DType;
 pub struct OpStat {
     /// The stage kind the steps ran in.
     pub stage: StageKind,
-    /// The op's name ([`Op::name`]).
+    /// The op's name ([`Op::name`]; `conv2d winograd` for the Winograd convolutions).
     pub op: &'static str,
     /// For `linear` and `conv2d`: the weight type.
     pub weights: Option<DType>,
@@ -59,7 +60,14 @@ pub fn step_flops(stage: &Stage, step: &Step) -> f64 {
         Op::Conv2d { .. } => {
             let w = shape(stage, ins[1]);
             let out = shape(stage, step.outputs[0]);
-            2.0 * numel(out) * (w[1] * w[2] * w[3]) as f64
+            match winograd(stage, step) {
+                // 16 multiply-adds per 2×2 output tile and channel pair.
+                Some(p) => {
+                    let (oh, ow) = p.out_hw();
+                    2.0 * 16.0 * (p.cout * p.cin * oh.div_ceil(2) * ow.div_ceil(2)) as f64
+                }
+                None => 2.0 * numel(out) * (w[1] * w[2] * w[3]) as f64,
+            }
         }
         Op::Attention { .. } => {
             let out = shape(stage, step.outputs[0]);
@@ -71,10 +79,40 @@ pub fn step_flops(stage: &Stage, step: &Step) -> f64 {
     }
 }
 
+/// The geometry of a `conv2d` step that the CPU kernels compute by Winograd F(2×2, 3×3)
+/// ([`edge_kernels::winograd_applies`]).
+fn winograd(stage: &Stage, step: &Step) -> Option<Conv2dParams> {
+    let Op::Conv2d { stride, pad, .. } = &step.op else {
+        return None;
+    };
+    let (x, w) = (shape(stage, step.inputs[0]), shape(stage, step.inputs[1]));
+    let d = |s: &[u64], i: usize| s.get(i).map(|&v| v as usize);
+    let p = Conv2dParams {
+        cin: d(x, 0)?,
+        h: d(x, 1)?,
+        w: d(x, 2)?,
+        cout: d(w, 0)?,
+        kh: d(w, 2)?,
+        kw: d(w, 3)?,
+        stride_h: stride[0] as usize,
+        stride_w: stride[1] as usize,
+        pad_top: pad[0] as usize,
+        pad_bottom: pad[1] as usize,
+        pad_left: pad[2] as usize,
+        pad_right: pad[3] as usize,
+    };
+    edge_kernels::winograd_applies(&p).then_some(p)
+}
+
 impl Profile {
-    /// Charges one step that took `time`.
+    /// Charges one step that took `time`. Winograd convolutions are a row of their own,
+    /// `conv2d winograd`, their work the multiply-adds they do (16 per 2×2 output tile and
+    /// channel pair, not the direct form's 36).
     pub fn record(&mut self, stage: &Stage, step: &Step, time: Duration) {
-        let name = step.op.name();
+        let name = match winograd(stage, step) {
+            Some(_) => "conv2d winograd",
+            None => step.op.name(),
+        };
         let weights: Option<DType> = match step.op {
             Op::Linear { .. } | Op::Conv2d { .. } => {
                 Some(stage.values[step.inputs[1] as usize].dtype)

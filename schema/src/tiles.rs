@@ -35,10 +35,30 @@ pub struct AxisWindow {
     pub win_start: usize,
 }
 
+/// Whether windows of `win` latent pixels with a halo of `halo` can cover an axis of `len`:
+/// one window of the whole axis, or smaller windows at least `2·halo + 2` long whose starts
+/// are all even ([`axis_windows`]), so `len − win` must be even. Even starts: the CPU's
+/// Winograd convolutions (`edge_kernels::winograd_applies`) anchor their 2×2 output tiles at a
+/// window's origin, and a window gives the whole image's bits only where those tiles are the
+/// whole image's.
+pub fn window_ok(len: usize, win: usize, halo: usize) -> bool {
+    win == len || (win < len && win >= 2 * halo + 2 && (len - win).is_multiple_of(2))
+}
+
+/// The largest window of at most `win` latent pixels that an axis of `len` can take as far as
+/// parity goes: `win`, or `win − 1` when `len − win` is odd.
+pub fn align_window(len: usize, win: usize) -> usize {
+    if win < len && !(len - win).is_multiple_of(2) {
+        win - 1
+    } else {
+        win
+    }
+}
+
 /// The windows covering an axis of `len` latent pixels with windows of `win` pixels and a halo
-/// of `halo` pixels: one window when `win == len`, else `None` unless `2·halo < win < len`.
+/// of `halo` pixels: one window when `win == len`, else `None` unless [`window_ok`].
 pub fn axis_windows(len: usize, win: usize, halo: usize) -> Option<Vec<AxisWindow>> {
-    if win == 0 || win > len || (win < len && 2 * halo >= win) {
+    if win == 0 || !window_ok(len, win, halo) {
         return None;
     }
     if win == len {
@@ -48,22 +68,23 @@ pub fn axis_windows(len: usize, win: usize, halo: usize) -> Option<Vec<AxisWindo
             win_start: 0,
         }]);
     }
-    // The first and last windows need context on one side only: their cores are `win − halo`
-    // long; the cores between are `win − 2·halo`, each window centred on its core.
-    let core = win - 2 * halo;
+    // The first and last windows need context on one side only; the windows between are their
+    // cores widened by the halo on both sides. Windows start `step` apart (`win − 2·halo`
+    // rounded down to even), so every start is even: 0, step, 2·step, …, and `len − win`.
+    let step = (win - 2 * halo) & !1;
     let mut out = vec![AxisWindow {
         core_start: 0,
-        core_len: win - halo,
+        core_len: step + halo,
         win_start: 0,
     }];
-    let mut start = win - halo;
+    let mut start = step + halo;
     while len - start > win - halo {
         out.push(AxisWindow {
             core_start: start,
-            core_len: core,
+            core_len: step,
             win_start: start - halo,
         });
-        start += core;
+        start += step;
     }
     out.push(AxisWindow {
         core_start: start,
@@ -74,12 +95,14 @@ pub fn axis_windows(len: usize, win: usize, halo: usize) -> Option<Vec<AxisWindo
 }
 
 /// The number of windows [`axis_windows`] places along an axis of `len` for `win` and `halo`
-/// (1 when `win == len`, else `ceil((len − 2·halo) / (win − 2·halo))`, at least 2).
+/// (1 when `win ≥ len`, else `ceil((len − win) / step) + 1` with `step` = `win − 2·halo`
+/// rounded down to even, at least 2).
 pub fn window_count(len: usize, win: usize, halo: usize) -> usize {
     if win >= len {
         return 1;
     }
-    (len - 2 * halo).div_ceil(win - 2 * halo).max(2)
+    let step = (win.saturating_sub(2 * halo) & !1).max(1);
+    ((len - win).div_ceil(step) + 1).max(2)
 }
 
 /// The run of steps `first..end` and what crosses its boundaries.
@@ -616,11 +639,14 @@ mod tests {
             for win in 1..=len {
                 for halo in 0..win.div_ceil(2) {
                     let Some(ws) = axis_windows(len, win, halo) else {
-                        assert!(2 * halo >= win && win < len);
+                        assert!(!window_ok(len, win, halo) && win < len);
+                        assert!(2 * halo + 2 > win || (len - win) % 2 == 1);
                         continue;
                     };
                     let mut next = 0;
                     for w in &ws {
+                        // Winograd's 2×2 output tiles: every window starts at an even pixel.
+                        assert_eq!(w.win_start % 2, 0, "{len} {win} {halo}");
                         assert_eq!(w.core_start, next, "{len} {win} {halo}");
                         next += w.core_len;
                         assert!(w.win_start + win <= len);
@@ -641,5 +667,17 @@ mod tests {
         }
         assert_eq!(axis_windows(8, 9, 1), None);
         assert_eq!(axis_windows(8, 4, 2), None);
+        // Odd `len − win`, and an odd window with one pixel to step.
+        assert_eq!(axis_windows(64, 31, 2), None);
+        assert_eq!(axis_windows(65, 5, 2), None);
+        assert!(axis_windows(65, 7, 2).is_some());
+        assert_eq!(
+            (
+                align_window(64, 31),
+                align_window(64, 30),
+                align_window(64, 64)
+            ),
+            (30, 30, 64)
+        );
     }
 }

@@ -854,9 +854,10 @@ fn conv2d_gives_the_generic_bits() -> Result<(), String> {
             )?
         };
         let mut want = vec![0f32; p.cout * oh * ow];
-        let mut scratch = vec![0u8; edge_kernels::conv2d_scratch_bytes(&p, dtype)];
+        // The direct (im2col) order: the CPU computes 3×3 stride-1 convolutions by Winograd
+        // F(2×2, 3×3) since 2026-12-05; the CUDA kernel keeps the direct form's bits.
         let wr = WeightRef::row_major(dtype, &bytes);
-        edge_kernels::conv2d(&p, &x, wr, Some(&bias), &mut want, &mut scratch);
+        edge_kernels::conv2d_direct(&p, &x, wr, Some(&bias), &mut want);
         same_bits(
             &format!("edge_conv2d {p:?} {dtype:?}"),
             &g.download(&out)?[..want.len()],

@@ -2,13 +2,17 @@
 
 use edge_schema::DType;
 use rayon::prelude::*;
+use zerocopy::IntoBytes;
 
 use crate::contract;
 use crate::gemm::{
     column_tasks, gemm, gemm_column_tasks, scratch_slots, Bias, F32Tile, GENERIC_TILE, PANEL_SLOTS,
 };
+use crate::params::direct_scratch_bytes;
 pub use crate::params::{conv2d_scratch_bytes, Conv2dParams};
 use crate::weights::{convert_row, f32_view, f32_view_mut, WeightRef};
+use crate::winograd;
+pub use crate::winograd::{winograd_applies, WINOGRAD_MIN_CHANNELS};
 
 /// `generic_conv2d_f32`: `out[co, oy, ox] = bias[co] + Σ_{ci,ky,kx} w[co, ci, ky, kx] ·
 /// xpad[ci, oy·stride_h + ky, ox·stride_w + kx]` (torch `nn.Conv2d`, groups 1, dilation 1),
@@ -18,13 +22,15 @@ use crate::weights::{convert_row, f32_view, f32_view_mut, WeightRef};
 /// `[cout]`, `out` `[cout, oh, ow]` with `(oh, ow) = p.out_hw()`. `scratch` holds at least
 /// [`conv2d_scratch_bytes`] bytes, 4-byte aligned; nothing is allocated.
 ///
-/// Method: output pixels are processed in tiles; each tile's patches are unfolded (im2col) into
-/// `scratch` in the GEMM driver's packed panel layout (pixels of a panel side by side, patch
-/// elements in `(ci, ky, kx)` order), then every output element is the driver's f32 dot product
+/// Method: 3×3 kernels with stride 1 and at least [`WINOGRAD_MIN_CHANNELS`] input channels
+/// ([`winograd_applies`]: the VAE's convolutions but its first) by Winograd F(2×2, 3×3), 2.25 times
+/// fewer multiply-adds, in the order its module doc states (`winograd.rs`). Every other shape
+/// directly ([`conv2d_direct`]): output pixels in tiles, each tile's patches unfolded (im2col)
+/// into `scratch` in the GEMM driver's packed panel layout (pixels of a panel side by side,
+/// patch elements in `(ci, ky, kx)` order), every output element the driver's f32 dot product
 /// (one fused multiply-add per patch element in that order, from `0.0`) of a weight row and a
-/// patch, plus the bias. This
-/// beat a direct (shift-and-accumulate) loop in `examples/kbench.rs`. Bit-identical for any
-/// thread count.
+/// patch, plus the bias; this beat a shift-and-accumulate loop in `examples/kbench.rs`. Either
+/// way bit-identical for any thread count and on every CPU target.
 pub fn conv2d(
     p: &Conv2dParams,
     x: &[f32],
@@ -48,10 +54,51 @@ pub fn conv2d_with(
     scratch: &mut [u8],
 ) {
     let wrow = contract::conv2d(p, x, w, bias, out, scratch.len());
+    if winograd_applies(p) {
+        return winograd::conv2d(tile, p, x, w, bias, out, scratch);
+    }
+    direct(tile, p, x, w, wrow, bias, out, scratch)
+}
+
+/// The direct (im2col) order of [`conv2d`] for every shape, Winograd's included: the twin of
+/// the CUDA `edge_conv2d` kernel (`kernels/cuda/tests/twins.rs`). Same shapes and errors as
+/// [`conv2d`]; allocates its own scratch.
+pub fn conv2d_direct(
+    p: &Conv2dParams,
+    x: &[f32],
+    w: WeightRef<'_>,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    let wrow = contract::conv2d(p, x, w, bias, out, usize::MAX);
+    let mut scratch = vec![0f32; direct_scratch_bytes(p, w.dtype).div_ceil(4)];
+    direct(
+        &GENERIC_TILE,
+        p,
+        x,
+        w,
+        wrow,
+        bias,
+        out,
+        scratch.as_mut_bytes(),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn direct(
+    tile: &F32Tile,
+    p: &Conv2dParams,
+    x: &[f32],
+    w: WeightRef<'_>,
+    wrow: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    scratch: &mut [u8],
+) {
     let (oh, ow) = p.out_hw();
     let kk = p.patch_len();
     let npix = oh * ow;
-    let need = conv2d_scratch_bytes(p, w.dtype);
+    let need = direct_scratch_bytes(p, w.dtype);
     if p.cout == 0 || npix == 0 {
         return;
     }

@@ -197,7 +197,7 @@ fn row_block(m: usize, rows: usize) -> usize {
 }
 
 /// Output columns per block of the driver (one task's panels; the few-rows path's task).
-const COL_BLOCK: usize = MAX_TILE_COLS;
+pub(crate) const COL_BLOCK: usize = MAX_TILE_COLS;
 
 /// `out[i, j0 + jj] = dot(x[i, ..], w[jj, ..]) + bias` for `i < m`, `jj < nb`, with `tile`, in
 /// the order of the module doc.
@@ -388,7 +388,8 @@ fn rows_into(
 /// Accumulates `res[r·COL_BLOCK + c] += dot(x[i0 + r], w[c0 + c])` (fused, in feature order, on
 /// top of what `res` holds) for `r < rows`, `c < cn` (`cn ≤ COL_BLOCK`, `c0` a multiple of it),
 /// reading the packed panels in place.
-fn run_block(
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_block(
     tile: &F32Tile,
     x: &[f32],
     i0: usize,

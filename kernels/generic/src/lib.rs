@@ -34,6 +34,7 @@ mod params;
 pub mod quant;
 mod table;
 mod weights;
+mod winograd;
 
 pub use attention::{
     attention, attention_with, generic_row_tile, pack_keys, pack_values, tile_max, tile_sum,
@@ -42,7 +43,10 @@ pub use attention::{
     SUM_LANES,
 };
 pub use call::{Axes, Call};
-pub use conv::{conv2d, conv2d_scratch_bytes, conv2d_with, Conv2dParams};
+pub use conv::{
+    conv2d, conv2d_direct, conv2d_scratch_bytes, conv2d_with, winograd_applies, Conv2dParams,
+    WINOGRAD_MIN_CHANNELS,
+};
 /// Elements per task of the element-wise kernels (each output element depends only on its own
 /// inputs, so SIMD twins may split the same way or any other).
 pub use elementwise::CHUNK as ELEMENTWISE_CHUNK;

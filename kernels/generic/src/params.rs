@@ -121,11 +121,24 @@ impl Conv2dParams {
     }
 }
 
-/// Scratch bytes [`conv2d`] needs: im2col tiles (`pixel_tile` rounded up to 64 pixels, times
+/// Scratch bytes [`conv2d`] needs. Winograd shapes ([`crate::winograd_applies`]): the
+/// transformed kernels (`16 · cout · cin` f32) and [`crate::PANEL_SLOTS`] slots of a block's
+/// transformed patches (`16 · cin · 64` f32) and products (`16 · 64 · 64` f32). Else
+/// [`direct_scratch_bytes`].
+pub fn conv2d_scratch_bytes(p: &Conv2dParams, w_dtype: DType) -> usize {
+    let direct = direct_scratch_bytes(p, w_dtype);
+    if crate::winograd_applies(p) {
+        crate::winograd::scratch_bytes(p)
+    } else {
+        direct
+    }
+}
+
+/// Scratch bytes of [`conv2d`]'s direct (im2col) form: im2col tiles (`pixel_tile` rounded up to 64 pixels, times
 /// `cin·kh·kw` f32; [`crate::PANEL_SLOTS`] of them from 8 output channels on, one per column
 /// task, else one) plus, for `F16`/`BF16` weights, the weights converted to f32 (`cout ·
 /// cin·kh·kw` f32).
-pub fn conv2d_scratch_bytes(p: &Conv2dParams, w_dtype: DType) -> usize {
+pub(crate) fn direct_scratch_bytes(p: &Conv2dParams, w_dtype: DType) -> usize {
     let kk = p.patch_len();
     let weights = match w_dtype {
         DType::F32 => 0,

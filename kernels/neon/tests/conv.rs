@@ -147,7 +147,7 @@ fn check(dtype: DType, cases: &[Case]) {
 }
 
 /// Ragged shapes covering both product paths (`cout` < 4 and channel blocks > 4), several
-/// im2col tiles per call and every padding/stride combination the VAE uses.
+/// im2col tiles per call, every padding/stride combination the VAE uses, and the Winograd form.
 const CASES: &[Case] = &[
     (3, 1, 1, 1, 1, 1, [0, 0, 0, 0]),
     (5, 3, 5, 3, 1, 1, [0, 0, 0, 0]),
@@ -162,6 +162,10 @@ const CASES: &[Case] = &[
     (13, 17, 17, 5, 3, 1, [1, 1, 1, 1]),
     (300, 7, 9, 17, 3, 1, [1, 1, 1, 1]),
     (4, 17, 17, 9, 1, 1, [0, 0, 0, 0]),
+    // Winograd F(2×2, 3×3) (3×3, stride 1, ≥ 8 input channels): runs of one tile row (more than 64
+    // tiles across), odd sizes with asymmetric padding, output channels past one row pass.
+    (8, 5, 150, 8, 3, 1, [1, 1, 1, 1]),
+    (16, 13, 11, 69, 3, 1, [1, 0, 2, 1]),
 ];
 
 #[test]

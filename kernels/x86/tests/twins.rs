@@ -305,6 +305,9 @@ fn conv2d_matches_generic_bit_for_bit() {
         (8, 10, 10, 9, 3, 2, 1),
         (16, 5, 9, 4, 3, 1, 0),
         (20, 17, 19, 9, 3, 1, 1),
+        // Winograd F(2×2, 3×3): runs of one tile row, odd sizes, channels past one row pass.
+        (8, 5, 150, 8, 3, 1, 1),
+        (16, 13, 11, 69, 3, 1, 0),
     ];
     for (label, t) in tables() {
         for &(cin, h, w, cout, kk, stride, pad) in &cases {

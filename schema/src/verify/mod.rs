@@ -337,7 +337,7 @@ fn windows_ok(
     }
     if tiles::axis_windows(lh, th, halo).is_none() || tiles::axis_windows(lw, tw, halo).is_none() {
         return Err(invalid(format!(
-            "a halo of {halo} latent pixels leaves no core in a {tw}x{th} window"
+            "windows of {tw}x{th} latent pixels with a halo of {halo} leave no core or cannot cover the {lw}x{lh} latent (each needs a core inside the halo and every window an even first row and column; plans from before 2026-12-05 may have odd ones: compile the plan again)"
         )));
     }
     let schedule = tiles::sync_schedule(tail, sync_steps);

@@ -1397,7 +1397,7 @@ fn bench(a: BenchArgs) -> Result<()> {
             // attention on the fused f32 one, element-wise ops on the unfused one.
             let peak = match r.weights {
                 Some(d) if d.is_quantized() => pk.int8_ops,
-                _ if matches!(r.op, "linear" | "conv2d" | "attention") => {
+                _ if matches!(r.op, "linear" | "conv2d" | "conv2d winograd" | "attention") => {
                     pk.f32_fma_ops.or(pk.f32_ops)
                 }
                 _ => pk.f32_ops,

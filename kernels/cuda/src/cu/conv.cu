@@ -1,7 +1,9 @@
 // 2-D convolution (torch nn.Conv2d, groups 1, dilation 1, zero padding per side) as an implicit
-// GEMM in the generic kernel's arithmetic (kernels/generic/src/conv.rs): every output is one
-// fused multiply-add per patch element in (ci, ky, kx) order from 0, padded positions included
-// as zeros, then `+ bias[co]`, so it gives the CPU's bits. `out[co, pix] = w[co, :] · patch[:, pix]`
+// GEMM in the arithmetic of the generic kernel's direct form (`conv2d_direct`,
+// kernels/generic/src/conv.rs): every output is one fused multiply-add per patch element in
+// (ci, ky, kx) order from 0, padded positions included as zeros, then `+ bias[co]`, so it gives
+// those bits (the CPU's own conv2d takes Winograd F(2x2, 3x3) for 3x3 stride-1 kernels with at
+// least 8 input channels, whose last bits differ). `out[co, pix] = w[co, :] · patch[:, pix]`
 // with the patches unfolded on the fly; tiles as edge_linear_plain (64 × 64 outputs per block of
 // 256 threads, 4 × 4 per thread, 16 patch elements per shared-memory stage).
 #include "common.cuh"
