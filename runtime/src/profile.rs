@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use edge_kernels::Conv2dParams;
+use edge_kernels::{Call, Conv2dParams};
 use edge_schema::op::Op;
 use edge_schema::plan::{Stage, StageKind, Step};
 use edge_schema::DType;
@@ -80,28 +80,26 @@ pub fn step_flops(stage: &Stage, step: &Step) -> f64 {
 }
 
 /// The geometry of a `conv2d` step that the CPU kernels compute by Winograd F(2×2, 3×3)
-/// ([`edge_kernels::winograd_applies`]).
+/// ([`edge_kernels::winograd_applies`]), as the session decodes it ([`Call::decode`]).
 fn winograd(stage: &Stage, step: &Step) -> Option<Conv2dParams> {
-    let Op::Conv2d { stride, pad, .. } = &step.op else {
+    if !matches!(step.op, Op::Conv2d { .. }) {
         return None;
+    }
+    let value = |&v: &u32| {
+        let v = stage.values.get(v as usize)?;
+        Some((v.shape.as_slice(), v.dtype))
     };
-    let (x, w) = (shape(stage, step.inputs[0]), shape(stage, step.inputs[1]));
-    let d = |s: &[u64], i: usize| s.get(i).map(|&v| v as usize);
-    let p = Conv2dParams {
-        cin: d(x, 0)?,
-        h: d(x, 1)?,
-        w: d(x, 2)?,
-        cout: d(w, 0)?,
-        kh: d(w, 2)?,
-        kw: d(w, 3)?,
-        stride_h: stride[0] as usize,
-        stride_w: stride[1] as usize,
-        pad_top: pad[0] as usize,
-        pad_bottom: pad[1] as usize,
-        pad_left: pad[2] as usize,
-        pad_right: pad[3] as usize,
-    };
-    edge_kernels::winograd_applies(&p).then_some(p)
+    // x, weight, bias: on the stack (nothing is allocated per step).
+    let mut ins: [(&[u64], DType); 3] = [(&[], DType::F32); 3];
+    for (slot, v) in ins.iter_mut().zip(&step.inputs) {
+        *slot = value(v)?;
+    }
+    let n = step.inputs.len().min(3);
+    let out = value(step.outputs.first()?)?.0;
+    match Call::decode(&step.op, &ins[..n], out).ok()? {
+        Call::Conv2d { p, .. } if edge_kernels::winograd_applies(&p) => Some(p),
+        _ => None,
+    }
 }
 
 impl Profile {

@@ -968,6 +968,8 @@ fn bench_profiles_every_stage() {
         "linear",
         "attention",
         "conv2d",
+        // The demo VAE's 3×3 convolutions (32–64 channels) are Winograd's, counted apart.
+        "conv2d winograd",
     ] {
         assert!(
             text.contains(needle),
