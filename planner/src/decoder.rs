@@ -76,21 +76,55 @@ pub(crate) fn check_core(
     what: &str,
     hint: &str,
 ) -> Result<()> {
-    // As `choose_window` will take it: aligned to even window starts.
-    let (aw, ah) = (
-        tiles::align_window(lw as usize, tw as usize) as u32,
-        tiles::align_window(lh as usize, th as usize) as u32,
-    );
+    let (aw, ah) = align_window((lw, lh), (tw, th));
     if window_ok(lw, aw, halo) && window_ok(lh, ah, halo) {
         return Ok(());
     }
+    let taken = if (aw, ah) == (tw, th) {
+        String::new()
+    } else {
+        format!(
+            " (taken as {}x{}: exact windows start at even latent pixels)",
+            aw * ds,
+            ah * ds
+        )
+    };
     Err(PlanError::Invalid(format!(
-        "--vae-tile-size: an exact {what} of {}x{} image pixels leaves no core inside a halo of {halo} latent pixels ({} image pixels) on each side; use at least {} image pixels{hint}",
+        "--vae-tile-size: an exact {what} of {}x{} image pixels{taken} leaves no core inside a halo of {halo} latent pixels ({} image pixels) on each side; use at least {} image pixels{hint}",
         tw * ds,
         th * ds,
         halo * ds,
         (2 * halo + 2) * ds
     )))
+}
+
+/// An explicit exact window `(tw, th)` (latent pixels) over a `lw × lh` latent as the planner
+/// takes it: each side one latent pixel shorter where its parity would leave a window starting
+/// at an odd pixel ([`tiles::align_window`]).
+pub(crate) fn align_window((lw, lh): (u32, u32), (tw, th): (u32, u32)) -> (u32, u32) {
+    (
+        tiles::align_window(lw as usize, tw as usize) as u32,
+        tiles::align_window(lh as usize, th as usize) as u32,
+    )
+}
+
+/// The note for an explicit `what` (`tile`, `encoder tile`) that [`align_window`] shortened.
+pub(crate) fn aligned_note(
+    latent: (u32, u32),
+    (tw, th): (u32, u32),
+    ds: u32,
+    what: &str,
+) -> Option<String> {
+    let (aw, ah) = align_window(latent, (tw, th));
+    ((aw, ah) != (tw, th)).then(|| {
+        format!(
+            "--vae-tile-size {}x{}: the exact {what}s are {}x{} image pixels (exact windows start at even latent pixels, for the 2x2 output tiles of the Winograd convolutions)",
+            tw * ds,
+            th * ds,
+            aw * ds,
+            ah * ds
+        )
+    })
 }
 
 /// The holds `--vae-tile-hold` allows, in the order they are tried.
@@ -115,14 +149,7 @@ pub(crate) fn choose_window(
     fits: impl Fn(u32, u32, HeldIn) -> Result<bool>,
 ) -> Result<Option<(u32, u32, HeldIn)>> {
     let ok = |tw: u32, th: u32| window_ok(lw, tw, halo) && window_ok(lh, th, halo);
-    // Each side shortened by one latent pixel where its parity would leave a window starting
-    // at an odd pixel (`tiles::window_ok`).
-    let align = |tw: u32, th: u32| {
-        (
-            tiles::align_window(lw as usize, tw as usize) as u32,
-            tiles::align_window(lh as usize, th as usize) as u32,
-        )
-    };
+    let align = |tw: u32, th: u32| align_window((lw, lh), (tw, th));
     for &held in holds {
         let window = match explicit {
             Some((tw, th)) => {
@@ -272,6 +299,9 @@ pub fn plan_tiling(
             )?;
         }
         let chosen = choose_window(lw, lh, halo, explicit_window, holds, fits)?;
+        if let (Some(t), Some(_)) = (explicit_window, chosen) {
+            notes.extend(aligned_note((lw, lh), t, ds, "tile"));
+        }
         if let (Some((tw, th)), None) = (explicit_window, chosen) {
             // An explicit window is kept; the budget only decides where the held tensors go,
             // and a window that fits nowhere the flags allow is an error.
@@ -305,7 +335,7 @@ pub fn plan_tiling(
         }
         if req.hold != TileHold::Auto {
             let hd = holds[0];
-            let m = 2 * halo + 1;
+            let m = 2 * halo + 2;
             return Err(PlanError::Invalid(format!(
                 "--max-ram: exact VAE tiles with the activations held in {} do not fit: even {m}x{m}-latent-pixel windows need {} bytes, more than the {} bytes the budget leaves; use --vae-tile-hold auto{}, or --vae-tile-mode blend",
                 hold_name(hd),

@@ -7,7 +7,9 @@ use edge_models::vae::{build_vae_encoder, build_vae_encoder_down, build_vae_enco
 use edge_schema::plan::{EncoderTiling, HeldIn, Stage, StageKind};
 use edge_schema::DType;
 
-use crate::decoder::{check_core, choose_window, facts_of, holds_for, tighten, weights_of};
+use crate::decoder::{
+    aligned_note, check_core, choose_window, facts_of, holds_for, tighten, weights_of,
+};
 use crate::error::{PlanError, Result};
 use crate::lower::{arena_estimate, lower, skeleton_stage, TensorTable, WeightResolver};
 use crate::pack::PackPolicy;
@@ -88,6 +90,9 @@ pub fn plan_encoder(
     let chosen = choose_window(lw, lh, halo, explicit, holds_for(req.hold), |tw, th, hd| {
         Ok(fits(need(tw, th, hd)?))
     })?;
+    if let (Some(t), Some(_)) = (explicit, chosen) {
+        notes.extend(aligned_note((lw, lh), t, ds, "encoder tile"));
+    }
     let Some((tw, th, held)) = chosen else {
         notes.push(format!(
             "no VAE encoder for {w}x{h}: neither the whole-image encoder ({} MiB of arena and buffers) nor exact encoder tiles{} fit --max-ram; image to image is unavailable at this size",

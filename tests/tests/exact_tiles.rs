@@ -190,6 +190,30 @@ fn exact_windows_too_small_for_the_halo_are_refused() {
         err.contains("--vae-tile-size") && err.contains("halo") && err.contains("48"),
         "{err}"
     );
+    // 40 px (5 latent pixels) is taken as 32 (even window starts), and the message says so.
+    let opts = CompileOptions {
+        tiling: tiles(TileMode::Exact, 40, 40),
+        ..opts
+    };
+    let err = edge_planner::compile_folder(&m, &opts)
+        .err()
+        .expect("a 40 px window is taken as 32")
+        .to_string();
+    assert!(
+        err.contains("taken as 32x32") && err.contains("48"),
+        "{err}"
+    );
+    // A side that is shortened for its parity is named in the plan's notes.
+    let opts = CompileOptions {
+        tiling: tiles(TileMode::Exact, 56, 48),
+        ..opts
+    };
+    let c = edge_planner::compile_folder(&m, &opts).expect("56x48 is taken as 48x48");
+    let notes = c.meta.notes.join("\n");
+    assert!(
+        notes.contains("--vae-tile-size 56x48: the exact tiles are 48x48 image pixels"),
+        "{notes}"
+    );
 }
 
 /// Under a budget too small for the held activations in memory: `auto` spills them to a file,
