@@ -1,6 +1,6 @@
 //! x86-64 kernels plugged into the generic kernel table: AVX2 and AVX-512 register tiles for the
-//! shared blocked f32 GEMM driver (`linear` with `F32`/`F16`/`BF16` weights and `conv2d`) and an
-//! AVX-512 VNNI panel kernel for the quantized 32-element block types.
+//! shared blocked f32 GEMM driver (`linear` with `F32`/`F16`/`BF16` weights and `conv2d`) and
+//! AVX2 and AVX-512 VNNI panel kernels for the quantized 32-element block types.
 //!
 //! [`variants`] lists every table this CPU can run, from the features
 //! [`edge_kernels::cpu::features`] detected once per process: `avx2` (AVX2 present),
@@ -13,9 +13,11 @@
 //!   `vfmadd` per input feature in increasing order, the generic `f32::mul_add` chain
 //!   ([`edge_kernels::F32Tile`] states the order); AVX2 6×16 and AVX-512 6×64 tiles over the
 //!   driver's packed panels. The `avx2` table needs FMA too.
-//! - Quantized: exact integer block sums with `vpdpbusd` on repacked weight panels and the
-//!   generic per-block f32 scaling order (see `x86_64/qgemm.rs`). K-quants, interleaved packs
-//!   and matrices with fewer than 6 activation rows forward to the generic kernel.
+//! - Quantized: exact integer block sums on repacked weight panels (`vpdpbusd` with VNNI,
+//!   `vpmaddubsw` + `vpmaddwd` on AVX2 and on AVX-512 without VNNI) and the generic per-block
+//!   f32 scaling order (see `x86_64/qgemm.rs`, `x86_64/qgemm_avx2.rs`). K-quants, the NEON
+//!   interleaved packs and matrices with fewer activation rows than one register tile (6 for
+//!   VNNI, 4 for AVX2) forward to the generic kernel.
 //!
 //! All `unsafe` code lives in `src/x86_64/`; off x86-64 the crate is `forbid(unsafe_code)` and
 //! [`variants`] is empty.
@@ -68,11 +70,14 @@ pub fn linear_variant_name(
 /// vectors) and int8 dot products, in operations per second (2 per multiply-add). `None` where the CPU lacks the instructions (or off x86-64).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Peak {
-    /// f32 `vmulps` + `vaddps` on zmm, per thread (element-wise kernels' unfused arithmetic).
+    /// f32 `vmulps` + `vaddps` on zmm (ymm on AVX2 CPUs without AVX-512), per thread
+    /// (element-wise kernels' unfused arithmetic).
     pub f32_ops: Option<f64>,
-    /// f32 `vfmadd` on zmm, per thread (the f32 GEMM, convolution and attention kernels).
+    /// f32 `vfmadd` on zmm (ymm without AVX-512), per thread (the f32 GEMM, convolution and
+    /// attention kernels).
     pub f32_fma_ops: Option<f64>,
-    /// `vpdpbusd` on zmm, per thread.
+    /// `vpdpbusd` on zmm with AVX-512 VNNI; `vpmaddubsw` + `vpmaddwd` + `vpaddd` on ymm (the
+    /// AVX2 quantized tile's dot) on AVX2 CPUs without AVX-512; per thread.
     pub int8_ops: Option<f64>,
 }
 

@@ -294,6 +294,54 @@ fn q8_0_activation_rounding_and_non_finite_blocks_match_generic() {
     }
 }
 
+/// Activation blocks so small that their f16 scale is 0 (`d = amax / 127` subnormal, so
+/// `id = 1/d` overflows and ggml's quants saturate to ±127 and −128) against weights holding
+/// −128: the AVX2 tile's `vpmaddubsw` sums of such blocks may be wrong, and must change no
+/// output bit (the block's scale is 0), for `Q8_0` (`Q8_0` activations) and `Q4_1` (`Q8_1`).
+#[test]
+fn zero_scale_activation_blocks_match_generic() {
+    let generic = edge_kernels::generic();
+    let (m, k, n) = (9, 128, 24);
+    let mut x = vec![0f32; m * k];
+    for (i, v) in x.iter_mut().enumerate() {
+        let (row, e) = (i / k, i % k);
+        let sign = if (i * 7) % 3 == 0 { -1.0 } else { 1.0 };
+        *v = if (row + e / 32) % 2 == 0 {
+            // Subnormal values: amax / 127 is subnormal too.
+            sign * f32::from_bits(0x0000_4000 + (i as u32 * 97) % 0x3000)
+        } else {
+            sign * ((i * 13) % 29) as f32 / 7.0
+        };
+    }
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0)
+        .collect();
+    for (label, t) in tables() {
+        for dtype in [DType::Q8_0, DType::Q4_1] {
+            let (mut buf, len) = weights(dtype, &w, n, k);
+            if dtype == DType::Q8_0 {
+                // Blocks 0 and 1 of rows 0 and 5: every quant −128.
+                for row in [0, 5] {
+                    let at = row * (k / 32) * 34;
+                    buf.as_mut_bytes()[at + 2..at + 34].fill(0x80);
+                    buf.as_mut_bytes()[at + 36..at + 68].fill(0x80);
+                }
+            }
+            let wr = WeightRef::row_major(dtype, &buf.as_bytes()[..len]);
+            for b in [None, Some(&w[..n])] {
+                let want = run_linear(&generic, &x, wr, b, m, k, n);
+                let got = run_linear(&t, &x, wr, b, m, k, n);
+                assert_bits(
+                    label,
+                    &format!("linear {dtype:?} zero-scale blocks"),
+                    &got,
+                    &want,
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn conv2d_matches_generic_bit_for_bit() {
     let generic = edge_kernels::generic();

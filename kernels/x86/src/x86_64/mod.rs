@@ -3,6 +3,7 @@
 mod attention;
 pub(crate) mod peak;
 mod qgemm;
+mod qgemm_avx2;
 mod tile;
 mod vmath;
 
@@ -11,14 +12,23 @@ use edge_kernels::{conv2d_with, generic, linear_plain, Kernel, KernelTable, Weig
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 
-/// What distinguishes the three x86 tables: the f32 tile, the attention step, and whether the
-/// VNNI panel kernel serves the quantized 32-element block types.
+/// Which panel tile serves the quantized 32-element block types.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum QuantTile {
+    /// `vpmaddubsw` / `vpmaddwd`, 4 rows × 8 columns ([`qgemm_avx2`]).
+    Avx2,
+    /// `vpdpbusd`, 6 rows × 32 columns ([`qgemm`]).
+    Vnni,
+}
+
+/// What distinguishes the three x86 tables: the f32 tile, the attention step, and the panel
+/// tile of the quantized 32-element block types.
 trait Isa {
     const SILU: Kernel<edge_kernels::UnaryFn>;
     const GELU: Kernel<edge_kernels::UnaryFn>;
     const TILE: edge_kernels::F32Tile;
     const ATTENTION: edge_kernels::AttentionOps;
-    const VNNI: bool;
+    const QUANT: QuantTile;
 }
 
 struct Avx2;
@@ -36,7 +46,7 @@ impl Isa for Avx2 {
     };
     const TILE: edge_kernels::F32Tile = tile::AVX2;
     const ATTENTION: edge_kernels::AttentionOps = attention::AVX2;
-    const VNNI: bool = false;
+    const QUANT: QuantTile = QuantTile::Avx2;
 }
 
 impl Isa for Avx512 {
@@ -50,7 +60,7 @@ impl Isa for Avx512 {
     };
     const TILE: edge_kernels::F32Tile = tile::AVX512;
     const ATTENTION: edge_kernels::AttentionOps = attention::AVX512;
-    const VNNI: bool = false;
+    const QUANT: QuantTile = QuantTile::Avx2;
 }
 
 /// The AVX-512 table plus the VNNI panel kernel.
@@ -59,13 +69,13 @@ impl Isa for Avx512Vnni {
     const GELU: Kernel<edge_kernels::UnaryFn> = Avx512::GELU;
     const TILE: edge_kernels::F32Tile = Avx512::TILE;
     const ATTENTION: edge_kernels::AttentionOps = Avx512::ATTENTION;
-    const VNNI: bool = true;
+    const QUANT: QuantTile = QuantTile::Vnni;
 }
 
 /// `{avx2,avx512,avx512vnni}_linear_any`: `F32`/`F16`/`BF16` through the shared GEMM driver
-/// with `I`'s tile; with VNNI, row-major `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1` weights with at
-/// least 6 activation rows through the panel kernel; everything else forwards to the generic
-/// kernel.
+/// with `I`'s tile; row-major `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1` weights with at least one
+/// register tile of activation rows (4 for AVX2, 6 for VNNI; any for VNNI's `Interleaved16x4`
+/// `Q8_0`) through `I`'s panel tile; everything else forwards to the generic kernel.
 fn linear<I: Isa>(
     x: &[f32],
     w: WeightRef<'_>,
@@ -76,10 +86,19 @@ fn linear<I: Isa>(
     n: usize,
     scratch: &mut [u8],
 ) {
-    if I::VNNI && qgemm::handles(&w, m, k) {
+    let panel = match I::QUANT {
+        QuantTile::Vnni if qgemm::handles::<qgemm::Vnni>(&w, m, k) => {
+            Some(qgemm::linear::<qgemm::Vnni> as PanelLinear)
+        }
+        QuantTile::Avx2 if qgemm::handles::<qgemm_avx2::Avx2>(&w, m, k) => {
+            Some(qgemm::linear::<qgemm_avx2::Avx2> as PanelLinear)
+        }
+        _ => None,
+    };
+    if let Some(run) = panel {
         let wrow = edge_kernels::contract::linear(x, w, bias, out, m, k, n, scratch.len());
         if n > 0 {
-            qgemm::linear(x, w, wrow, bias, out, m, k, n, scratch);
+            run(x, w, wrow, bias, out, m, k, n, scratch);
         }
         return;
     }
@@ -90,6 +109,10 @@ fn linear<I: Isa>(
         _ => edge_kernels::linear(x, w, bias, out, m, k, n, scratch),
     }
 }
+
+/// [`qgemm::linear`]'s signature.
+type PanelLinear =
+    fn(&[f32], WeightRef<'_>, usize, Option<&[f32]>, &mut [f32], usize, usize, usize, &mut [u8]);
 
 fn attention_on<I: Isa>(
     p: &edge_kernels::AttentionParams,
@@ -142,9 +165,10 @@ fn avx2_table(f: &Features) -> Option<KernelTable> {
     (f.avx2 && f.fma).then(|| table::<Avx2>(LINEAR_AVX2, "avx2_conv2d_f32_6x16"))
 }
 
+/// AVX-512F without VNNI; its quantized panel tile is the AVX2 one (every AVX-512 CPU has
+/// AVX2 and FMA, checked all the same).
 fn avx512_table(f: &Features) -> Option<KernelTable> {
-    f.avx512f
-        .then(|| table::<Avx512>(LINEAR_AVX512, "avx512_conv2d_f32_6x64"))
+    (f.avx512f && f.avx2 && f.fma).then(|| table::<Avx512>(LINEAR_AVX512, "avx512_conv2d_f32_6x64"))
 }
 
 fn avx512_vnni_table(f: &Features) -> Option<KernelTable> {
@@ -178,6 +202,7 @@ pub(crate) fn linear_variant_name(
         LINEAR_AVX2 if plain => Some(tile::AVX2.name),
         LINEAR_AVX512 | LINEAR_AVX512_VNNI if plain => Some(tile::AVX512.name),
         LINEAR_AVX512_VNNI if q32 => Some("avx512vnni_linear_q32_panel_6x32"),
+        LINEAR_AVX2 | LINEAR_AVX512 if q32 => Some("avx2_linear_q32_panel_4x8"),
         LINEAR_AVX512_VNNI if layout == PackLayout::Interleaved16x4 && dtype == DType::Q8_0 => {
             Some("avx512vnni_linear_q8_0_in_place_6x32")
         }

@@ -11,6 +11,15 @@ use crate::Peak;
 /// [`crate::peak`] on x86-64.
 pub(crate) fn measure(features: &Features, iters: usize) -> Peak {
     let mut p = Peak::default();
+    if features.avx2 && features.fma && !features.avx512f {
+        // SAFETY: AVX2 and FMA were detected.
+        unsafe {
+            p.f32_ops = Some(f32_chain_avx2::<false>(iters));
+            p.f32_fma_ops = Some(f32_chain_avx2::<true>(iters));
+            p.int8_ops = Some(int8_dot_avx2(iters));
+        }
+        return p;
+    }
     if features.avx512f {
         // SAFETY: AVX-512F was detected.
         p.f32_ops = Some(unsafe { f32_chain::<false>(iters) });
@@ -22,6 +31,9 @@ pub(crate) fn measure(features: &Features, iters: usize) -> Peak {
     if features.avx512f && features.avx512vnni {
         // SAFETY: AVX-512F and VNNI were detected.
         p.int8_ops = Some(unsafe { int8_dot(iters) });
+    } else if features.avx2 {
+        // SAFETY: AVX2 was detected (the `avx512` table's quantized tile is the AVX2 one).
+        p.int8_ops = Some(unsafe { int8_dot_avx2(iters) });
     }
     p
 }
@@ -80,4 +92,68 @@ unsafe fn int8_dot(iters: usize) -> f64 {
     }
     std::hint::black_box(_mm512_reduce_add_epi32(total));
     (iters * ACC * 64 * 2) as f64 / s
+}
+
+/// [`f32_chain`] on ymm (AVX2 CPUs without AVX-512).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn f32_chain_avx2<const FUSED: bool>(iters: usize) -> f64 {
+    let x = _mm256_set1_ps(1.000_000_1);
+    let mut acc = [_mm256_set1_ps(0.5); ACC];
+    let t = Instant::now();
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = if FUSED {
+                _mm256_fmadd_ps(*a, x, x)
+            } else {
+                _mm256_add_ps(_mm256_mul_ps(*a, x), x)
+            };
+        }
+    }
+    let s = t.elapsed().as_secs_f64();
+    let mut total = [0f32; 8];
+    let mut sum = _mm256_setzero_ps();
+    for a in acc {
+        sum = _mm256_add_ps(sum, a);
+    }
+    // SAFETY: `total` holds 8 f32.
+    unsafe { _mm256_storeu_ps(total.as_mut_ptr(), sum) };
+    std::hint::black_box(total);
+    (iters * ACC * 8 * 2) as f64 / s
+}
+
+/// The AVX2 int8 dot of the quantized tile (`qgemm_avx2`): `vpmaddubsw` (32 u8 × i8 products
+/// added in pairs), `vpmaddwd` with ones, `vpaddd` into i32 sums — int8 multiply-adds ×2 per
+/// second on this thread (the tile's `vpsignb` and `vpabsb` come on top).
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[target_feature(enable = "avx2")]
+unsafe fn int8_dot_avx2(iters: usize) -> f64 {
+    let a = _mm256_set1_epi8(3);
+    let ones = _mm256_set1_epi16(1);
+    let mut b = [_mm256_set1_epi8(-2); ACC];
+    for (i, bi) in b.iter_mut().enumerate() {
+        *bi = _mm256_set1_epi8(-(i as i8) - 1);
+    }
+    let b = std::hint::black_box(b);
+    let mut acc = [_mm256_setzero_si256(); ACC];
+    let t = Instant::now();
+    for _ in 0..iters {
+        for (c, bi) in acc.iter_mut().zip(&b) {
+            *c = _mm256_add_epi32(*c, _mm256_madd_epi16(_mm256_maddubs_epi16(a, *bi), ones));
+        }
+    }
+    let s = t.elapsed().as_secs_f64();
+    let mut total = _mm256_setzero_si256();
+    for c in acc {
+        total = _mm256_add_epi32(total, c);
+    }
+    let mut out = [0i32; 8];
+    // SAFETY: `out` holds 8 i32.
+    unsafe { _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, total) };
+    std::hint::black_box(out);
+    (iters * ACC * 32 * 2) as f64 / s
 }

@@ -37,6 +37,12 @@ use rayon::prelude::*;
 
 /// Columns per zmm group.
 const GROUP: usize = 16;
+/// Most activation rows of any [`Panel`]'s register tile.
+pub(crate) const MAX_R: usize = 6;
+/// Most columns of one tile call (two groups of the widest [`Panel`]).
+pub(crate) const MAX_COLS: usize = 2 * GROUP;
+/// One tile call's results: `res[r][c]` for row `r < Panel::R` and column `c < 2·Panel::GROUP`.
+pub(crate) type TileSums = [[f32; MAX_COLS]; MAX_R];
 /// Bytes of one block of one 16-column group in the panel.
 const GROUP_BLOCK: usize = GROUP * QUANT_PANEL_BLOCK_BYTES;
 /// Offsets inside a group block.
@@ -45,8 +51,6 @@ const CORR_AT: usize = 576;
 const MIN_AT: usize = 640;
 /// Activation rows per register tile.
 const R: usize = 6;
-/// Activation rows up to which a panel is split over the threads by columns, not rows.
-const FEW_ROWS: usize = 8 * R;
 
 /// `out`'s elements, written by tasks that own disjoint columns ([`linear`]'s few-rows path).
 #[derive(Clone, Copy)]
@@ -59,30 +63,30 @@ unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
-    /// [`store_sums`] into elements `i .. i + len` of the output.
+    /// [`Panel::store`] into elements `i .. i + len` of the output.
     ///
     /// # Safety
     /// Elements `i .. i + len` are inside the output and no other thread writes or reads them
     /// meanwhile; `len ≤ 32` and `bias`, if any, holds `len` values.
-    unsafe fn write_sums(
+    unsafe fn write_sums<P: Panel>(
         self,
         i: usize,
-        sums: &[f32; 2 * GROUP],
+        sums: &[f32; MAX_COLS],
         bias: Option<&[f32]>,
         len: usize,
     ) {
         // SAFETY: the caller's contract (the elements are this task's alone).
         let dst = unsafe { std::slice::from_raw_parts_mut(self.0.add(i), len) };
-        store_sums(dst, sums, bias);
+        P::store(dst, sums, bias);
     }
 }
 
 /// `dst[c] = sums[c] + bias[c]` (or `sums[c]` without bias) for `c < dst.len() ≤ 32`: the
 /// generic kernel's final addition, 16 lanes at a time.
 #[inline]
-fn store_sums(dst: &mut [f32], sums: &[f32; 2 * GROUP], bias: Option<&[f32]>) {
+fn store_sums(dst: &mut [f32], sums: &[f32; MAX_COLS], bias: Option<&[f32]>) {
     let len = dst.len();
-    assert!(len <= 2 * GROUP && bias.is_none_or(|b| b.len() == len));
+    assert!(len <= MAX_COLS && bias.is_none_or(|b| b.len() == len));
     // SAFETY: AVX-512F is present (the table holding this kernel requires it); the masked
     // loads and stores stay below `len` in `dst` and `bias`, and `sums` holds 32 f32.
     unsafe { store_sums_impl(dst.as_mut_ptr(), sums, bias.map(|b| b.as_ptr()), len) }
@@ -91,7 +95,7 @@ fn store_sums(dst: &mut [f32], sums: &[f32; 2 * GROUP], bias: Option<&[f32]>) {
 #[target_feature(enable = "avx512f")]
 unsafe fn store_sums_impl(
     dst: *mut f32,
-    sums: &[f32; 2 * GROUP],
+    sums: &[f32; MAX_COLS],
     bias: Option<*const f32>,
     len: usize,
 ) {
@@ -116,7 +120,7 @@ const PREFETCH_BLOCKS: usize = 24;
 
 /// How the f32 term of a block is formed (the generic `vec_dot` of each type).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Scaling {
+pub(crate) enum Scaling {
     /// `sumi · (dw · da)` (`Q8_0`, `Q5_0`).
     SumiTimesScales,
     /// `(sumi · dw) · da` (`Q4_0`).
@@ -125,7 +129,7 @@ enum Scaling {
     WithMin,
 }
 
-fn scaling(d: DType) -> Option<Scaling> {
+pub(crate) fn scaling(d: DType) -> Option<Scaling> {
     match d {
         DType::Q8_0 | DType::Q5_0 => Some(Scaling::SumiTimesScales),
         DType::Q4_0 => Some(Scaling::SumiThenScales),
@@ -134,29 +138,146 @@ fn scaling(d: DType) -> Option<Scaling> {
     }
 }
 
-/// Whether [`linear`] handles weights of this type in this layout (row-major 32-element block
-/// types); the caller forwards every other case to the generic kernel.
-pub(crate) fn handles(w: &WeightRef<'_>, m: usize, k: usize) -> bool {
+/// What the panel driver [`linear`] needs from one ISA's quantized tile: the VNNI kernel of
+/// this file ([`Vnni`]) and the AVX2 one (`super::qgemm_avx2::Avx2`). Both read the same
+/// widened activation blocks ([`ACT_BLOCK`] bytes: f32 scale, f32 sum, 32 quants, biased or
+/// not as the tile needs) and slots of repacked weight groups, and give the generic kernel's
+/// bits.
+pub(crate) trait Panel {
+    /// Columns per group (one register of integer sums per activation row).
+    const GROUP: usize;
+    /// Bytes of one block of one group in a scratch slot (at most
+    /// `GROUP · QUANT_PANEL_BLOCK_BYTES`, what the planner reserved per column and block).
+    const GROUP_BLOCK: usize;
+    /// Activation rows per register tile (at most [`MAX_R`]).
+    const R: usize;
+    /// Whether `Q8_0` weights in [`PackLayout::Interleaved16x4`] are served (VNNI only).
+    const INTERLEAVED16X4: bool;
+    /// Quantizes one activation row `x` (`[k]`) for weights of type `w` into `dst` (`k / 32`
+    /// widened blocks), the generic quantizer's values.
+    fn quantize_row(w: DType, x: &[f32], dst: &mut [u8]);
+    /// Fills the scratch slot `dst` (`nb` group blocks) of the group of columns
+    /// `j0 .. j0 + GROUP` (zeros past `n`).
+    fn prepare_group(
+        w: WeightRef<'_>,
+        wrow: usize,
+        bb: usize,
+        n: usize,
+        j0: usize,
+        in_place: bool,
+        dst: &mut [u8],
+    );
+    /// Where group `g` of a panel starting at column `p0` takes its operands from.
+    fn group_src<'a>(
+        w: &WeightRef<'a>,
+        n: usize,
+        panel: &'a [u8],
+        g: usize,
+        p0: usize,
+        nb: usize,
+        in_place: bool,
+    ) -> GroupSrc<'a>;
+    /// `dst[c] = sums[c] + bias[c]` (or `sums[c]` without bias) for `c < dst.len() ≤
+    /// MAX_COLS`: the generic kernel's final addition.
+    fn store(dst: &mut [f32], sums: &[f32; MAX_COLS], bias: Option<&[f32]>) {
+        assert!(dst.len() <= MAX_COLS && bias.is_none_or(|b| b.len() == dst.len()));
+        for (c, d) in dst.iter_mut().enumerate() {
+            *d = bias.map_or(sums[c], |b| sums[c] + b[c]);
+        }
+    }
+    /// `res[r][c]` = the block-summed dot product of activation row `acts[r]` (`r < R`) with
+    /// column `c` of the groups `srcs` (one or two).
+    fn tile(
+        kind: Scaling,
+        acts: &[&[u8]; MAX_R],
+        srcs: &[GroupSrc<'_>],
+        nb: usize,
+        res: &mut TileSums,
+    );
+}
+
+/// The AVX-512 VNNI tile of this file: 16-column groups, 6 rows, quants biased to unsigned.
+pub(crate) struct Vnni;
+
+impl Panel for Vnni {
+    const GROUP: usize = GROUP;
+    const GROUP_BLOCK: usize = GROUP_BLOCK;
+    const R: usize = R;
+    const INTERLEAVED16X4: bool = true;
+
+    fn quantize_row(w: DType, x: &[f32], dst: &mut [u8]) {
+        if quant::activation_type(w) == quant::ActFormat::Q8_0 {
+            // SAFETY: AVX-512F/BW were detected before this kernel was put in a table; `dst`
+            // holds `k / 32` blocks of ACT_BLOCK bytes for the `k` values of `x` (the
+            // activation region of `quant_scratch_layout`).
+            unsafe { quantize_q8_0_wide(x, dst) };
+            return;
+        }
+        widen_activation_row(w, x, dst, 0x80);
+    }
+
+    fn prepare_group(
+        w: WeightRef<'_>,
+        wrow: usize,
+        bb: usize,
+        n: usize,
+        j0: usize,
+        in_place: bool,
+        dst: &mut [u8],
+    ) {
+        prepare_group(w, wrow, bb, n, j0, in_place, dst)
+    }
+
+    fn group_src<'a>(
+        w: &WeightRef<'a>,
+        n: usize,
+        panel: &'a [u8],
+        g: usize,
+        p0: usize,
+        nb: usize,
+        in_place: bool,
+    ) -> GroupSrc<'a> {
+        group_src(w, n, panel, g, p0, nb, in_place)
+    }
+
+    fn store(dst: &mut [f32], sums: &[f32; MAX_COLS], bias: Option<&[f32]>) {
+        store_sums(dst, sums, bias)
+    }
+
+    fn tile(
+        kind: Scaling,
+        acts: &[&[u8]; MAX_R],
+        srcs: &[GroupSrc<'_>],
+        nb: usize,
+        res: &mut TileSums,
+    ) {
+        tile(kind, acts, ACT_BLOCK, ACT_QUANTS_AT, srcs, nb, res)
+    }
+}
+
+/// Whether [`linear`] with `P`'s tile handles weights of this type in this layout (row-major
+/// 32-element block types, and `Interleaved16x4` `Q8_0` where `P` reads it); the caller
+/// forwards every other case to the generic kernel.
+pub(crate) fn handles<P: Panel>(w: &WeightRef<'_>, m: usize, k: usize) -> bool {
     let layout_ok = match w.layout {
         PackLayout::RowMajor => true,
-        PackLayout::Interleaved16x4 => w.dtype == DType::Q8_0,
+        PackLayout::Interleaved16x4 => P::INTERLEAVED16X4 && w.dtype == DType::Q8_0,
         PackLayout::Interleaved4x8 => false,
     };
     // Few rows are left to the generic kernel when the weights must be repacked at run time;
     // in place, the tile's clamped rows cost less than the generic dot products.
-    let rows_ok = m >= R || (w.layout == PackLayout::Interleaved16x4 && m >= 1);
+    let rows_ok = m >= P::R || (w.layout == PackLayout::Interleaved16x4 && m >= 1);
     scaling(w.dtype).is_some() && layout_ok && rows_ok && k >= 32
 }
 
-/// Where one 16-column group's operands come from: its quants (`qstride` bytes from block to
-/// block, the eight 64-byte `vpdpbusd` steps of a block contiguous) and its per-block f32
-/// scales, i32 corrections and f32 minimums (`meta`, [`GROUP_BLOCK`] bytes per block, at
-/// [`SCALE_AT`], [`CORR_AT`], [`MIN_AT`]).
+/// Where one group's operands come from: its quants (`qstride` bytes from block to block, the
+/// eight k-steps of a block contiguous) and its per-block f32 scales (and, for VNNI, i32
+/// corrections) and f32 minimums (`meta`, `Panel::GROUP_BLOCK` bytes per block).
 #[derive(Clone, Copy)]
-struct GroupSrc<'a> {
-    quants: &'a [u8],
-    qstride: usize,
-    meta: &'a [u8],
+pub(crate) struct GroupSrc<'a> {
+    pub(crate) quants: &'a [u8],
+    pub(crate) qstride: usize,
+    pub(crate) meta: &'a [u8],
 }
 
 /// Bytes per block of one group of [`PackLayout::Interleaved16x4`] (16 f16 scales, 512 quants).
@@ -232,7 +353,7 @@ fn prepare_group(
 /// The `linear` slot for `handles()` cases, after `edge_kernels::contract::linear` passed.
 ///
 /// Callers guarantee AVX-512F, AVX-512BW and AVX-512 VNNI (checked when the table was built).
-pub(crate) fn linear(
+pub(crate) fn linear<P: Panel>(
     x: &[f32],
     w: WeightRef<'_>,
     wrow: usize,
@@ -249,99 +370,88 @@ pub(crate) fn linear(
     let nb = k / 32;
     let bb = wrow / nb;
     // Widened activation blocks (`QUANT_ACT_BLOCK_BYTES`): f32 scale, f32 sum, 32 quants.
-    let ablock = ACT_BLOCK;
-    let qoff = ACT_QUANTS_AT;
-    let arow = nb * ablock;
+    let arow = nb * ACT_BLOCK;
+    let (group, group_block, rt) = (P::GROUP, P::GROUP_BLOCK, P::R);
     let (act_len, panel_len) = edge_kernels::quant_scratch_layout(w.dtype, m, k);
     let (acts, rest) = scratch.split_at_mut(act_len);
     let panel = &mut rest[..panel_len];
     let acts = &mut acts[..m * arow];
-    let q8_0 = quant::activation_type(w.dtype) == quant::ActFormat::Q8_0;
     acts.par_chunks_mut(arow)
         .zip(x.par_chunks(k))
-        .for_each(|(dst, src)| {
-            if q8_0 {
-                // SAFETY: AVX-512F/BW were detected before this kernel was put in a table;
-                // `dst` holds `k / 32` blocks of ACT_BLOCK bytes for the `k` values of `src`
-                // (the activation region of `quant_scratch_layout`).
-                unsafe { quantize_q8_0_wide(src, dst) };
-                return;
-            }
-            widen_activation_row(w.dtype, src, dst);
-        });
+        .for_each(|(dst, src)| P::quantize_row(w.dtype, src, dst));
     let acts = &*acts;
-    let rows_per_task = (m / 8).next_multiple_of(R).clamp(R, 10 * R);
+    let rows_per_task = (m / 8).next_multiple_of(rt).clamp(rt, 10 * rt);
     let pcols = quant_panel_cols(k);
     for p0 in (0..n).step_by(pcols) {
         let ncols = pcols.min(n - p0);
-        let groups = ncols.div_ceil(GROUP);
-        let panel = &mut panel[..groups * nb * GROUP_BLOCK];
-        if m <= FEW_ROWS {
+        let groups = ncols.div_ceil(group);
+        let panel = &mut panel[..groups * nb * group_block];
+        if m <= 8 * rt {
             // Few rows (a prompt's tokens): one task per pair of column groups packs them and
             // runs every row tile over them, so the work splits evenly over the threads and
             // the panel is used while it is in cache. Each task writes only its own columns.
             let dst = OutPtr(out.as_mut_ptr());
             panel
-                .par_chunks_mut(2 * nb * GROUP_BLOCK)
+                .par_chunks_mut(2 * nb * group_block)
                 .enumerate()
                 .for_each(|(pi, pg)| {
                     let g0 = 2 * pi;
-                    for (g, gdst) in pg.chunks_mut(nb * GROUP_BLOCK).enumerate() {
-                        prepare_group(w, wrow, bb, n, p0 + (g0 + g) * GROUP, true, gdst);
+                    for (g, gdst) in pg.chunks_mut(nb * group_block).enumerate() {
+                        P::prepare_group(w, wrow, bb, n, p0 + (g0 + g) * group, true, gdst);
                     }
                     let pg = &*pg;
-                    let pair = pg.len() / (nb * GROUP_BLOCK);
+                    let pair = pg.len() / (nb * group_block);
                     let srcs: [GroupSrc<'_>; 2] = std::array::from_fn(|g| {
-                        group_src(&w, n, pg, g.min(pair - 1), p0 + g0 * GROUP, nb, true)
+                        P::group_src(&w, n, pg, g.min(pair - 1), p0 + g0 * group, nb, true)
                     });
-                    let valid = (ncols - g0 * GROUP).min(pair * GROUP);
-                    let j0 = p0 + g0 * GROUP;
-                    let mut res = [[0f32; 2 * GROUP]; R];
-                    for r0 in (0..m).step_by(R) {
-                        let ap: [&[u8]; R] = std::array::from_fn(|r| {
+                    let valid = (ncols - g0 * group).min(pair * group);
+                    let j0 = p0 + g0 * group;
+                    let mut res: TileSums = [[0f32; MAX_COLS]; MAX_R];
+                    for r0 in (0..m).step_by(rt) {
+                        let ap: [&[u8]; MAX_R] = std::array::from_fn(|r| {
                             let i = (r0 + r).min(m - 1);
                             &acts[i * arow..(i + 1) * arow]
                         });
-                        tile(kind, &ap, ablock, qoff, &srcs[..pair], nb, &mut res);
-                        for (r, row) in res.iter().enumerate().take(m - r0) {
+                        P::tile(kind, &ap, &srcs[..pair], nb, &mut res);
+                        for (r, row) in res.iter().enumerate().take(rt.min(m - r0)) {
                             let b = bias.map(|b| &b[j0..j0 + valid]);
                             // SAFETY: `(r0 + r)·n + j0 + valid ≤ m·n = out.len()` (`r0 + r < m`,
                             // `j0 + valid ≤ p0 + ncols ≤ n`), and the columns `j0 .. j0 + valid`
                             // belong to this task alone (one task per pair of groups), so no
                             // two tasks write the same element and nothing reads `out`.
-                            unsafe { dst.write_sums((r0 + r) * n + j0, row, b, valid) };
+                            unsafe { dst.write_sums::<P>((r0 + r) * n + j0, row, b, valid) };
                         }
                     }
                 });
             continue;
         }
         panel
-            .par_chunks_mut(nb * GROUP_BLOCK)
+            .par_chunks_mut(nb * group_block)
             .enumerate()
-            .for_each(|(g, dst)| prepare_group(w, wrow, bb, n, p0 + g * GROUP, false, dst));
+            .for_each(|(g, dst)| P::prepare_group(w, wrow, bb, n, p0 + g * group, false, dst));
         let panel = &*panel;
         out.par_chunks_mut(rows_per_task * n)
             .enumerate()
             .for_each(|(t, rows_out)| {
                 let i0 = t * rows_per_task;
                 let rows = rows_out.len() / n;
-                let mut res = [[0f32; 2 * GROUP]; R];
-                for r0 in (0..rows).step_by(R) {
-                    let ap: [&[u8]; R] = std::array::from_fn(|r| {
+                let mut res: TileSums = [[0f32; MAX_COLS]; MAX_R];
+                for r0 in (0..rows).step_by(rt) {
+                    let ap: [&[u8]; MAX_R] = std::array::from_fn(|r| {
                         let i = i0 + (r0 + r).min(rows - 1);
                         &acts[i * arow..(i + 1) * arow]
                     });
                     for g0 in (0..groups).step_by(2) {
                         let pair = (groups - g0).min(2);
                         let srcs: [GroupSrc<'_>; 2] = std::array::from_fn(|g| {
-                            group_src(&w, n, panel, g0 + g.min(pair - 1), p0, nb, false)
+                            P::group_src(&w, n, panel, g0 + g.min(pair - 1), p0, nb, false)
                         });
-                        tile(kind, &ap, ablock, qoff, &srcs[..pair], nb, &mut res);
-                        for r in 0..R.min(rows - r0) {
-                            let base = (r0 + r) * n + p0 + g0 * GROUP;
-                            let valid = (ncols - g0 * GROUP).min(pair * GROUP);
-                            let j0 = p0 + g0 * GROUP;
-                            store_sums(
+                        P::tile(kind, &ap, &srcs[..pair], nb, &mut res);
+                        for r in 0..rt.min(rows - r0) {
+                            let base = (r0 + r) * n + p0 + g0 * group;
+                            let valid = (ncols - g0 * group).min(pair * group);
+                            let j0 = p0 + g0 * group;
+                            P::store(
                                 &mut rows_out[base..base + valid],
                                 &res[r],
                                 bias.map(|b| &b[j0..j0 + valid]),
@@ -358,14 +468,15 @@ pub(crate) fn linear(
 /// 4, then the 32 quants biased to unsigned (`q ^ 0x80`) at [`ACT_QUANTS_AT`]. Widening is
 /// exact, so the tile's f32 terms are the generic ones; a scale is then one broadcast load
 /// (the f16 conversion took two of the tile's vector operations per row and block).
-const ACT_BLOCK: usize = edge_kernels::QUANT_ACT_BLOCK_BYTES;
+pub(crate) const ACT_BLOCK: usize = edge_kernels::QUANT_ACT_BLOCK_BYTES;
 /// Offset of the quants in a widened activation block.
-const ACT_QUANTS_AT: usize = 8;
+pub(crate) const ACT_QUANTS_AT: usize = 8;
 
 /// One row of `x` quantized as the generic [`quant::quantize_activation_row`] does for weights
 /// of type `w` (ggml's `Q8_0` or `Q8_1` blocks), block by block, and stored widened
-/// ([`ACT_BLOCK`] bytes per block) in `dst`.
-fn widen_activation_row(w: DType, x: &[f32], dst: &mut [u8]) {
+/// ([`ACT_BLOCK`] bytes per block) in `dst`, each quant XORed with `flip` (0x80: biased to
+/// unsigned for `vpdpbusd`; 0: signed).
+pub(crate) fn widen_activation_row(w: DType, x: &[f32], dst: &mut [u8], flip: u8) {
     let ggml = quant::activation_row_bytes(w, 32);
     assert!((34..=36).contains(&ggml) && dst.len() == x.len() / 32 * ACT_BLOCK);
     let mut blk = [0u8; 36];
@@ -374,13 +485,13 @@ fn widen_activation_row(w: DType, x: &[f32], dst: &mut [u8]) {
         let s = (ggml == 36).then(|| u16::from_le_bytes([blk[2], blk[3]]));
         put_scales(out, u16::from_le_bytes([blk[0], blk[1]]), s);
         for (o, &q) in out[ACT_QUANTS_AT..].iter_mut().zip(&blk[ggml - 32..ggml]) {
-            *o = q ^ 0x80;
+            *o = q ^ flip;
         }
     }
 }
 
 /// Writes a widened block's head: the f16 scale `d` and sum `s` (0 without one) as f32.
-fn put_scales(out: &mut [u8], d: u16, s: Option<u16>) {
+pub(crate) fn put_scales(out: &mut [u8], d: u16, s: Option<u16>) {
     let s = s.map_or(0.0, quant::fp16_to_fp32);
     out[..4].copy_from_slice(&quant::fp16_to_fp32(d).to_le_bytes());
     out[4..ACT_QUANTS_AT].copy_from_slice(&s.to_le_bytes());
@@ -418,7 +529,7 @@ unsafe fn quantize_q8_0_wide(src: &[f32], dst: &mut [u8]) {
         let bad =
             _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(a0, inf) | _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(a1, inf);
         if bad != 0 {
-            widen_activation_row(DType::Q8_0, x, b);
+            widen_activation_row(DType::Q8_0, x, b, 0x80);
             continue;
         }
         let amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
@@ -661,14 +772,14 @@ unsafe fn meta_group_q8_0(src: &[u8], dst: &mut [u8], copy: bool) {
 /// the groups `srcs` (one or two groups of 16 columns).
 fn tile(
     kind: Scaling,
-    acts: &[&[u8]; R],
+    acts: &[&[u8]; MAX_R],
     ablock: usize,
     qoff: usize,
     srcs: &[GroupSrc<'_>],
     nb: usize,
-    res: &mut [[f32; 2 * GROUP]; R],
+    res: &mut TileSums,
 ) {
-    assert!(acts.iter().all(|a| a.len() == nb * ablock) && qoff + 32 == ablock);
+    assert!(acts[..R].iter().all(|a| a.len() == nb * ablock) && qoff + 32 == ablock);
     assert!(srcs.len() == 1 || srcs.len() == 2);
     for s in srcs {
         assert!(s.meta.len() >= nb * GROUP_BLOCK && s.qstride >= 512);
@@ -694,12 +805,12 @@ fn tile(
 /// `G` groups of 16 columns × `R` rows; `KIND` 0, 1, 2 = [`Scaling`] in declaration order.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn qtile<const G: usize, const KIND: u8>(
-    acts: &[&[u8]; R],
+    acts: &[&[u8]; MAX_R],
     ablock: usize,
     qoff: usize,
     srcs: &[GroupSrc<'_>],
     nb: usize,
-    res: &mut [[f32; 2 * GROUP]; R],
+    res: &mut TileSums,
 ) {
     let mut ap = [acts[0].as_ptr(); R];
     for (p, a) in ap.iter_mut().zip(acts) {
