@@ -7,17 +7,14 @@
 
 use std::arch::x86_64::*;
 
-use edge_kernels::expf::exp_f32;
-use edge_kernels::{
-    tile_max, tile_sum, AttentionOps, BlockState, KeyTile, QueryBlock, RowState, KEY_TILE,
-    QUERY_TILE,
-};
+use edge_kernels::{AttentionOps, BlockState, QueryBlock, KEY_TILE, QUERY_TILE};
 
 use super::vmath::{exp16, exp8, mask, transpose16};
 
-/// AVX2 step: one row at a time.
+/// AVX2 step: the block's rows together, as [`AVX512`] does, in 8-lane registers (16 keys ×
+/// 4 rows of scores, 16 head channels × 4 rows of accumulators at a time).
 pub(crate) const AVX2: AttentionOps = AttentionOps {
-    name: "avx2_attention_f32",
+    name: "avx2_attention_f32_4q",
     block_tile: block_tile_avx2,
     pack_keys: edge_kernels::pack_keys,
 };
@@ -86,10 +83,253 @@ unsafe fn pack_keys_impl(
 }
 
 fn block_tile_avx2(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
-    for r in 0..b.nq {
-        let t = b.row(r);
-        let (mut row, scores) = st.row(r, b.p.head_dim);
-        row_tile_avx2(&t, keys, &mut row, scores);
+    b.check_step(keys);
+    // SAFETY: AVX2 and FMA were detected before this step was put in a table
+    // (`crate::x86_64::avx2_table`); the packed keys hold `hd · KEY_TILE` f32 and the packed
+    // values the tile's `nk · hd` f32 (both checked by `QueryBlock::check_step`), query, bias
+    // and mask rows are bounds-checked slices, and the state arrays are sized by constants.
+    unsafe { block_avx2(b, keys, st) }
+}
+
+/// Lanes `0 .. len.min(8)` set (all bits), the others clear: the mask of `vmaskmovps`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn mask8(len: usize) -> __m256i {
+    let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_cmpgt_epi32(_mm256_set1_epi32(len.min(8) as i32), idx)
+}
+
+/// `dots[r][16c0 + c] = fma(q_r[hd−1], k[hd−1], … fma(q_r[0], k[0], 0))` for the 4 query rows
+/// and the 16 packed keys `16c0 ..` (lanes past the tile's keys read the packing's zeros).
+///
+/// # Safety
+/// AVX2 and FMA present; `keys` holds `hd · KEY_TILE` f32, every `qs[r]` `hd` f32, and
+/// `16c0 + 16 ≤ KEY_TILE`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scores16_avx2(
+    qs: &[&[f32]; QUERY_TILE],
+    keys: &[f32],
+    hd: usize,
+    c0: usize,
+    dots: &mut [[f32; KEY_TILE]; QUERY_TILE],
+) {
+    assert!(keys.len() >= hd * KEY_TILE && qs.iter().all(|q| q.len() >= hd));
+    assert!(16 * c0 + 16 <= KEY_TILE);
+    let mut a = [[_mm256_setzero_ps(); 2]; QUERY_TILE];
+    let kp = keys.as_ptr().wrapping_add(16 * c0);
+    let qp: [*const f32; QUERY_TILE] = std::array::from_fn(|r| qs[r].as_ptr());
+    for d in 0..hd {
+        // SAFETY: `d < hd` and `16c0 + 16 ≤ KEY_TILE`, inside the packed keys.
+        let kv = unsafe {
+            [
+                _mm256_loadu_ps(kp.add(d * KEY_TILE)),
+                _mm256_loadu_ps(kp.add(d * KEY_TILE + 8)),
+            ]
+        };
+        for r in 0..QUERY_TILE {
+            // SAFETY: `d < hd ≤ qs[r].len()` (asserted above).
+            let qb = _mm256_set1_ps(unsafe { *qp[r].add(d) });
+            for c in 0..2 {
+                a[r][c] = _mm256_fmadd_ps(qb, kv[c], a[r][c]);
+            }
+        }
+    }
+    for r in 0..QUERY_TILE {
+        for c in 0..2 {
+            // SAFETY: `16c0 + 8c + 8 ≤ KEY_TILE`, inside the row of `dots`.
+            unsafe { _mm256_storeu_ps(dots[r].as_mut_ptr().add(16 * c0 + 8 * c), a[r][c]) };
+        }
+    }
+}
+
+/// [`block_tile_avx2`]: the steps of [`block_avx512`] in the same order on 8 lanes — scores of
+/// 4 rows × 16 keys at a time, per row the score terms, the tile maximum, the weights
+/// `exp(s − m')` and their `tile_sum` (16 lanes as two registers, then the halving tree), then
+/// `acc[r] = fma(w[r][j], v[j], acc[r])` over 16-channel groups with each value chunk loaded
+/// once for all rows (keys in increasing order per element).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn block_avx2(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
+    let (p, hd, nq, nk) = (b.p, b.p.head_dim, b.nq, b.nk);
+    let qs: [&[f32]; QUERY_TILE] = std::array::from_fn(|r| {
+        let i = b.i0 + r.min(nq - 1);
+        &b.q_src[i * p.q_stride + p.q_offset + b.h * hd..][..hd]
+    });
+    let mut dots = [[0f32; KEY_TILE]; QUERY_TILE];
+    let nc = nk.div_ceil(16);
+    for c0 in 0..nc {
+        // SAFETY: AVX2 and FMA are enabled here; the caller checked the packed keys' length,
+        // every query row holds `hd` elements and `16·c0 + 16 ≤ 16·nc ≤ KEY_TILE`.
+        unsafe { scores16_avx2(&qs, keys, hd, c0, &mut dots) };
+    }
+    let keep = b.key_mask.map(|x| &x[b.j0..b.j0 + nk]);
+    let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
+    let n8 = nk.div_ceil(8);
+    let mut row_max = [f32::NEG_INFINITY; 8];
+    for r in 0..nq {
+        let bias = b
+            .bias
+            .map(|x| &x[(b.h * p.lq + b.i0 + r) * p.lk + b.j0..][..nk]);
+        let mut mx = ninf;
+        for c in 0..n8 {
+            let j = 8 * c;
+            let m = mask8(nk - j);
+            // SAFETY: the masked loads cover `j..nk` of the `nk`-long bias and mask slices;
+            // `dots[r]` and `st.scores[r]` hold `KEY_TILE ≥ j + 8` f32.
+            unsafe {
+                let mut x = _mm256_mul_ps(
+                    _mm256_set1_ps(p.scale),
+                    _mm256_loadu_ps(dots[r].as_ptr().add(j)),
+                );
+                if let Some(bs) = bias {
+                    x = _mm256_add_ps(x, _mm256_maskload_ps(bs.as_ptr().add(j), m));
+                }
+                if let Some(km) = keep {
+                    let drop = _mm256_sub_ps(
+                        _mm256_set1_ps(1.0),
+                        _mm256_maskload_ps(km.as_ptr().add(j), m),
+                    );
+                    x = _mm256_add_ps(x, _mm256_mul_ps(drop, _mm256_set1_ps(p.masked_value)));
+                }
+                _mm256_storeu_ps(st.scores[r].as_mut_ptr().add(j), x);
+                // `vmaxps(new, running)` returns `running` for a NaN score, as `f32::max`
+                // skips it; lanes past the keys are −∞.
+                let xm = _mm256_blendv_ps(ninf, x, _mm256_castsi256_ps(m));
+                mx = _mm256_max_ps(xm, mx);
+            }
+        }
+        let h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps::<1>(mx));
+        let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        row_max[r] = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps::<1>(h, h)));
+    }
+    // Lane r: the row's running maximum, then the new one, the correction `exp(m − m')`.
+    let mut old = [f32::NEG_INFINITY; 8];
+    old[..QUERY_TILE].copy_from_slice(&st.run_max);
+    // SAFETY: both arrays hold 8 f32.
+    let (old, tmax) = unsafe {
+        (
+            _mm256_loadu_ps(old.as_ptr()),
+            _mm256_loadu_ps(row_max.as_ptr()),
+        )
+    };
+    let new_max = _mm256_max_ps(tmax, old);
+    let corr_v = exp8(_mm256_sub_ps(old, new_max));
+    let mut corr = [0f32; 8];
+    let mut nmax = [0f32; 8];
+    // SAFETY: both arrays hold 8 f32.
+    unsafe {
+        _mm256_storeu_ps(corr.as_mut_ptr(), corr_v);
+        _mm256_storeu_ps(nmax.as_mut_ptr(), new_max);
+    }
+    for r in 0..nq {
+        let nm = _mm256_set1_ps(nmax[r]);
+        // `tile_sum`'s 16 lanes: keys `16c .. 16c + 8` into `lo`, `16c + 8 .. 16c + 16` into
+        // `hi` (zeros past the keys add nothing: the weights are never −0).
+        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let weights = |c: usize, st: &mut BlockState| {
+            let m = _mm256_castsi256_ps(mask8(nk - 8 * c));
+            // SAFETY: `8c + 8 ≤ KEY_TILE`, inside the row's score array.
+            unsafe {
+                let x = _mm256_loadu_ps(st.scores[r].as_ptr().add(8 * c));
+                let w = _mm256_and_ps(m, exp8(_mm256_sub_ps(x, nm)));
+                _mm256_storeu_ps(st.scores[r].as_mut_ptr().add(8 * c), w);
+                w
+            }
+        };
+        for c in (0..n8).step_by(2) {
+            lo = _mm256_add_ps(lo, weights(c, st));
+            if c + 1 < n8 {
+                hi = _mm256_add_ps(hi, weights(c + 1, st));
+            }
+        }
+        // The halving tree: lanes l + 8, l + 4, l + 2, l + 1 onto l.
+        let t = _mm256_add_ps(lo, hi);
+        let t = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t));
+        let t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+        let t = _mm_add_ss(t, _mm_shuffle_ps::<1>(t, t));
+        st.run_sum[r] = st.run_sum[r] * corr[r] + _mm_cvtss_f32(t);
+        st.run_max[r] = nmax[r];
+    }
+    let corr: [f32; QUERY_TILE] = std::array::from_fn(|r| corr[r]);
+    // The packed values, `[nk, hd]` (`QueryBlock::check_step`).
+    let vp = b.values.as_ptr();
+    for d0 in (0..hd).step_by(16) {
+        let lanes = (hd - d0).min(16);
+        // SAFETY: AVX2 and FMA are enabled here; `vp` holds `nk` value rows of `hd` elements
+        // and the accumulators hold `MAX_HEAD_DIM ≥ hd`; the masks stay below `hd` (whole
+        // registers, 16 or 8 lanes, need none).
+        unsafe {
+            match (nq, lanes) {
+                (4, 16) => acc_group_avx2::<4, 2, false>(st, &corr, vp, nk, hd, d0, lanes),
+                (4, 8) => acc_group_avx2::<4, 1, false>(st, &corr, vp, nk, hd, d0, lanes),
+                (4, _) => acc_group_avx2::<4, 2, true>(st, &corr, vp, nk, hd, d0, lanes),
+                (3, _) => acc_group_avx2::<3, 2, true>(st, &corr, vp, nk, hd, d0, lanes),
+                (2, _) => acc_group_avx2::<2, 2, true>(st, &corr, vp, nk, hd, d0, lanes),
+                _ => acc_group_avx2::<1, 2, true>(st, &corr, vp, nk, hd, d0, lanes),
+            }
+        }
+    }
+}
+
+/// [`acc_group`] on 8 lanes for channels `d0 .. d0 + lanes` (`lanes ≤ 8·NC`, `NC ≤ 2`
+/// registers per row); without `MASKED`, `lanes = 8·NC` and the loads and stores are whole
+/// registers (`vmaskmovps` stores are slow on AMD cores).
+///
+/// # Safety
+/// AVX2 and FMA present; `vp` points at `nk` rows of `hd ≥ d0 + lanes` readable f32.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn acc_group_avx2<const NQ: usize, const NC: usize, const MASKED: bool>(
+    st: &mut BlockState,
+    corr: &[f32; QUERY_TILE],
+    vp: *const f32,
+    nk: usize,
+    hd: usize,
+    d0: usize,
+    lanes: usize,
+) {
+    assert!(NC <= 2 && (MASKED || lanes == 8 * NC) && d0 + lanes <= hd);
+    let m: [__m256i; NC] = std::array::from_fn(|c| mask8(lanes.saturating_sub(8 * c)));
+    let load = |p: *const f32, c: usize| {
+        // SAFETY: the callers' bounds: whole registers lie inside `d0 .. d0 + lanes`, masked
+        // ones stop at `lanes`.
+        unsafe {
+            if MASKED {
+                _mm256_maskload_ps(p, m[c])
+            } else {
+                _mm256_loadu_ps(p)
+            }
+        }
+    };
+    let mut a = [[_mm256_setzero_ps(); NC]; NQ];
+    for r in 0..NQ {
+        for c in 0..NC {
+            let x = load(st.acc[r].as_ptr().wrapping_add(d0 + 8 * c), c);
+            a[r][c] = _mm256_mul_ps(x, _mm256_set1_ps(corr[r]));
+        }
+    }
+    for jj in 0..nk {
+        let v = vp.wrapping_add(jj * hd + d0);
+        let vv: [__m256; NC] = std::array::from_fn(|c| load(v.wrapping_add(8 * c), c));
+        for r in 0..NQ {
+            let w = _mm256_set1_ps(st.scores[r][jj]);
+            for c in 0..NC {
+                a[r][c] = _mm256_fmadd_ps(w, vv[c], a[r][c]);
+            }
+        }
+    }
+    for r in 0..NQ {
+        for c in 0..NC {
+            let dst = st.acc[r].as_mut_ptr().wrapping_add(d0 + 8 * c);
+            // SAFETY: as for the loads (`d0 + lanes ≤ hd ≤ MAX_HEAD_DIM`).
+            unsafe {
+                if MASKED {
+                    _mm256_maskstore_ps(dst, m[c], a[r][c]);
+                } else {
+                    _mm256_storeu_ps(dst, a[r][c]);
+                }
+            }
+        }
     }
 }
 
@@ -324,132 +564,5 @@ unsafe fn acc_group<const NQ: usize, const NC: usize>(
                 _mm512_mask_storeu_ps(st.acc[r].as_mut_ptr().add(d0 + 16 * c), m[c], a[r][c])
             };
         }
-    }
-}
-
-fn row_tile_avx2(t: &KeyTile<'_>, keys: &[f32], st: &mut RowState<'_>, scores: &mut [f32]) {
-    assert!(t.nk >= 1 && scores.len() >= t.nk && st.acc.len() == t.p.head_dim);
-    assert!(keys.len() >= t.p.head_dim * KEY_TILE && t.q.len() >= t.p.head_dim);
-    // SAFETY: AVX2 and FMA were detected before this step was put in a table
-    // (`crate::x86_64::avx2_table`); every access below is through slices checked above or by
-    // `KeyTile::value`.
-    unsafe { row_tile_avx2_impl(t, keys, st, scores) }
-}
-
-#[target_feature(enable = "avx2,fma")]
-unsafe fn row_tile_avx2_impl(
-    t: &KeyTile<'_>,
-    keys: &[f32],
-    st: &mut RowState<'_>,
-    scores: &mut [f32],
-) {
-    let hd = t.p.head_dim;
-    let mut a = [_mm256_setzero_ps(); KEY_TILE / 8];
-    let kp = keys.as_ptr();
-    for d in 0..hd {
-        let qb = _mm256_set1_ps(t.q[d]);
-        for (c, v) in a.iter_mut().enumerate() {
-            // SAFETY: `d < hd` and `8c + 8 ≤ KEY_TILE`, inside the packed keys.
-            *v = _mm256_fmadd_ps(
-                qb,
-                unsafe { _mm256_loadu_ps(kp.add(d * KEY_TILE + 8 * c)) },
-                *v,
-            );
-        }
-    }
-    let mut dots = [0f32; KEY_TILE];
-    for (c, v) in a.iter().enumerate() {
-        // SAFETY: `8c + 8 ≤ KEY_TILE`.
-        unsafe { _mm256_storeu_ps(dots.as_mut_ptr().add(8 * c), *v) };
-    }
-    let s = &mut scores[..t.nk];
-    for (c, sj) in s.iter_mut().enumerate() {
-        *sj = t.score(t.j0 + c, dots[c]);
-    }
-    let new_max = tile_max(*st.run_max, s);
-    let correction = exp_f32(*st.run_max - new_max);
-    if correction != 1.0 {
-        scale_avx2(st.acc, correction);
-    }
-    for sj in s.iter_mut() {
-        *sj -= new_max;
-    }
-    exp_avx2(s);
-    *st.run_sum = *st.run_sum * correction + tile_sum(s);
-    for (jj, &w) in s.iter().enumerate() {
-        axpy_avx2(st.acc, w, t.value(t.j0 + jj));
-    }
-    *st.run_max = new_max;
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
-fn exp_avx2(s: &mut [f32]) {
-    let full = s.len() - s.len() % 8;
-    // SAFETY: AVX2 is enabled in this function; loads and stores stay below `full ≤ s.len()`.
-    unsafe { exp8_run(s.as_mut_ptr(), full) };
-    for v in &mut s[full..] {
-        *v = exp_f32(*v);
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn exp8_run(p: *mut f32, full: usize) {
-    let mut i = 0;
-    while i < full {
-        // SAFETY: `i + 8 <= full`, inside the slice.
-        unsafe { _mm256_storeu_ps(p.add(i), exp8(_mm256_loadu_ps(p.add(i)))) };
-        i += 8;
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn axpy_avx2(acc: &mut [f32], w: f32, v: &[f32]) {
-    assert_eq!(acc.len(), v.len());
-    let full = acc.len() - acc.len() % 8;
-    // SAFETY: AVX2 is enabled in this function; both slices hold `acc.len() ≥ full` elements.
-    unsafe { axpy8_run(acc.as_mut_ptr(), w, v.as_ptr(), full) };
-    for (x, &vv) in acc[full..].iter_mut().zip(&v[full..]) {
-        *x = w.mul_add(vv, *x);
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn axpy8_run(a: *mut f32, w: f32, v: *const f32, full: usize) {
-    let wv = _mm256_set1_ps(w);
-    let mut i = 0;
-    while i < full {
-        // SAFETY: `i + 8 <= full`, inside both slices.
-        unsafe {
-            let x = _mm256_fmadd_ps(wv, _mm256_loadu_ps(v.add(i)), _mm256_loadu_ps(a.add(i)));
-            _mm256_storeu_ps(a.add(i), x);
-        }
-        i += 8;
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
-fn scale_avx2(acc: &mut [f32], c: f32) {
-    let full = acc.len() - acc.len() % 8;
-    // SAFETY: AVX2 is enabled in this function; `full ≤ acc.len()`.
-    unsafe { scale8_run(acc.as_mut_ptr(), c, full) };
-    for x in &mut acc[full..] {
-        *x *= c;
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn scale8_run(a: *mut f32, c: f32, full: usize) {
-    let cv = _mm256_set1_ps(c);
-    let mut i = 0;
-    while i < full {
-        // SAFETY: `i + 8 <= full`, inside the slice.
-        unsafe { _mm256_storeu_ps(a.add(i), _mm256_mul_ps(_mm256_loadu_ps(a.add(i)), cv)) };
-        i += 8;
     }
 }
