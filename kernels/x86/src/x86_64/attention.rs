@@ -16,7 +16,7 @@ use super::vmath::{exp16, exp8, mask, transpose16};
 pub(crate) const AVX2: AttentionOps = AttentionOps {
     name: "avx2_attention_f32_4q",
     block_tile: block_tile_avx2,
-    pack_keys: edge_kernels::pack_keys,
+    pack_keys: pack_keys_avx2,
 };
 
 /// AVX-512 step: the block's rows together, so each key and value row is loaded once per block;
@@ -80,6 +80,96 @@ unsafe fn pack_keys_impl(
             }
         }
     }
+}
+
+/// [`edge_kernels::pack_keys`] (same layout and zero lanes) with AVX2 transposes of 8 keys × 8
+/// channels.
+fn pack_keys_avx2(
+    p: &edge_kernels::AttentionParams,
+    kv_src: &[f32],
+    h: usize,
+    j0: usize,
+    nk: usize,
+    dst: &mut [f32],
+) {
+    let hd = p.head_dim;
+    assert!((1..=KEY_TILE).contains(&nk) && dst.len() >= hd * KEY_TILE);
+    let last = (j0 + nk - 1) * p.kv_stride + p.k_offset + h * hd + hd;
+    assert!(last <= kv_src.len(), "attention: key rows outside kv_src");
+    // SAFETY: AVX2 was detected before this table was built; every key row read lies below
+    // `last ≤ kv_src.len()` (asserted; rows grow with the key index), masked to `hd` channels,
+    // and every store stays below `hd · KEY_TILE ≤ dst.len()`.
+    unsafe { pack_keys_avx2_impl(p, kv_src, h, j0, nk, dst) }
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn pack_keys_avx2_impl(
+    p: &edge_kernels::AttentionParams,
+    kv_src: &[f32],
+    h: usize,
+    j0: usize,
+    nk: usize,
+    dst: &mut [f32],
+) {
+    let hd = p.head_dim;
+    let base = kv_src.as_ptr();
+    let out = dst.as_mut_ptr();
+    for c0 in (0..KEY_TILE).step_by(8) {
+        for d0 in (0..hd).step_by(8) {
+            let nd = (hd - d0).min(8);
+            let m = mask8(nd);
+            let mut r = [_mm256_setzero_ps(); 8];
+            for (i, ri) in r.iter_mut().enumerate() {
+                let c = c0 + i;
+                if c < nk {
+                    let off = (j0 + c) * p.kv_stride + p.k_offset + h * hd + d0;
+                    // SAFETY: masked to the `nd` channels of key row `j0 + c` (the caller's
+                    // bound).
+                    *ri = unsafe { _mm256_maskload_ps(base.add(off), m) };
+                }
+            }
+            let t = transpose8(r);
+            for (i, ti) in t.iter().enumerate().take(nd) {
+                // SAFETY: `(d0 + i)·KEY_TILE + c0 + 8 ≤ hd·KEY_TILE`.
+                unsafe { _mm256_storeu_ps(out.add((d0 + i) * KEY_TILE + c0), *ti) };
+            }
+        }
+    }
+}
+
+/// The transpose of an 8 × 8 block: lane `j` of output `i` is lane `i` of input `j`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    let t: [__m256; 8] = std::array::from_fn(|i| {
+        let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
+        if i % 2 == 0 {
+            _mm256_unpacklo_ps(a, b)
+        } else {
+            _mm256_unpackhi_ps(a, b)
+        }
+    });
+    // t[2g] = (r[2g][0], r[2g+1][0], r[2g][1], r[2g+1][1] | same for lanes 4, 5),
+    // t[2g+1] the same for lanes 2, 3 | 6, 7.
+    let pd = |x: __m256| _mm256_castps_pd(x);
+    let u: [__m256; 8] = std::array::from_fn(|i| {
+        // u[4q + k]: rows 4q .. 4q + 4, lane k (k < 4) in the low half and k + 4 in the high.
+        let (q, k) = (i / 4, i % 4);
+        let (a, b) = (t[4 * q + k / 2], t[4 * q + 2 + k / 2]);
+        _mm256_castpd_ps(if k % 2 == 0 {
+            _mm256_unpacklo_pd(pd(a), pd(b))
+        } else {
+            _mm256_unpackhi_pd(pd(a), pd(b))
+        })
+    });
+    std::array::from_fn(|i| {
+        let k = i % 4;
+        if i < 4 {
+            _mm256_permute2f128_ps::<0x20>(u[k], u[4 + k])
+        } else {
+            _mm256_permute2f128_ps::<0x31>(u[k], u[4 + k])
+        }
+    })
 }
 
 fn block_tile_avx2(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
