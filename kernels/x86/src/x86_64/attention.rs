@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use edge_kernels::{AttentionOps, BlockState, QueryBlock, KEY_TILE, QUERY_TILE};
 
-use super::vmath::{exp16, exp8, mask, transpose16};
+use super::vmath::{exp16, exp8, mask, transpose16, transpose8};
 
 /// AVX2 step: the block's rows together, as [`AVX512`] does, in 8-lane registers (16 keys ×
 /// 4 rows of scores, 16 head channels × 4 rows of accumulators at a time).
@@ -135,41 +135,6 @@ unsafe fn pack_keys_avx2_impl(
             }
         }
     }
-}
-
-/// The transpose of an 8 × 8 block: lane `j` of output `i` is lane `i` of input `j`.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
-    let t: [__m256; 8] = std::array::from_fn(|i| {
-        let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
-        if i % 2 == 0 {
-            _mm256_unpacklo_ps(a, b)
-        } else {
-            _mm256_unpackhi_ps(a, b)
-        }
-    });
-    // t[2g] = (r[2g][0], r[2g+1][0], r[2g][1], r[2g+1][1] | same for lanes 4, 5),
-    // t[2g+1] the same for lanes 2, 3 | 6, 7.
-    let pd = |x: __m256| _mm256_castps_pd(x);
-    let u: [__m256; 8] = std::array::from_fn(|i| {
-        // u[4q + k]: rows 4q .. 4q + 4, lane k (k < 4) in the low half and k + 4 in the high.
-        let (q, k) = (i / 4, i % 4);
-        let (a, b) = (t[4 * q + k / 2], t[4 * q + 2 + k / 2]);
-        _mm256_castpd_ps(if k % 2 == 0 {
-            _mm256_unpacklo_pd(pd(a), pd(b))
-        } else {
-            _mm256_unpackhi_pd(pd(a), pd(b))
-        })
-    });
-    std::array::from_fn(|i| {
-        let k = i % 4;
-        if i < 4 {
-            _mm256_permute2f128_ps::<0x20>(u[k], u[4 + k])
-        } else {
-            _mm256_permute2f128_ps::<0x31>(u[k], u[4 + k])
-        }
-    })
 }
 
 fn block_tile_avx2(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {

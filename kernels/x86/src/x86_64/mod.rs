@@ -161,8 +161,9 @@ const LINEAR_AVX2: &str = "avx2_linear_any";
 const LINEAR_AVX512: &str = "avx512_linear_any";
 const LINEAR_AVX512_VNNI: &str = "avx512vnni_linear_any";
 
+/// AVX2 with FMA (the f32 tile) and F16C (its `F16` weight packing; every AVX2 CPU has it).
 fn avx2_table(f: &Features) -> Option<KernelTable> {
-    (f.avx2 && f.fma).then(|| table::<Avx2>(LINEAR_AVX2, "avx2_conv2d_f32_6x16"))
+    (f.avx2 && f.fma && f.f16c).then(|| table::<Avx2>(LINEAR_AVX2, "avx2_conv2d_f32_6x16"))
 }
 
 /// AVX-512F without VNNI; its quantized panel tile is the AVX2 one (every AVX-512 CPU has

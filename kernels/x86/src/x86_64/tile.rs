@@ -10,7 +10,7 @@ use std::arch::x86_64::*;
 use edge_kernels::{F32Tile, WeightRef};
 use edge_schema::DType;
 
-use super::vmath::{mask, transpose16};
+use super::vmath::{mask, transpose16, transpose8};
 
 /// AVX2 + FMA: 6 rows × 16 columns (12 ymm accumulators, 2 weight vectors, 1 broadcast).
 pub(crate) const AVX2: F32Tile = F32Tile {
@@ -18,7 +18,7 @@ pub(crate) const AVX2: F32Tile = F32Tile {
     rows: 6,
     cols: 16,
     run: avx2_tile,
-    pack: edge_kernels::pack_panel,
+    pack: pack_avx2,
 };
 
 /// AVX-512: 6 rows × 64 columns (24 zmm accumulators, 4 weight vectors, 1 broadcast).
@@ -139,6 +139,128 @@ unsafe fn avx512_rc<const R: usize>(
         for (c, v) in ar.iter().enumerate() {
             // SAFETY: as for the loads.
             unsafe { _mm512_storeu_ps(ap.add(r * ld + 16 * c), *v) };
+        }
+    }
+}
+
+/// [`edge_kernels::PackFn`] on AVX2 (with F16C): 8 columns × 8 features at a time are loaded
+/// (converted exactly: `vcvtph2ps` for `F16`, a 16-bit shift for `BF16`), transposed in
+/// registers and stored as 8 panel rows; the same bits as [`edge_kernels::pack_panel`], which it
+/// is tested against.
+#[allow(clippy::too_many_arguments)]
+fn pack_avx2(
+    w: WeightRef<'_>,
+    wrow: usize,
+    j0: usize,
+    valid: usize,
+    t0: usize,
+    kc: usize,
+    cols: usize,
+    dst: &mut [f32],
+) {
+    let esz = match w.dtype {
+        DType::F32 => 4,
+        DType::F16 | DType::BF16 => 2,
+        other => panic!("pack_avx2: {other:?} weights are not F32, F16 or BF16"),
+    };
+    assert!(
+        dst.len() == kc * cols && cols.is_multiple_of(8) && valid <= cols,
+        "pack_avx2: {} panel values for {kc} features × {cols} columns ({valid} valid)",
+        dst.len()
+    );
+    assert!(
+        valid == 0 || (j0 + valid - 1) * wrow + (t0 + kc) * esz <= w.bytes.len(),
+        "pack_avx2: columns {j0}..{} features {t0}..{} outside the weight",
+        j0 + valid,
+        t0 + kc
+    );
+    // SAFETY: the table holding this tile was built after AVX2, FMA and F16C were detected
+    // (`crate::x86_64::avx2_table`); every read lies inside row `j0 + c < j0 + valid` between
+    // features `t0` and `t0 + kc` (asserted above) and every store inside `dst`.
+    unsafe {
+        pack_avx2_impl(
+            w.dtype,
+            w.bytes.as_ptr(),
+            wrow,
+            esz,
+            j0,
+            valid,
+            t0,
+            kc,
+            cols,
+            dst,
+        )
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn pack_avx2_impl(
+    dtype: DType,
+    bytes: *const u8,
+    wrow: usize,
+    esz: usize,
+    j0: usize,
+    valid: usize,
+    t0: usize,
+    kc: usize,
+    cols: usize,
+    dst: &mut [f32],
+) {
+    let out = dst.as_mut_ptr();
+    for c0 in (0..cols).step_by(8) {
+        for tb in (0..kc).step_by(8) {
+            let nt = (kc - tb).min(8);
+            let mut r = [_mm256_setzero_ps(); 8];
+            for (i, ri) in r.iter_mut().enumerate() {
+                let c = c0 + i;
+                if c >= valid {
+                    continue;
+                }
+                // SAFETY: features `t0 + tb .. t0 + tb + nt` of row `j0 + c` (the caller's
+                // bounds); a partial block is copied through a zeroed buffer.
+                let p = unsafe { bytes.add((j0 + c) * wrow + (t0 + tb) * esz) };
+                // SAFETY: `p` points at `nt` values of the row (above); a full block of 8 is
+                // read directly, a partial one copied into a zeroed buffer first.
+                *ri = unsafe {
+                    match dtype {
+                        DType::F32 => {
+                            if nt == 8 {
+                                _mm256_loadu_ps(p as *const f32)
+                            } else {
+                                let mut v = [0f32; 8];
+                                std::ptr::copy_nonoverlapping(p, v.as_mut_ptr() as *mut u8, 4 * nt);
+                                _mm256_loadu_ps(v.as_ptr())
+                            }
+                        }
+                        _ => {
+                            let mut half = [0u16; 8];
+                            let bits = if nt == 8 {
+                                _mm_loadu_si128(p as *const __m128i)
+                            } else {
+                                std::ptr::copy_nonoverlapping(
+                                    p,
+                                    half.as_mut_ptr() as *mut u8,
+                                    2 * nt,
+                                );
+                                _mm_loadu_si128(half.as_ptr() as *const __m128i)
+                            };
+                            if dtype == DType::F16 {
+                                _mm256_cvtph_ps(bits)
+                            } else {
+                                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+                                    bits,
+                                )))
+                            }
+                        }
+                    }
+                };
+            }
+            let t = transpose8(r);
+            for (i, ti) in t.iter().enumerate().take(nt) {
+                // SAFETY: `(tb + i)·cols + c0 + 8 ≤ kc·cols = dst.len()`.
+                unsafe { _mm256_storeu_ps(out.add((tb + i) * cols + c0), *ti) };
+            }
         }
     }
 }
