@@ -237,6 +237,42 @@ fn linear_extremes_match_generic() {
     }
 }
 
+/// The largest block sums of the 4- and 5-bit types, which the AVX2 tile adds in 16-bit lanes
+/// over a block: weights all −1 (`Q5_0` value −16, `Q4_0` −8, `Q4_1` 0 with the minimum),
+/// activations all −1 or all +1 (quants ∓127), so every product has the largest magnitude and
+/// one sign (`Q5_0`: 16 products of 16·127 per lane, 32512).
+#[test]
+fn largest_narrow_block_sums_match_generic() {
+    let generic = edge_kernels::generic();
+    let (m, k, n) = (8, 96, 17);
+    for sign in [-1.0f32, 1.0] {
+        let x = vec![sign; m * k];
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| if i % 97 == 5 { 0.5 } else { -1.0 })
+            .collect();
+        for (label, t) in tables() {
+            for dtype in [
+                DType::Q5_0,
+                DType::Q4_0,
+                DType::Q4_1,
+                DType::Q5_1,
+                DType::Q8_0,
+            ] {
+                let (buf, len) = weights(dtype, &w, n, k);
+                let wr = WeightRef::row_major(dtype, &buf.as_bytes()[..len]);
+                let want = run_linear(&generic, &x, wr, None, m, k, n);
+                let got = run_linear(&t, &x, wr, None, m, k, n);
+                assert_bits(
+                    label,
+                    &format!("linear {dtype:?} largest sums x={sign}"),
+                    &got,
+                    &want,
+                );
+            }
+        }
+    }
+}
+
 /// The VNNI kernel's own Q8_0 activation quantizer against ggml's reference rounding: exact
 /// halves (`x·id = ±0.5, ±2.5, …` round away from zero), blocks whose scale is exactly 1, and
 /// blocks holding ±∞ or NaN (which take the generic path).

@@ -186,8 +186,9 @@ pub(crate) trait Panel {
         }
     }
     /// `res[r][c]` = the block-summed dot product of activation row `acts[r]` (`r < R`) with
-    /// column `c` of the groups `srcs` (one or two).
+    /// column `c` of the groups `srcs` (one or two) of weights of type `w`.
     fn tile(
+        w: DType,
         kind: Scaling,
         acts: &[&[u8]; MAX_R],
         srcs: &[GroupSrc<'_>],
@@ -245,6 +246,7 @@ impl Panel for Vnni {
     }
 
     fn tile(
+        _w: DType,
         kind: Scaling,
         acts: &[&[u8]; MAX_R],
         srcs: &[GroupSrc<'_>],
@@ -412,7 +414,7 @@ pub(crate) fn linear<P: Panel>(
                             let i = (r0 + r).min(m - 1);
                             &acts[i * arow..(i + 1) * arow]
                         });
-                        P::tile(kind, &ap, &srcs[..pair], nb, &mut res);
+                        P::tile(w.dtype, kind, &ap, &srcs[..pair], nb, &mut res);
                         for (r, row) in res.iter().enumerate().take(rt.min(m - r0)) {
                             let b = bias.map(|b| &b[j0..j0 + valid]);
                             // SAFETY: `(r0 + r)·n + j0 + valid ≤ m·n = out.len()` (`r0 + r < m`,
@@ -446,7 +448,7 @@ pub(crate) fn linear<P: Panel>(
                         let srcs: [GroupSrc<'_>; 2] = std::array::from_fn(|g| {
                             P::group_src(&w, n, panel, g0 + g.min(pair - 1), p0, nb, false)
                         });
-                        P::tile(kind, &ap, &srcs[..pair], nb, &mut res);
+                        P::tile(w.dtype, kind, &ap, &srcs[..pair], nb, &mut res);
                         for r in 0..rt.min(rows - r0) {
                             let base = (r0 + r) * n + p0 + g0 * group;
                             let valid = (ncols - g0 * group).min(pair * group);

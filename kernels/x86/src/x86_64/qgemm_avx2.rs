@@ -101,6 +101,7 @@ impl Panel for Avx2 {
     }
 
     fn tile(
+        w: DType,
         kind: Scaling,
         acts: &[&[u8]; MAX_R],
         srcs: &[GroupSrc<'_>],
@@ -114,16 +115,25 @@ impl Panel for Avx2 {
             assert!(s.quants.len() >= (nb - 1) * s.qstride + QUANTS);
         }
         let ap: [*const u8; R] = std::array::from_fn(|r| acts[r].as_ptr());
+        // `Q4_0`, `Q4_1`, `Q5_0`: |w| ≤ 16, so the 16 products a 16-bit lane gathers over a
+        // block's eight k-steps stay within 16·16·127 = 32512: one `vpmaddwd` per block.
+        let narrow = matches!(w, DType::Q4_0 | DType::Q4_1 | DType::Q5_0);
         for (g, s) in srcs.iter().enumerate() {
             // SAFETY: the kernel table holds this kernel only when AVX2 and FMA were detected
             // (`crate::x86_64::avx2_table`); every offset read stays inside `acts[r]` (block
             // `b < nb` of ACT_BLOCK bytes) and inside the group's quants and meta (block
             // `b < nb`), as asserted above; `8g + 8 ≤ 16 ≤ MAX_COLS`.
             unsafe {
-                match kind {
-                    Scaling::SumiTimesScales => qtile::<0>(&ap, s, nb, res, g * GROUP),
-                    Scaling::SumiThenScales => qtile::<1>(&ap, s, nb, res, g * GROUP),
-                    Scaling::WithMin => qtile::<2>(&ap, s, nb, res, g * GROUP),
+                match (kind, narrow) {
+                    (Scaling::SumiTimesScales, false) => {
+                        qtile::<0, false>(&ap, s, nb, res, g * GROUP)
+                    }
+                    (Scaling::SumiTimesScales, true) => {
+                        qtile::<0, true>(&ap, s, nb, res, g * GROUP)
+                    }
+                    (Scaling::SumiThenScales, _) => qtile::<1, true>(&ap, s, nb, res, g * GROUP),
+                    (Scaling::WithMin, false) => qtile::<2, false>(&ap, s, nb, res, g * GROUP),
+                    (Scaling::WithMin, true) => qtile::<2, true>(&ap, s, nb, res, g * GROUP),
                 }
             }
         }
@@ -131,13 +141,16 @@ impl Panel for Avx2 {
 }
 
 /// `res[r][c0 + c]` for the 4 rows `ap` and the 8 columns of `src`; `KIND` 0, 1, 2 =
-/// [`Scaling`] in declaration order.
+/// [`Scaling`] in declaration order. With `NARROW` (weights with |w| ≤ 16), the `vpmaddubsw`
+/// pairs of a block are added in 16-bit lanes and widened by one `vpmaddwd` per block (exact:
+/// at most 16·16·127 per lane); otherwise one per k-step.
 ///
 /// # Safety
 /// AVX2 present; every `ap[r]` points at `nb` widened blocks; `src` holds `nb` blocks as
-/// [`Avx2::tile`] asserts; `c0 + 8 ≤ MAX_COLS`.
+/// [`Avx2::tile`] asserts; `c0 + 8 ≤ MAX_COLS`; with `NARROW`, every weight value of `src` has
+/// |w| ≤ 16 (else the sums may wrap: wrong, though defined, values).
 #[target_feature(enable = "avx2,fma")]
-unsafe fn qtile<const KIND: u8>(
+unsafe fn qtile<const KIND: u8, const NARROW: bool>(
     ap: &[*const u8; R],
     src: &GroupSrc<'_>,
     nb: usize,
@@ -162,7 +175,16 @@ unsafe fn qtile<const KIND: u8>(
                 for r in 0..R {
                     let a = _mm256_set1_epi32((aq[r].add(s * 4) as *const i32).read_unaligned());
                     let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(a, w));
-                    iacc[r] = _mm256_add_epi32(iacc[r], _mm256_madd_epi16(p, ones));
+                    iacc[r] = if NARROW {
+                        _mm256_add_epi16(iacc[r], p)
+                    } else {
+                        _mm256_add_epi32(iacc[r], _mm256_madd_epi16(p, ones))
+                    };
+                }
+            }
+            if NARROW {
+                for acc in iacc.iter_mut() {
+                    *acc = _mm256_madd_epi16(*acc, ones);
                 }
             }
             let sc = _mm256_loadu_ps(blk.add(SCALE_AT) as *const f32);
