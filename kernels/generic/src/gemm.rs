@@ -113,17 +113,24 @@ pub struct F32Tile {
     pub run: TileFn,
     /// Packs weight columns into this tile's panels ([`pack_panel`] or a SIMD twin).
     pub pack: PackFn,
+    /// Whether `run` also takes `2 .. rows` rows: the driver then hands the rows left after
+    /// the whole tiles of a block over in one call instead of one at a time (a one-row tile
+    /// has few independent accumulators; same bits either way).
+    pub any_rows: bool,
 }
 
 impl F32Tile {
     /// Asserts what [`F32Tile::run`] may rely on, for a tile of `self.cols` columns whose
-    /// implementation takes `xs.len()` of `self.rows` or 1: every row of `xs` holds `kc` f32,
+    /// implementation takes `xs.len()` of `self.rows` or 1 (any of `1..=rows` with
+    /// [`F32Tile::any_rows`]): every row of `xs` holds `kc` f32,
     /// the panel `kc · cols`, `ld ≥ cols` and `acc` the `(xs.len() − 1)·ld + cols` elements it
     /// writes. SIMD tiles call it before their unchecked loads.
     pub fn check_args(&self, xs: &[&[f32]], panel: &[f32], kc: usize, acc: &[f32], ld: usize) {
         let c = self.cols;
         assert!(
-            (xs.len() == self.rows || xs.len() == 1)
+            (xs.len() == self.rows
+                || xs.len() == 1
+                || (self.any_rows && (1..self.rows).contains(&xs.len())))
                 && ld >= c
                 && acc.len() >= (xs.len() - 1) * ld + c,
             "{}: {} rows, ld {ld}, {} accumulators",
@@ -154,6 +161,7 @@ pub const GENERIC_TILE: F32Tile = F32Tile {
     cols: 16,
     run: generic_tile,
     pack: pack_panel,
+    any_rows: false,
 };
 
 fn generic_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {
@@ -408,7 +416,13 @@ pub(crate) fn run_block(
             let panel = &panels[(p * k + k0) * tc..][..kc * tc];
             let mut r0 = 0;
             while r0 < rows {
-                let nr = if rows - r0 >= tr { tr } else { 1 };
+                let nr = if rows - r0 >= tr {
+                    tr
+                } else if tile.any_rows {
+                    rows - r0
+                } else {
+                    1
+                };
                 let xs: [&[f32]; MAX_TILE_ROWS] =
                     std::array::from_fn(|r| &x[(i0 + r0 + r.min(nr - 1)) * k + k0..][..kc]);
                 let acc = &mut res[r0 * COL_BLOCK + p0..];

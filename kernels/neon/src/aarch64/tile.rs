@@ -17,6 +17,7 @@ pub(super) const NEON: F32Tile = F32Tile {
     cols: 16,
     run: neon_tile,
     pack: edge_kernels::pack_panel,
+    any_rows: false,
 };
 
 fn neon_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {

@@ -12,13 +12,15 @@ use edge_schema::DType;
 
 use super::vmath::{mask, transpose16, transpose8};
 
-/// AVX2 + FMA: 6 rows × 16 columns (12 ymm accumulators, 2 weight vectors, 1 broadcast).
+/// AVX2 + FMA: 6 rows × 16 columns (12 ymm accumulators, 2 weight vectors, 1 broadcast); the
+/// rows left after a block's whole tiles go in one call of 2 to 5 rows (`any_rows`).
 pub(crate) const AVX2: F32Tile = F32Tile {
     name: "avx2_f32_6x16",
     rows: 6,
     cols: 16,
     run: avx2_tile,
     pack: pack_avx2,
+    any_rows: true,
 };
 
 /// AVX-512: 6 rows × 64 columns (24 zmm accumulators, 4 weight vectors, 1 broadcast).
@@ -28,6 +30,7 @@ pub(crate) const AVX512: F32Tile = F32Tile {
     cols: 64,
     run: avx512_tile,
     pack: pack_avx512,
+    any_rows: false,
 };
 
 fn avx2_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {
@@ -36,10 +39,13 @@ fn avx2_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize
     // table only by `crate::x86_64` after `edge_kernels::cpu::features()` reported both. Every
     // slice is as long as `F32Tile::check_args` asserted and the accesses stay below those lengths.
     unsafe {
-        if xs.len() == 6 {
-            avx2_rc::<6>(xs, panel, kc, acc, ld)
-        } else {
-            avx2_rc::<1>(xs, panel, kc, acc, ld)
+        match xs.len() {
+            6 => avx2_rc::<6>(xs, panel, kc, acc, ld),
+            5 => avx2_rc::<5>(xs, panel, kc, acc, ld),
+            4 => avx2_rc::<4>(xs, panel, kc, acc, ld),
+            3 => avx2_rc::<3>(xs, panel, kc, acc, ld),
+            2 => avx2_rc::<2>(xs, panel, kc, acc, ld),
+            _ => avx2_rc::<1>(xs, panel, kc, acc, ld),
         }
     }
 }
