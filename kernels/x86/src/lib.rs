@@ -3,7 +3,7 @@
 //! AVX2 and AVX-512 VNNI panel kernels for the quantized 32-element block types.
 //!
 //! [`variants`] lists every table this CPU can run, from the features
-//! [`edge_kernels::cpu::features`] detected once per process: `avx2` (AVX2 present),
+//! [`edge_kernels::cpu::features`] detected once per process: `avx2` (AVX2, FMA and F16C),
 //! `avx512` (AVX-512F), `avx512+vnni` (AVX-512F, BW and VNNI); the last one is the fastest.
 //! Slots this crate does not accelerate keep their generic kernels.
 //!
@@ -33,7 +33,7 @@ use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 
 /// Every x86 table `features` allows, slowest first, each with a short label (`"avx2"`,
-/// `"avx512"`, `"avx512+vnni"`). Empty off x86-64 or on a CPU without AVX2.
+/// `"avx512"`, `"avx512+vnni"`). Empty off x86-64 or on a CPU without AVX2, FMA and F16C.
 pub fn variants(features: &Features) -> Vec<(&'static str, KernelTable)> {
     #[cfg(target_arch = "x86_64")]
     {
