@@ -27,6 +27,23 @@ pub(crate) const AVX512: AttentionOps = AttentionOps {
     pack_keys: pack_keys_avx512,
 };
 
+/// What a SIMD [`AttentionOps::pack_keys`] relies on: `1 ≤ nk ≤ KEY_TILE`, room for
+/// `head_dim · KEY_TILE` values in `dst`, and every key row read (they grow with the key index)
+/// inside `kv_src`.
+fn check_pack_keys(
+    p: &edge_kernels::AttentionParams,
+    kv_len: usize,
+    h: usize,
+    j0: usize,
+    nk: usize,
+    dst_len: usize,
+) {
+    let hd = p.head_dim;
+    assert!((1..=KEY_TILE).contains(&nk) && dst_len >= hd * KEY_TILE);
+    let last = (j0 + nk - 1) * p.kv_stride + p.k_offset + h * hd + hd;
+    assert!(last <= kv_len, "attention: key rows outside kv_src");
+}
+
 /// [`edge_kernels::pack_keys`] (same layout and zero lanes) with AVX-512 transposes of 16 keys ×
 /// 16 channels.
 fn pack_keys_avx512(
@@ -37,12 +54,9 @@ fn pack_keys_avx512(
     nk: usize,
     dst: &mut [f32],
 ) {
-    let hd = p.head_dim;
-    assert!((1..=KEY_TILE).contains(&nk) && dst.len() >= hd * KEY_TILE);
-    let last = (j0 + nk - 1) * p.kv_stride + p.k_offset + h * hd + hd;
-    assert!(last <= kv_src.len(), "attention: key rows outside kv_src");
+    check_pack_keys(p, kv_src.len(), h, j0, nk, dst.len());
     // SAFETY: AVX-512F was detected before this table was built; every key row read lies below
-    // `last ≤ kv_src.len()` (asserted; rows grow with the key index), masked to `hd` channels,
+    // the last one's end (asserted by `check_pack_keys`; rows grow with the key index), masked to `hd` channels,
     // and every store stays below `hd · KEY_TILE ≤ dst.len()`.
     unsafe { pack_keys_impl(p, kv_src, h, j0, nk, dst) }
 }
@@ -92,12 +106,9 @@ fn pack_keys_avx2(
     nk: usize,
     dst: &mut [f32],
 ) {
-    let hd = p.head_dim;
-    assert!((1..=KEY_TILE).contains(&nk) && dst.len() >= hd * KEY_TILE);
-    let last = (j0 + nk - 1) * p.kv_stride + p.k_offset + h * hd + hd;
-    assert!(last <= kv_src.len(), "attention: key rows outside kv_src");
+    check_pack_keys(p, kv_src.len(), h, j0, nk, dst.len());
     // SAFETY: AVX2 was detected before this table was built; every key row read lies below
-    // `last ≤ kv_src.len()` (asserted; rows grow with the key index), masked to `hd` channels,
+    // the last one's end (asserted by `check_pack_keys`; rows grow with the key index), masked to `hd` channels,
     // and every store stays below `hd · KEY_TILE ≤ dst.len()`.
     unsafe { pack_keys_avx2_impl(p, kv_src, h, j0, nk, dst) }
 }

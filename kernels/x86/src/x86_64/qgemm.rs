@@ -581,8 +581,42 @@ fn pack_group(w: WeightRef<'_>, wrow: usize, bb: usize, n: usize, j0: usize, dst
         // caller's `contract::linear`), i.e. inside `w.bytes`.
         return unsafe { pack_group_q8_0(w.bytes, wrow, n, j0, dst) };
     }
-    for (b, gb) in dst.chunks_exact_mut(GROUP_BLOCK).enumerate() {
-        for c in 0..GROUP {
+    pack_group_values(
+        w,
+        wrow,
+        bb,
+        n,
+        j0,
+        GROUP,
+        GROUP_BLOCK,
+        dst,
+        |gb, c, v, d, mn| {
+            let sum: i32 = v.iter().map(|&q| i32::from(q)).sum();
+            gb[SCALE_AT + 4 * c..][..4].copy_from_slice(&d.to_le_bytes());
+            gb[CORR_AT + 4 * c..][..4].copy_from_slice(&(-128 * sum).to_le_bytes());
+            gb[MIN_AT + 4 * c..][..4].copy_from_slice(&mn.to_le_bytes());
+        },
+    );
+}
+
+/// The portable repacking of a group of `group` columns `j0 ..` (zeros past `n`) of row-major
+/// 32-element block weights into `dst` (`group_block` bytes per block): per block, the values
+/// [`quant::block32_values`] gives, in eight k-steps of `group` columns × 4 bytes, and
+/// `meta(group_block_bytes, c, values, d, m)` for the per-column rest of the block.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pack_group_values(
+    w: WeightRef<'_>,
+    wrow: usize,
+    bb: usize,
+    n: usize,
+    j0: usize,
+    group: usize,
+    group_block: usize,
+    dst: &mut [u8],
+    mut meta: impl FnMut(&mut [u8], usize, &[i8; 32], f32, f32),
+) {
+    for (b, gb) in dst.chunks_exact_mut(group_block).enumerate() {
+        for c in 0..group {
             let j = j0 + c;
             let (v, d, mn) = if j < n {
                 quant::block32_values(w.dtype, &w.bytes[j * wrow + b * bb..][..bb])
@@ -591,13 +625,10 @@ fn pack_group(w: WeightRef<'_>, wrow: usize, bb: usize, n: usize, j0: usize, dst
             };
             for s in 0..8 {
                 for e in 0..4 {
-                    gb[(s * GROUP + c) * 4 + e] = v[s * 4 + e] as u8;
+                    gb[(s * group + c) * 4 + e] = v[s * 4 + e] as u8;
                 }
             }
-            let sum: i32 = v.iter().map(|&q| i32::from(q)).sum();
-            gb[SCALE_AT + 4 * c..][..4].copy_from_slice(&d.to_le_bytes());
-            gb[CORR_AT + 4 * c..][..4].copy_from_slice(&(-128 * sum).to_le_bytes());
-            gb[MIN_AT + 4 * c..][..4].copy_from_slice(&mn.to_le_bytes());
+            meta(gb, c, &v, d, mn);
         }
     }
 }

@@ -32,8 +32,8 @@ use edge_kernels::{quant, WeightRef};
 use edge_schema::DType;
 
 use super::qgemm::{
-    put_scales, widen_activation_row, GroupSrc, Panel, Scaling, TileSums, ACT_BLOCK, ACT_QUANTS_AT,
-    MAX_R,
+    pack_group_values, put_scales, widen_activation_row, GroupSrc, Panel, Scaling, TileSums,
+    ACT_BLOCK, ACT_QUANTS_AT, MAX_R,
 };
 
 /// Columns per ymm group.
@@ -230,23 +230,20 @@ fn pack_group(w: WeightRef<'_>, wrow: usize, bb: usize, n: usize, j0: usize, dst
         // (asserted), inside `w.bytes`.
         return unsafe { pack_group_q8_0(w.bytes, wrow, j0, dst) };
     }
-    for (b, gb) in dst.chunks_exact_mut(GROUP_BLOCK).enumerate() {
-        for c in 0..GROUP {
-            let j = j0 + c;
-            let (v, d, mn) = if j < n {
-                quant::block32_values(w.dtype, &w.bytes[j * wrow + b * bb..][..bb])
-            } else {
-                ([0i8; 32], 0.0, 0.0)
-            };
-            for s in 0..8 {
-                for e in 0..4 {
-                    gb[(s * GROUP + c) * 4 + e] = v[s * 4 + e] as u8;
-                }
-            }
+    pack_group_values(
+        w,
+        wrow,
+        bb,
+        n,
+        j0,
+        GROUP,
+        GROUP_BLOCK,
+        dst,
+        |gb, c, _, d, mn| {
             gb[SCALE_AT + 4 * c..][..4].copy_from_slice(&d.to_le_bytes());
             gb[MIN_AT + 4 * c..][..4].copy_from_slice(&mn.to_le_bytes());
-        }
-    }
+        },
+    );
 }
 
 /// [`pack_group`] for 8 whole `Q8_0` columns: per block, each column's 32 quant bytes in one

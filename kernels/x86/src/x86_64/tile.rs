@@ -149,6 +149,40 @@ unsafe fn avx512_rc<const R: usize>(
     }
 }
 
+/// The checks of a SIMD [`edge_kernels::PackFn`] whose transposes take `lanes` columns at a
+/// time: plain weights, `dst` of `kc × cols` values (`cols` a multiple of `lanes`), every
+/// column `j0 .. j0 + valid` holding features `t0 .. t0 + kc`. Returns the element size.
+#[allow(clippy::too_many_arguments)]
+fn pack_checks(
+    name: &str,
+    w: &WeightRef<'_>,
+    wrow: usize,
+    j0: usize,
+    valid: usize,
+    t0: usize,
+    kc: usize,
+    cols: usize,
+    lanes: usize,
+    dst_len: usize,
+) -> usize {
+    let esz = match w.dtype {
+        DType::F32 => 4,
+        DType::F16 | DType::BF16 => 2,
+        other => panic!("{name}: {other:?} weights are not F32, F16 or BF16"),
+    };
+    assert!(
+        dst_len == kc * cols && cols.is_multiple_of(lanes) && valid <= cols,
+        "{name}: {dst_len} panel values for {kc} features × {cols} columns ({valid} valid)"
+    );
+    assert!(
+        valid == 0 || (j0 + valid - 1) * wrow + (t0 + kc) * esz <= w.bytes.len(),
+        "{name}: columns {j0}..{} features {t0}..{} outside the weight",
+        j0 + valid,
+        t0 + kc
+    );
+    esz
+}
+
 /// [`edge_kernels::PackFn`] on AVX2 (with F16C): 8 columns × 8 features at a time are loaded
 /// (converted exactly: `vcvtph2ps` for `F16`, a 16-bit shift for `BF16`), transposed in
 /// registers and stored as 8 panel rows; the same bits as [`edge_kernels::pack_panel`], which it
@@ -164,22 +198,7 @@ fn pack_avx2(
     cols: usize,
     dst: &mut [f32],
 ) {
-    let esz = match w.dtype {
-        DType::F32 => 4,
-        DType::F16 | DType::BF16 => 2,
-        other => panic!("pack_avx2: {other:?} weights are not F32, F16 or BF16"),
-    };
-    assert!(
-        dst.len() == kc * cols && cols.is_multiple_of(8) && valid <= cols,
-        "pack_avx2: {} panel values for {kc} features × {cols} columns ({valid} valid)",
-        dst.len()
-    );
-    assert!(
-        valid == 0 || (j0 + valid - 1) * wrow + (t0 + kc) * esz <= w.bytes.len(),
-        "pack_avx2: columns {j0}..{} features {t0}..{} outside the weight",
-        j0 + valid,
-        t0 + kc
-    );
+    let esz = pack_checks("pack_avx2", &w, wrow, j0, valid, t0, kc, cols, 8, dst.len());
     // SAFETY: the table holding this tile was built after AVX2, FMA and F16C were detected
     // (`crate::x86_64::avx2_table`); every read lies inside row `j0 + c < j0 + valid` between
     // features `t0` and `t0 + kc` (asserted above) and every store inside `dst`.
@@ -286,21 +305,17 @@ fn pack_avx512(
     cols: usize,
     dst: &mut [f32],
 ) {
-    let esz = match w.dtype {
-        DType::F32 => 4,
-        DType::F16 | DType::BF16 => 2,
-        other => panic!("pack_avx512: {other:?} weights are not F32, F16 or BF16"),
-    };
-    assert!(
-        dst.len() == kc * cols && cols.is_multiple_of(16) && valid <= cols,
-        "pack_avx512: {} panel values for {kc} features × {cols} columns ({valid} valid)",
-        dst.len()
-    );
-    assert!(
-        valid == 0 || (j0 + valid - 1) * wrow + (t0 + kc) * esz <= w.bytes.len(),
-        "pack_avx512: columns {j0}..{} features {t0}..{} outside the weight",
-        j0 + valid,
-        t0 + kc
+    let esz = pack_checks(
+        "pack_avx512",
+        &w,
+        wrow,
+        j0,
+        valid,
+        t0,
+        kc,
+        cols,
+        16,
+        dst.len(),
     );
     // SAFETY: the table holding this tile was built after AVX-512F was detected
     // (`crate::x86_64::avx512_table`); every read lies inside row `j0 + c < j0 + valid` between
