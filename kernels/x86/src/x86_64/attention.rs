@@ -56,7 +56,8 @@ fn pack_keys_avx512(
 ) {
     check_pack_keys(p, kv_src.len(), h, j0, nk, dst.len());
     // SAFETY: AVX-512F was detected before this table was built; every key row read lies below
-    // the last one's end (asserted by `check_pack_keys`; rows grow with the key index), masked to `hd` channels,
+    // the last one's end (asserted by `check_pack_keys`; rows grow with the key index),
+    // masked to `hd` channels,
     // and every store stays below `hd · KEY_TILE ≤ dst.len()`.
     unsafe { pack_keys_impl(p, kv_src, h, j0, nk, dst) }
 }
@@ -108,7 +109,8 @@ fn pack_keys_avx2(
 ) {
     check_pack_keys(p, kv_src.len(), h, j0, nk, dst.len());
     // SAFETY: AVX2 was detected before this table was built; every key row read lies below
-    // the last one's end (asserted by `check_pack_keys`; rows grow with the key index), masked to `hd` channels,
+    // the last one's end (asserted by `check_pack_keys`; rows grow with the key index),
+    // masked to `hd` channels,
     // and every store stays below `hd · KEY_TILE ≤ dst.len()`.
     unsafe { pack_keys_avx2_impl(p, kv_src, h, j0, nk, dst) }
 }
