@@ -946,7 +946,29 @@ fn every_kernel_table_gives_the_same_png() {
     assert_refused(
         "unknown kernel table",
         &o,
-        &["--kernels \"sse9\"", "no such kernel table", "generic"],
+        &[
+            "--kernels \"sse9\"",
+            "unknown kernel table",
+            "avx512+vnni",
+            "neon+i8mm",
+        ],
+        empty.path(),
+    );
+    // A table this build knows but this CPU lacks (NEON on x86-64, AVX2 on aarch64).
+    let absent = if cfg!(target_arch = "aarch64") {
+        "avx2"
+    } else {
+        "neon"
+    };
+    let o = generate(
+        demo_plan(),
+        &empty.path().join("x.png"),
+        &["--kernels", absent, "--quiet"],
+    );
+    assert_refused(
+        "kernel table absent on this CPU",
+        &o,
+        &["this CPU", "cannot run that kernel table", "generic"],
         empty.path(),
     );
 }

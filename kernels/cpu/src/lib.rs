@@ -23,6 +23,18 @@ pub fn variants() -> Vec<(&'static str, KernelTable)> {
     v
 }
 
+/// Every label [`variants`] can give on some CPU this build targets, the CPU-independent
+/// `"generic"` first: what `--kernels` accepts besides `best`, whether or not this CPU has it.
+pub const TABLE_LABELS: &[&str] = &[
+    "generic",
+    "avx2",
+    "avx512",
+    "avx512+vnni",
+    "neon",
+    "neon+dotprod",
+    "neon+i8mm",
+];
+
 /// The fastest kernel table for this CPU (the last of [`variants`]).
 pub fn best() -> KernelTable {
     best_labelled().1
@@ -54,4 +66,17 @@ pub use edge_kernels_x86::Peak;
 /// Measures [`Peak`] on the calling thread (`iters` ≈ 20 million: about 0.1 s).
 pub fn peak(iters: usize) -> Peak {
     edge_kernels_x86::peak(&features(), iters)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_variant_label_is_listed() {
+        for (label, _) in super::variants() {
+            assert!(
+                super::TABLE_LABELS.contains(&label),
+                "{label} is missing from TABLE_LABELS"
+            );
+        }
+    }
 }

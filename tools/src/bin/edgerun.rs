@@ -658,9 +658,15 @@ fn pick_kernels(label: &str) -> Result<(&'static str, edge_kernels::KernelTable)
     let variants = edge_kernels_cpu::variants();
     match variants.iter().find(|(l, _)| *l == label) {
         Some(&v) => Ok(v),
-        None => bail!(
-            "--kernels {label:?}: no such kernel table on this CPU ({}); it has best, {}",
+        None if edge_kernels_cpu::TABLE_LABELS.contains(&label) => bail!(
+            "--kernels {label:?}: this CPU ({}) cannot run that kernel table; it has best, {}",
             edge_kernels_cpu::features().summary(),
+            table_labels()
+        ),
+        None => bail!(
+            "--kernels {label:?}: unknown kernel table; expected best or one of {} (this CPU \
+             has best, {})",
+            edge_kernels_cpu::TABLE_LABELS.join(", "),
             table_labels()
         ),
     }
