@@ -968,9 +968,18 @@ fn every_kernel_table_gives_the_same_png() {
     assert_refused(
         "kernel table absent on this CPU",
         &o,
-        &["this CPU", "cannot run that kernel table", "generic"],
+        &[
+            "this CPU",
+            "cannot run that kernel table",
+            "generic",
+            "best (= ",
+        ],
         empty.path(),
     );
+    if !cfg!(target_arch = "aarch64") {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("NEON tables need an aarch64 CPU"), "{err}");
+    }
 }
 
 #[test]
@@ -2580,4 +2589,35 @@ fn compile_to_a_folder_is_refused_before_reading() {
         0,
         "wrote into the folder"
     );
+}
+
+#[test]
+fn steps_must_be_a_whole_number_of_at_least_one() {
+    let empty = tempfile::tempdir().unwrap();
+    let png = empty.path().join("x.png");
+    let args = |steps| {
+        vec![
+            "generate",
+            "--plan",
+            s(demo_plan()),
+            "-p",
+            PROMPT,
+            "-o",
+            s(&png),
+            "--quiet",
+            "--steps",
+            steps,
+        ]
+    };
+    let o = run(EDGERUN, &args("0"));
+    assert_refused("--steps 0", &o, &["--steps", "at least 1"], empty.path());
+    // A negative count reaches the flag's own parser (not clap's "unexpected argument '-3'").
+    let o = run(EDGERUN, &args("-3"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("'--steps <STEPS>'") && err.contains("whole number of at least 1"),
+        "{err}"
+    );
+    assert!(!png.exists(), "a refused run wrote {}", png.display());
 }

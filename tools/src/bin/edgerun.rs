@@ -278,7 +278,7 @@ struct GenArgs {
     )]
     negative_prompt: String,
     /// Denoising steps.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, allow_hyphen_values = true, value_parser = whole_number)]
     steps: usize,
     /// Classifier-free guidance scale (≤ 1 disables guidance; at most 100).
     #[arg(long = "cfg-scale", default_value_t = 4.5, allow_hyphen_values = true)]
@@ -659,26 +659,46 @@ fn pick_kernels(label: &str) -> Result<(&'static str, edge_kernels::KernelTable)
     match variants.iter().find(|(l, _)| *l == label) {
         Some(&v) => Ok(v),
         None if edge_kernels_cpu::TABLE_LABELS.contains(&label) => bail!(
-            "--kernels {label:?}: this CPU ({}) cannot run that kernel table; it has best, {}",
+            "--kernels {label:?}: this CPU ({}) cannot run that kernel table{}; it has {}",
             edge_kernels_cpu::features().summary(),
+            arch_reason(label),
             table_labels()
         ),
         None => bail!(
             "--kernels {label:?}: unknown kernel table; expected best or one of {} (this CPU \
-             has best, {})",
+             has {})",
             edge_kernels_cpu::TABLE_LABELS.join(", "),
             table_labels()
         ),
     }
 }
 
-/// The labels of this CPU's kernel tables, comma-separated.
+/// The labels of this CPU's kernel tables, comma-separated, after `best` and what it picks.
 fn table_labels() -> String {
-    edge_kernels_cpu::variants()
+    let labels: Vec<&str> = edge_kernels_cpu::variants()
         .iter()
         .map(|(l, _)| *l)
-        .collect::<Vec<_>>()
-        .join(", ")
+        .collect();
+    format!(
+        "best (= {}), {}",
+        edge_kernels_cpu::best_labelled().0,
+        labels.join(", ")
+    )
+}
+
+/// Why this CPU lacks the known kernel table `label`, when the reason is its architecture.
+fn arch_reason(label: &str) -> &'static str {
+    match (label.starts_with("neon"), cfg!(target_arch = "aarch64")) {
+        (true, false) => " (NEON tables need an aarch64 CPU)",
+        (false, true) if label != "generic" => " (AVX tables need an x86-64 CPU)",
+        _ => "",
+    }
+}
+
+/// A count given on the command line: a whole number (the range is checked after parsing).
+fn whole_number(s: &str) -> std::result::Result<usize, String> {
+    s.parse()
+        .map_err(|_| "expected a whole number of at least 1".to_string())
 }
 
 /// The seed `-s` names: a whole number, or a fresh random one for `-1` (stable-diffusion.cpp's
