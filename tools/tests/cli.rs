@@ -2245,7 +2245,31 @@ fn compile_reports_progress_unless_quiet() {
     let o = run(EDGEPLAN, &compile_args(s(&m), s(&plan), "64"));
     assert!(o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("reading weights: 10% ("), "{err}");
+    // Per phase, the percentages (of the bytes themselves) rise from at least 10 % and agree
+    // with the MB beside them; the writing ends at 100 %.
+    for phase in ["reading weights: ", "writing the plan: "] {
+        let pcts: Vec<(u64, u64, u64)> = err
+            .lines()
+            .filter_map(|l| l.strip_prefix(phase))
+            .map(|l| {
+                let (pct, rest) = l.split_once("% (").expect("N% (");
+                let (done, rest) = rest.split_once(" of ").expect("of");
+                let total = rest.split_once(" MB").expect("MB").0;
+                let n = |x: &str| x.parse::<u64>().expect("a number");
+                (n(pct), n(done), n(total))
+            })
+            .collect();
+        assert!(!pcts.is_empty(), "no {phase:?} line: {err}");
+        for w in pcts.windows(2) {
+            assert!(w[0].0 < w[1].0, "{phase:?} percentages do not rise: {err}");
+        }
+        for &(pct, done, total) in &pcts {
+            assert!((10..=100).contains(&pct) && done <= total, "{err}");
+            // `done` and `total` are whole MB rounded down: `done` is within 1 MB of pct·total.
+            assert!(done * 100 <= pct * (total + 1) + 100, "{err}");
+            assert!(pct * total <= (done + 1) * 100, "{err}");
+        }
+    }
     assert!(err.contains("writing the plan: 100% ("), "{err}");
     assert!(err.contains(" eta "), "{err}");
     let mut args = compile_args(s(&m), s(&plan), "64");

@@ -613,9 +613,11 @@ impl CompileUi {
                 } else {
                     0.0
                 };
+                // The percentage of the bytes themselves (a line is printed when a new tenth is
+                // reached, and one update may cross several), beside the rounded MB.
                 say!(
                     "{phase}: {}% ({} of {} MB), {secs:.1}s, eta {eta:.1}s",
-                    tenth * 10,
+                    done * 100 / total,
                     done >> 20,
                     total >> 20
                 );
