@@ -2645,3 +2645,32 @@ fn steps_must_be_a_whole_number_of_at_least_one() {
     );
     assert!(!png.exists(), "a refused run wrote {}", png.display());
 }
+
+/// A quantization type that falls back on many matrices is summed up in one note per (asked,
+/// stored) pair on stderr; `edgeplan inspect` still lists every matrix.
+#[test]
+fn compile_sums_up_quant_fallbacks() {
+    let t = tempfile::tempdir().unwrap();
+    let plan = t.path().join("k.plan");
+    let m = demo_model();
+    let mut args = compile_args(s(&m), s(&plan), "64");
+    args.extend(["--quant", "q4_k", "--quiet"]);
+    let o = run(EDGEPLAN, &args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let notes: Vec<&str> = err.lines().filter(|l| l.starts_with("note: ")).collect();
+    assert_eq!(notes.len(), 1, "{err}");
+    let count: usize = notes[0]
+        .strip_prefix("note: ")
+        .and_then(|l| l.split_once(" matrices asked q4_k, stored q4_0 (the first, "))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("{err}"));
+    let o = run(EDGEPLAN, &["inspect", s(&plan)]);
+    let listed = String::from_utf8_lossy(&o.stdout)
+        .matches(": asked q4_k, stored q4_0 (")
+        .count();
+    assert!(
+        count > 1 && listed == count,
+        "{count} summed, {listed} listed"
+    );
+}

@@ -516,11 +516,45 @@ fn compile(a: CompileArgs) -> Result<()> {
     let c =
         edge_planner::compile::compile_inputs_to_file(a.model.as_deref(), &files, &opts, &a.output)
             .with_context(|| format!("compiling {what}"))?;
-    for n in &c.meta.notes {
+    // The quantization fallbacks are the notes' tail (`write_compiled` appends one per matrix);
+    // here they are summed up per (asked, stored) pair: a q4_k plan of PixArt falls back on
+    // hundreds of matrices. `edgeplan inspect` lists each.
+    let fallbacks = &c.table.fallbacks;
+    let own = c.meta.notes.len().saturating_sub(fallbacks.len());
+    for n in &c.meta.notes[..own] {
         if n.starts_with("warning:") {
             say!("{n}");
         } else {
             say!("note: {n}");
+        }
+    }
+    let mut groups: Vec<(&edge_planner::pack::Fallback, usize)> = Vec::new();
+    for f in fallbacks {
+        match groups
+            .iter_mut()
+            .find(|(g, _)| g.asked == f.asked && g.used == f.used)
+        {
+            Some((_, count)) => *count += 1,
+            None => groups.push((f, 1)),
+        }
+    }
+    for (f, count) in groups {
+        if count == 1 {
+            say!(
+                "note: {}: asked {}, stored {} ({})",
+                f.tensor,
+                f.asked,
+                f.used,
+                f.reason
+            );
+        } else {
+            say!(
+                "note: {count} matrices asked {}, stored {} (the first, {}: {}); `edgeplan inspect` lists each",
+                f.asked,
+                f.used,
+                f.tensor,
+                f.reason
+            );
         }
     }
     if let Some(budget) = opts.max_ram {
