@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use edge_schema::header::Header;
-use edge_schema::plan::{PackLayout, PlanMeta, Storage};
+use edge_schema::plan::{PackLayout, PlanMeta, StageKind, Storage};
 use edge_schema::DType;
 
 /// Decodes and verifies `file` (a whole plan) and returns its metadata.
@@ -249,10 +249,16 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
         } else {
             1.0
         };
-        let size = if st.width > 0 {
-            format!(" {}x{}", st.width, st.height)
-        } else {
-            String::new()
+        // A text encoder stage per prompt length bucket: its `ids [l]` input says which.
+        let tokens = (st.kind == StageKind::TextEncoder)
+            .then(|| st.inputs.first())
+            .flatten()
+            .and_then(|&v| st.values.get(v as usize))
+            .and_then(|v| v.shape.first());
+        let size = match tokens {
+            _ if st.width > 0 => format!(" {}x{}", st.width, st.height),
+            Some(l) => format!(", prompts up to {l} tokens"),
+            None => String::new(),
         };
         let _ = writeln!(
             s,

@@ -1339,7 +1339,13 @@ fn seed_minus_one_picks_a_random_seed_and_records_it() {
 fn inspect_checks_every_section_digest() {
     let o = run(EDGEPLAN, &["inspect", s(demo_plan())]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("weight sections verified (BLAKE3)"));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("weight sections verified (BLAKE3)"));
+    // Each text encoder stage says which prompts it takes (the full length, then the buckets).
+    for l in [300, 16, 128] {
+        let want = format!("t5_encoder (TextEncoder, prompts up to {l} tokens)");
+        assert!(text.contains(&want), "{want}: {text}");
+    }
     let t = tempfile::tempdir().unwrap();
     let bad = t.path().join("bad.plan");
     let mut bytes = std::fs::read(demo_plan()).unwrap();

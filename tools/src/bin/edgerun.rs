@@ -283,8 +283,8 @@ struct GenArgs {
     /// Classifier-free guidance scale (≤ 1 disables guidance; at most 100).
     #[arg(long = "cfg-scale", default_value_t = 4.5, allow_hyphen_values = true)]
     cfg_scale: f32,
-    /// Sampler: dpm++2m, euler, euler_a, heun, dpm2, ddim, lcm or unipc (stable-diffusion.cpp's
-    /// names; heun and dpm2 call the denoiser 2·steps − 1 times; euler_a and lcm draw noise
+    /// Sampler: dpm++2m (also dpmpp2m, dpm++, dpmpp), euler, euler_a, heun, dpm2, ddim, lcm or
+    /// unipc (stable-diffusion.cpp's names, any case; heun and dpm2 call the denoiser 2·steps − 1 times; euler_a and lcm draw noise
     /// from the seed's generator at each step; ddim clamps x0 to [−1, 1] as diffusers' DDIM
     /// does, which costs PixArt-Σ images their colour). Default: the one the plan's scheduler config
     /// names (dpm++2m for PixArt's DPMSolverMultistepScheduler, lcm for a PixArt-LCM folder).
