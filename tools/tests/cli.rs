@@ -913,6 +913,12 @@ fn every_kernel_table_gives_the_same_png() {
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let listed = String::from_utf8_lossy(&o.stderr).to_string();
+    // The demo plan is monolithic: its weights are made resident at the first of 2 steps.
+    assert!(
+        listed.contains("weight bytes made resident per sampler step [")
+            && listed.contains(", 0] (a monolithic plan's at its first step"),
+        "{listed}"
+    );
     let tables = listed
         .lines()
         .find_map(|l| l.split("(tables: ").nth(1))

@@ -1182,7 +1182,7 @@ fn generate(a: GenArgs) -> Result<()> {
             );
         }
         say!(
-            "memory: budget {}, arena {arena} bytes, weights {weights} bytes; streamed per step [{}] bytes; released {} bytes",
+            "memory: budget {}, arena {arena} bytes, weights {weights} bytes; weight bytes made resident per sampler step [{}] (a monolithic plan's at its first step, a segmented one's streamed each step); released {} bytes",
             budget.map_or("none".to_string(), |b| format!("{b} bytes")),
             per_step.join(", "),
             exec.streamer().released_bytes()
