@@ -42,8 +42,9 @@ pub(crate) fn measure(features: &Features, iters: usize) -> Peak {
 const ACC: usize = 12;
 
 /// f32 operations per second on this thread (2 per lane and iteration) of `a = a·x + x` on zmm:
-/// unfused `vmulps` + `vaddps` (the kernels' arithmetic) or, with `FUSED`, `vfmadd` (what the
-/// kernels do not use: the generic order rounds products).
+/// unfused `vmulps` + `vaddps` (the element-wise kernels' arithmetic) or, with `FUSED`,
+/// `vfmadd` (the matmul, convolution and attention kernels': the generic order fuses their
+/// multiply-adds).
 ///
 /// # Safety
 /// The CPU must have AVX-512F.

@@ -81,17 +81,6 @@ impl OutPtr {
     }
 }
 
-/// `dst[c] = sums[c] + bias[c]` (or `sums[c]` without bias) for `c < dst.len() ≤ 32`: the
-/// generic kernel's final addition, 16 lanes at a time.
-#[inline]
-fn store_sums(dst: &mut [f32], sums: &[f32; MAX_COLS], bias: Option<&[f32]>) {
-    let len = dst.len();
-    assert!(len <= MAX_COLS && bias.is_none_or(|b| b.len() == len));
-    // SAFETY: AVX-512F is present (the table holding this kernel requires it); the masked
-    // loads and stores stay below `len` in `dst` and `bias`, and `sums` holds 32 f32.
-    unsafe { store_sums_impl(dst.as_mut_ptr(), sums, bias.map(|b| b.as_ptr()), len) }
-}
-
 #[target_feature(enable = "avx512f")]
 unsafe fn store_sums_impl(
     dst: *mut f32,
@@ -167,16 +156,19 @@ pub(crate) trait Panel {
         in_place: bool,
         dst: &mut [u8],
     );
-    /// Where group `g` of a panel starting at column `p0` takes its operands from.
+    /// Where group `g` of a panel starting at column `p0` takes its operands from: by default
+    /// its scratch slot ([`GroupSrc::in_slot`]).
     fn group_src<'a>(
-        w: &WeightRef<'a>,
-        n: usize,
+        _w: &WeightRef<'a>,
+        _n: usize,
         panel: &'a [u8],
         g: usize,
-        p0: usize,
+        _p0: usize,
         nb: usize,
-        in_place: bool,
-    ) -> GroupSrc<'a>;
+        _in_place: bool,
+    ) -> GroupSrc<'a> {
+        GroupSrc::in_slot(panel, g, nb, Self::GROUP_BLOCK)
+    }
     /// `dst[c] = sums[c] + bias[c]` (or `sums[c]` without bias) for `c < dst.len() ≤
     /// MAX_COLS`: the generic kernel's final addition.
     fn store(dst: &mut [f32], sums: &[f32; MAX_COLS], bias: Option<&[f32]>) {
@@ -217,6 +209,9 @@ impl Panel for Vnni {
         widen_activation_row(w, x, dst, 0x80);
     }
 
+    /// The slot's scales, corrections and minimums, and — unless the quants are read
+    /// `in_place` from [`PackLayout::Interleaved16x4`] weights ([`plan_group`]) — its quants,
+    /// repacked from row-major weights or copied from `Interleaved16x4` ones.
     fn prepare_group(
         w: WeightRef<'_>,
         wrow: usize,
@@ -226,9 +221,20 @@ impl Panel for Vnni {
         in_place: bool,
         dst: &mut [u8],
     ) {
-        prepare_group(w, wrow, bb, n, j0, in_place, dst)
+        let nb = dst.len() / GROUP_BLOCK;
+        match plan_group(&w, n, j0, nb) {
+            // SAFETY: AVX-512F/BW/VNNI were detected before this kernel was put in a table;
+            // `src` holds `nb` plan group blocks and `dst` `nb` slots.
+            Some(src) => unsafe { meta_group_q8_0(src, dst, !in_place) },
+            None => pack_group(w, wrow, bb, n, j0, dst),
+        }
     }
 
+    /// Quants read `in_place` from the plan's [`PackLayout::Interleaved16x4`] weights for whole
+    /// groups ([`plan_group`]), from the slot otherwise. In place pays with few activation rows
+    /// (each group's quants are read by few row tiles: the T5 encode of a prompt, 0.83 → 0.60 s
+    /// measured); with many, the tile measured about 10 % slower reading the mapped weights than
+    /// its scratch copy, so those calls copy.
     fn group_src<'a>(
         w: &WeightRef<'a>,
         n: usize,
@@ -238,11 +244,27 @@ impl Panel for Vnni {
         nb: usize,
         in_place: bool,
     ) -> GroupSrc<'a> {
-        group_src(w, n, panel, g, p0, nb, in_place)
+        let slot = GroupSrc::in_slot(panel, g, nb, GROUP_BLOCK);
+        match in_place
+            .then(|| plan_group(w, n, p0 + g * GROUP, nb))
+            .flatten()
+        {
+            Some(src) => GroupSrc {
+                quants: &src[32..],
+                qstride: PLAN_GROUP_BLOCK,
+                ..slot
+            },
+            None => slot,
+        }
     }
 
+    /// 16 lanes at a time.
     fn store(dst: &mut [f32], sums: &[f32; MAX_COLS], bias: Option<&[f32]>) {
-        store_sums(dst, sums, bias)
+        let len = dst.len();
+        assert!(len <= MAX_COLS && bias.is_none_or(|b| b.len() == len));
+        // SAFETY: AVX-512F is present (the table holding this kernel requires it); the masked
+        // loads and stores stay below `len` in `dst` and `bias`, and `sums` holds 32 f32.
+        unsafe { store_sums_impl(dst.as_mut_ptr(), sums, bias.map(|b| b.as_ptr()), len) }
     }
 
     fn tile(
@@ -282,6 +304,19 @@ pub(crate) struct GroupSrc<'a> {
     pub(crate) meta: &'a [u8],
 }
 
+impl<'a> GroupSrc<'a> {
+    /// Group `g`'s scratch slot of `panel` (`nb` blocks of `group_block` bytes per group), for
+    /// the quants and the meta both.
+    pub(crate) fn in_slot(panel: &'a [u8], g: usize, nb: usize, group_block: usize) -> Self {
+        let slot = &panel[g * nb * group_block..(g + 1) * nb * group_block];
+        GroupSrc {
+            quants: slot,
+            qstride: group_block,
+            meta: slot,
+        }
+    }
+}
+
 /// Bytes per block of one group of [`PackLayout::Interleaved16x4`] (16 f16 scales, 512 quants).
 const PLAN_GROUP_BLOCK: usize = 32 + 512;
 
@@ -293,63 +328,6 @@ fn plan_group<'a>(w: &WeightRef<'a>, n: usize, j0: usize, nb: usize) -> Option<&
         let start = j0 / GROUP * nb * PLAN_GROUP_BLOCK;
         &w.bytes[start..start + nb * PLAN_GROUP_BLOCK]
     })
-}
-
-/// The operands of group `g` (columns `p0 + 16g ..`) of a panel whose scratch slots are
-/// `panel` (`nb` group blocks each): quants read `in_place` from the plan's
-/// [`PackLayout::Interleaved16x4`] weights for whole groups ([`plan_group`]), from the slot
-/// otherwise. In place pays with few activation rows (each group's quants are read by few row
-/// tiles: the T5 encode of a prompt, 0.83 → 0.60 s measured); with many, the tile measured
-/// about 10 % slower reading the mapped weights than its scratch copy, so those calls copy.
-fn group_src<'a>(
-    w: &WeightRef<'a>,
-    n: usize,
-    panel: &'a [u8],
-    g: usize,
-    p0: usize,
-    nb: usize,
-    in_place: bool,
-) -> GroupSrc<'a> {
-    let meta = &panel[g * nb * GROUP_BLOCK..(g + 1) * nb * GROUP_BLOCK];
-    let in_plan = if in_place {
-        plan_group(w, n, p0 + g * GROUP, nb)
-    } else {
-        None
-    };
-    match in_plan {
-        Some(src) => GroupSrc {
-            quants: &src[32..],
-            qstride: PLAN_GROUP_BLOCK,
-            meta,
-        },
-        None => GroupSrc {
-            quants: meta,
-            qstride: GROUP_BLOCK,
-            meta,
-        },
-    }
-}
-
-/// Fills the scratch slot `dst` of group `j0 .. j0 + 16` (`nb` group blocks): its scales,
-/// corrections and minimums, and — unless the quants are read `in_place` from
-/// [`PackLayout::Interleaved16x4`] weights ([`plan_group`]) — its quants, repacked from
-/// row-major weights or copied from `Interleaved16x4` ones.
-fn prepare_group(
-    w: WeightRef<'_>,
-    wrow: usize,
-    bb: usize,
-    n: usize,
-    j0: usize,
-    in_place: bool,
-    dst: &mut [u8],
-) {
-    let nb = dst.len() / GROUP_BLOCK;
-    match plan_group(&w, n, j0, nb) {
-        // SAFETY: AVX-512F/BW/VNNI were detected before this kernel was put in a table; `src`
-        // holds `nb` plan group blocks and `dst` `nb` slots.
-        Some(src) => unsafe { meta_group_q8_0(src, dst, !in_place) },
-        None => pack_group(w, wrow, bb, n, j0, dst),
-    }
 }
 
 /// The `linear` slot for `handles()` cases, after `edge_kernels::contract::linear` passed.

@@ -83,23 +83,6 @@ impl Panel for Avx2 {
         pack_group(w, wrow, bb, n, j0, dst)
     }
 
-    fn group_src<'a>(
-        _w: &WeightRef<'a>,
-        _n: usize,
-        panel: &'a [u8],
-        g: usize,
-        _p0: usize,
-        nb: usize,
-        _in_place: bool,
-    ) -> GroupSrc<'a> {
-        let slot = &panel[g * nb * GROUP_BLOCK..(g + 1) * nb * GROUP_BLOCK];
-        GroupSrc {
-            quants: slot,
-            qstride: GROUP_BLOCK,
-            meta: slot,
-        }
-    }
-
     fn tile(
         w: DType,
         kind: Scaling,
