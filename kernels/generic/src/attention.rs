@@ -18,7 +18,8 @@ pub const QUERY_TILE: usize = 4;
 /// Shapes: `key_mask` `[lk]` (1 keep, 0 drop), `bias` `[heads, lq, lk]`, `out`
 /// `[lq, heads·head_dim]`; `q_src`/`kv_src` as described by [`AttentionParams`].
 ///
-/// Keys are visited in tiles of 64 with an online softmax (running maximum and sum, rescaled
+/// Keys after the last kept one are not visited ([`visited_keys`]); the others are visited in
+/// tiles of 64 with an online softmax (running maximum and sum, rescaled
 /// when the maximum grows; Milakov & Gimelshein 2018, FlashAttention): the `[lq, lk]` score
 /// matrix is never stored and nothing is allocated. `q·k` is one fused multiply-add per head
 /// channel in increasing order from `0.0` (the GEMM driver's order), `acc += w·v` one fused
@@ -384,27 +385,61 @@ pub fn attention_with(
     let task_rows = (p.lq / 8)
         .next_multiple_of(QUERY_TILE)
         .clamp(QUERY_TILE, TASK_ROWS);
+    let keys = visited_keys(p.lk, key_mask);
     out.par_chunks_mut(task_rows * width)
         .enumerate()
         .for_each(|(t, rows)| {
-            attend_task(ops, p, q_src, kv_src, key_mask, bias, t * task_rows, rows)
+            let at = Attend {
+                ops,
+                p,
+                q_src,
+                kv_src,
+                key_mask,
+                bias,
+                keys,
+            };
+            attend_task(&at, t * task_rows, rows)
         });
+}
+
+/// The keys [`attention_with`] visits: `0 .. 1 + (the last j with key_mask[j] ≠ 0)`, all `lk`
+/// without a mask or when no key is kept. The keys after the last kept one (a prompt's
+/// padding: a 16-token prompt in a 300-token context keeps 16) are skipped, which is exact
+/// wherever their weights underflow: a dropped key's score carries `masked_value` (−10000 in
+/// PixArt's cross-attention, `f32::MIN` in T5), so its weight `exp(s − m')` is 0 (`exp_f32`
+/// of anything below −104) and it cannot raise the maximum `m'`, unless a kept key's score is
+/// within about `|masked_value|` of it. torch's softmax gives such keys weight 0 as well.
+pub fn visited_keys(lk: usize, key_mask: Option<&[f32]>) -> usize {
+    key_mask
+        .and_then(|m| m[..lk].iter().rposition(|&x| x != 0.0))
+        .map_or(lk, |j| j + 1)
+}
+
+/// What every task of [`attention_with`] reads: the step, the geometry, the sources and the
+/// number of keys visited ([`visited_keys`]).
+struct Attend<'a> {
+    ops: &'a AttentionOps,
+    p: &'a AttentionParams,
+    q_src: &'a [f32],
+    kv_src: &'a [f32],
+    key_mask: Option<&'a [f32]>,
+    bias: Option<&'a [f32]>,
+    keys: usize,
 }
 
 /// One task of [`attention_with`]: every head of the query rows `i_first ..` that `rows`
 /// (`[n, heads·head_dim]`) holds. Its state (the online-softmax state of up to [`TASK_ROWS`]
 /// rows and one packed key and value tile, about 570 KiB) lives on the task's stack.
-#[allow(clippy::too_many_arguments)]
-fn attend_task(
-    ops: &AttentionOps,
-    p: &AttentionParams,
-    q_src: &[f32],
-    kv_src: &[f32],
-    key_mask: Option<&[f32]>,
-    bias: Option<&[f32]>,
-    i_first: usize,
-    rows: &mut [f32],
-) {
+fn attend_task(at: &Attend<'_>, i_first: usize, rows: &mut [f32]) {
+    let &Attend {
+        ops,
+        p,
+        q_src,
+        kv_src,
+        key_mask,
+        bias,
+        keys: lk,
+    } = at;
     let width = p.heads * p.head_dim;
     let nrows = rows.len() / width;
     let nblocks = nrows.div_ceil(QUERY_TILE);
@@ -416,8 +451,8 @@ fn attend_task(
         for st in &mut states[..nblocks] {
             st.reset(p.head_dim);
         }
-        for j0 in (0..p.lk).step_by(KEY_TILE) {
-            let nk = KEY_TILE.min(p.lk - j0);
+        for j0 in (0..lk).step_by(KEY_TILE) {
+            let nk = KEY_TILE.min(lk - j0);
             (ops.pack_keys)(p, kv_src, h, j0, nk, &mut keys);
             pack_values(p, kv_src, h, j0, nk, &mut values);
             for (bi, st) in states[..nblocks].iter_mut().enumerate() {
@@ -470,16 +505,16 @@ pub fn touch_worker_stacks() {
     };
     rayon::broadcast(|_| {
         let mut out = [0f32];
-        attend_task(
-            &GENERIC_ATTENTION,
-            &p,
-            &[0.0],
-            &[0.0, 0.0],
-            None,
-            None,
-            0,
-            &mut out,
-        );
+        let at = Attend {
+            ops: &GENERIC_ATTENTION,
+            p: &p,
+            q_src: &[0.0],
+            kv_src: &[0.0, 0.0],
+            key_mask: None,
+            bias: None,
+            keys: 1,
+        };
+        attend_task(&at, 0, &mut out);
         std::hint::black_box(out);
     });
 }

@@ -38,9 +38,9 @@ mod winograd;
 
 pub use attention::{
     attention, attention_with, generic_row_tile, pack_keys, pack_values, tile_max, tile_sum,
-    touch_worker_stacks, AttentionOps, AttentionParams, BlockState, BlockTileFn, KeyTile,
-    PackKeysFn, QueryBlock, RowState, GENERIC_ATTENTION, KEY_TILE, MAX_HEAD_DIM, QUERY_TILE,
-    SUM_LANES,
+    touch_worker_stacks, visited_keys, AttentionOps, AttentionParams, BlockState, BlockTileFn,
+    KeyTile, PackKeysFn, QueryBlock, RowState, GENERIC_ATTENTION, KEY_TILE, MAX_HEAD_DIM,
+    QUERY_TILE, SUM_LANES,
 };
 pub use call::{Axes, Call};
 pub use conv::{

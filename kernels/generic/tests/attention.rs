@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use edge_kernels::{attention, AttentionParams};
+use edge_kernels::{attention, visited_keys, AttentionParams};
 
 fn reference(
     p: &AttentionParams,
@@ -164,6 +164,39 @@ fn t5_style_min_mask_with_bias_and_no_scale() {
     let none = vec![0.0; lk];
     let got = run(&p, &q, &kv, Some(&none), None);
     assert!(got.iter().all(|v| v.is_finite()));
+}
+
+#[test]
+fn keys_after_the_last_kept_one_are_not_visited() {
+    assert_eq!(visited_keys(5, None), 5);
+    assert_eq!(visited_keys(5, Some(&[1.0, 0.0, 1.0, 0.0, 0.0])), 3);
+    assert_eq!(
+        visited_keys(5, Some(&[0.0; 5])),
+        5,
+        "no key kept: all visited"
+    );
+    assert_eq!(visited_keys(3, Some(&[0.0, 0.0, 0.5, 0.0])), 3);
+    // A 16-token prompt in a 300-token context (PixArt's cross-attention): the 284 padding
+    // keys hold NaN here. Not visited, they cannot reach the output, which is bit for bit that
+    // of the attention over the 16 prompt keys alone (their K/V rows only).
+    let mut rng = Rng::new(44);
+    let (lq, heads, hd, kept) = (9, 2, 72, 16);
+    for lk in [16, 17, 64, 65, 300] {
+        let p = cross_params(lq, lk, heads, hd);
+        let q = rng.vec(lq * heads * hd, 2.0);
+        let mut kv = rng.vec(lk * 2 * heads * hd, 2.0);
+        kv[kept * 2 * heads * hd..].fill(f32::NAN);
+        let mask: Vec<f32> = (0..lk).map(|j| f32::from(u8::from(j < kept))).collect();
+        let got = run(&p, &q, &kv, Some(&mask), None);
+        let short = cross_params(lq, kept, heads, hd);
+        let want = run(&short, &q, &kv[..kept * 2 * heads * hd], None, None);
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "lk={lk}: trailing masked keys changed the output"
+        );
+    }
 }
 
 #[test]
