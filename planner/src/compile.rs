@@ -6,8 +6,7 @@ use edge_models::config::{PixArtConfig, T5Config, VaeConfig};
 use edge_models::pixart::MicroConditions;
 use edge_models::t5::build_t5_encoder;
 use edge_schema::plan::{
-    ImageSize, Isa, ModelFamily, ModelInfo, PackLayout, PlanMeta, StageKind, Target, TextInfo,
-    VaeInfo,
+    ImageSize, Isa, ModelFamily, ModelInfo, PlanMeta, StageKind, Target, TextInfo, VaeInfo,
 };
 use edge_schema::DType;
 
@@ -516,13 +515,15 @@ pub(crate) fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Res
     meta.notes
         .extend(unused_notes(&t5_src, &dit_src, &vae_src, encoder_compiled));
     let repacked = table.repack_for_target(&meta.stages, &meta.target);
-    let vnni = crate::table::target_layout(&meta.target) == Some(PackLayout::Interleaved16x4);
-    if repacked == 0 && vnni {
+    let layouts = crate::table::target_layouts(&meta.target);
+    if repacked == 0 && meta.target.isa == Isa::X86_64 && !layouts.is_empty() {
+        let types: Vec<&str> = layouts.iter().map(|(d, _)| d.name()).collect();
         meta.notes.push(format!(
-            "--target {}: no Q8_0 linear weight to store in the AVX-512 VNNI layout (only Q8_0 \
-             matrices of at least 16 rows are repacked); the plan still requires those CPU \
+            "--target {}: no {} linear weight to store in the target's AVX-512 layouts (only \
+             such matrices of at least 16 rows are repacked); the plan still requires those CPU \
              features on an x86-64 host: compile with --target x86_64 to run it on any x86-64 CPU",
-            meta.target
+            meta.target,
+            types.join(" or ")
         ));
     }
     crate::budget::apply(

@@ -128,9 +128,9 @@ impl TensorTable {
     /// bit-identical results, so a repacked plan still runs (and is checked) on the workstation.
     /// Returns the number of tensors repacked. Must run before sections and digests are built.
     pub fn repack_for_target(&mut self, stages: &[Stage], target: &Target) -> usize {
-        let Some(layout) = target_layout(target) else {
+        if target_layouts(target).is_empty() {
             return 0;
-        };
+        }
         // Per tensor: Some(true) if every use is a linear weight operand, Some(false) otherwise.
         let mut linear_only: Vec<Option<bool>> = vec![None; self.entries.len()];
         for stage in stages {
@@ -150,9 +150,12 @@ impl TensorTable {
         let mut repacked = 0;
         for (t, (entry, data)) in self.entries.iter_mut().zip(&mut self.data).enumerate() {
             let [n, k] = entry.shape[..] else { continue };
+            let Some(layout) = target_layout(target, entry.dtype) else {
+                continue;
+            };
             if linear_only[t] != Some(true)
-                || !edge_kernels::pack::holds(layout, entry.dtype)
                 || n < edge_kernels::pack::group_rows(layout) as u64
+                || (layout == PackLayout::Bf16Pairs16 && k % 2 != 0)
                 || entry.layout != PackLayout::RowMajor
             {
                 continue;
@@ -167,15 +170,36 @@ impl TensorTable {
     }
 }
 
-/// The layout [`TensorTable::repack_for_target`] stores `target`'s linear weights in:
-/// [`PackLayout::Interleaved4x8`] for aarch64, [`PackLayout::Interleaved16x4`] for an x86-64
-/// target naming `avx512vnni`; `None` where weights stay row-major.
-pub fn target_layout(target: &Target) -> Option<PackLayout> {
+/// The layouts [`TensorTable::repack_for_target`] stores `target`'s linear weights in, each
+/// with the weight type it holds: [`PackLayout::Interleaved4x8`] (`Q8_0`, `Q4_0`) for aarch64;
+/// for an x86-64 target, [`PackLayout::Interleaved16x4`] (`Q8_0`) where it names `avx512vnni`
+/// and [`PackLayout::Bf16Pairs16`] (`BF16`, with bf16 products) where it names `avx512bf16`.
+/// Empty where weights stay row-major.
+pub fn target_layouts(target: &Target) -> Vec<(DType, PackLayout)> {
+    let has = |f: &str| target.features.iter().any(|g| g == f);
     match target.isa {
-        Isa::Aarch64 => Some(PackLayout::Interleaved4x8),
-        Isa::X86_64 if target.features.iter().any(|f| f == "avx512vnni") => {
-            Some(PackLayout::Interleaved16x4)
+        Isa::Aarch64 => vec![
+            (DType::Q8_0, PackLayout::Interleaved4x8),
+            (DType::Q4_0, PackLayout::Interleaved4x8),
+        ],
+        Isa::X86_64 => {
+            let mut v = Vec::new();
+            if has("avx512vnni") {
+                v.push((DType::Q8_0, PackLayout::Interleaved16x4));
+            }
+            if has("avx512bf16") {
+                v.push((DType::BF16, PackLayout::Bf16Pairs16));
+            }
+            v
         }
-        _ => None,
+        Isa::Generic => vec![],
     }
+}
+
+/// The layout `target` stores linear weights of type `dtype` in ([`target_layouts`]), if any.
+pub fn target_layout(target: &Target, dtype: DType) -> Option<PackLayout> {
+    target_layouts(target)
+        .into_iter()
+        .find(|&(d, _)| d == dtype)
+        .map(|(_, l)| l)
 }

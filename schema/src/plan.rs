@@ -391,6 +391,18 @@ pub enum PackLayout {
     /// kernels otherwise build at run time for every call). The last `n mod 16` rows follow
     /// row-major. Same byte length as [`PackLayout::RowMajor`]. Only `Linear` weights.
     Interleaved16x4,
+    /// `BF16` matrices `[n, k]` (outermost-first, `k` even) for the x86-64 AVX512_BF16 kernels
+    /// (`vdpbf16ps`), which compute 16 weight rows in the 16 lanes of a zmm: rows `16g .. 16g+16`
+    /// are stored together, feature pair by feature pair: features `2s` and `2s + 1` of row `r`
+    /// at bytes `32k·g + 64s + 4r` and `+ 2`, so each 64-byte step is one instruction's weight
+    /// operand. The last `n mod 16` rows follow row-major. Same byte length as
+    /// [`PackLayout::RowMajor`]. Only `Linear` weights.
+    ///
+    /// **This layout also sets the arithmetic** (unlike the others, which only move bytes): the
+    /// activations are rounded to bf16 and each output is a sum of bf16 products taken a pair of
+    /// features at a time, the instruction's own rounding (`edge_kernels::bf16dot`), so a plan
+    /// with it computes other bits than the same weights row-major, on every CPU alike.
+    Bf16Pairs16,
 }
 
 /// A packed weight tensor in the weight region.

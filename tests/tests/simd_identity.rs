@@ -158,3 +158,75 @@ fn sigma_q8_0_avx512_target_plan_is_byte_identical() {
         assert_eq!(got.1, want.1, "{label}: PNG pixels differ");
     }
 }
+
+/// A `--target x86_64-avx512bf16 --quant bf16` plan (its `BF16` matrices in
+/// `PackLayout::Bf16Pairs16`, whose products round the activations to bf16, `vdpbf16ps`'s
+/// arithmetic): every x86 table this CPU has gives the generic kernels' bytes (the
+/// `avx512+vnni+bf16` table with `vdpbf16ps`, the others through the generic kernel); the
+/// latents differ from the row-major `bf16` plan's (other arithmetic) but stay close to them.
+#[test]
+fn sigma_bf16_pairs_plan_is_byte_identical_and_close_to_row_major() {
+    use edge_schema::plan::{Isa, PackLayout, Target};
+    let compile = |target: Target| {
+        let opts = edge_planner::CompileOptions {
+            sizes: vec![(64, 64)],
+            policy: edge_planner::pack::PackPolicy {
+                default: Some(DType::BF16),
+                rules: Vec::new(),
+            },
+            target,
+            ..Default::default()
+        };
+        let mut c =
+            edge_planner::compile_folder(&fixture("pixart-sigma-tiny"), &opts).expect("compiles");
+        let bytes = edge_planner::write::assemble(&mut c.meta, &c.table).expect("assemble");
+        Plan::from_bytes(&bytes).expect("plan verifies")
+    };
+    let row_major = compile(Target {
+        isa: Isa::Generic,
+        features: Vec::new(),
+    });
+    let packed = compile(Target {
+        isa: Isa::X86_64,
+        features: ["avx512f", "avx512bw", "avx512vnni", "avx512bf16"]
+            .map(String::from)
+            .to_vec(),
+    });
+    let repacked = packed
+        .meta()
+        .tensors
+        .iter()
+        .filter(|t| t.layout == PackLayout::Bf16Pairs16)
+        .count();
+    assert!(repacked > 0, "no tensor was repacked for x86_64-avx512bf16");
+    let noise: Vec<f32> = (0..4 * 8 * 8)
+        .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+        .collect();
+    let go = |plan: &Plan, t| run(plan, t, &noise, (64, 64), SamplingMethod::DpmPp2m);
+    let want = go(&packed, edge_kernels::generic());
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let tables = edge_kernels_x86::variants(&edge_kernels::cpu::features());
+    if !tables.iter().any(|(l, _)| *l == "avx512+vnni+bf16") {
+        eprintln!(
+            "skipped: no avx512+vnni+bf16 table on this CPU ({}); the others still run",
+            edge_kernels::cpu::features().summary()
+        );
+    }
+    for (label, t) in tables {
+        let got = go(&packed, t);
+        assert_eq!(bits(&got.0), bits(&want.0), "{label}: final latents differ");
+        assert_eq!(got.1, want.1, "{label}: PNG pixels differ");
+    }
+    let exact = go(&row_major, edge_kernels::generic());
+    assert_ne!(
+        bits(&exact.0),
+        bits(&want.0),
+        "bf16 products gave the f32 products' bits"
+    );
+    let rel = rel_l2(&want.0, &exact.0);
+    eprintln!("bf16 products against f32 products of the same bf16 weights: relative L2 {rel:.2e}");
+    assert!(
+        rel < 2e-2,
+        "bf16 products drift from the f32 ones: relative L2 {rel:.2e}"
+    );
+}

@@ -103,6 +103,52 @@ fn bench_linear(tables: &[(&str, KernelTable)], dtype: DType, m: usize, k: usize
     }
 }
 
+/// `BF16` weights in `PackLayout::Bf16Pairs16` (`--target x86_64-avx512bf16` plans) on the
+/// tables with the `vdpbf16ps` kernel (elsewhere the generic scalar kernel reads them: not timed).
+fn bench_bf16_pairs(tables: &[(&str, KernelTable)], m: usize, k: usize, n: usize) {
+    if !wanted("linear bf16 pairs") {
+        return;
+    }
+    let x = values(m * k, 1);
+    let w = values(n * k, 2);
+    let mut rm = Buf::new(n * k * 2);
+    quant::quantize_row(DType::BF16, &w, rm.bytes_mut());
+    let mut wb = Buf::new(n * k * 2);
+    edge_kernels::pack::repack(
+        edge_schema::plan::PackLayout::Bf16Pairs16,
+        DType::BF16,
+        rm.bytes(),
+        n,
+        k,
+        wb.bytes_mut(),
+    );
+    let mut scratch = Buf::new(linear_scratch_bytes(DType::BF16, m, k));
+    let mut out = vec![0.0f32; m * n];
+    for (label, t) in tables.iter().filter(|(l, _)| l.contains("bf16")) {
+        let s = time(|| {
+            (t.linear.run)(
+                &x,
+                WeightRef {
+                    dtype: DType::BF16,
+                    bytes: wb.bytes(),
+                    layout: edge_schema::plan::PackLayout::Bf16Pairs16,
+                },
+                None,
+                &mut out,
+                m,
+                k,
+                n,
+                scratch.bytes_mut(),
+            )
+        });
+        let gflops = 2.0 * (m * k * n) as f64 / s / 1e9;
+        println!(
+            "linear bf16 pairs m={m:<5} k={k:<5} n={n:<5} {label:<12} {:9.3} ms {gflops:7.1} GFLOP/s",
+            s * 1e3,
+        );
+    }
+}
+
 fn bench_conv(tables: &[(&str, KernelTable)], cin: usize, cout: usize, hw: usize, k: usize) {
     if !wanted("conv2d") {
         return;
@@ -298,6 +344,7 @@ fn main() {
         for dtype in [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0] {
             bench_linear(&tables, dtype, m, k, n);
         }
+        bench_bf16_pairs(&tables, m, k, n);
     }
     for (cin, cout, hw, k) in [
         (32, 32, 64, 3),

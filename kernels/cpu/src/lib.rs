@@ -30,6 +30,7 @@ pub const TABLE_LABELS: &[&str] = &[
     "avx2",
     "avx512",
     "avx512+vnni",
+    "avx512+vnni+bf16",
     "neon",
     "neon+dotprod",
     "neon+i8mm",

@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 mod attention;
+pub mod bf16dot;
 pub mod call;
 pub mod contract;
 mod conv;

@@ -49,7 +49,12 @@ pub const QUANT_PANEL_BLOCK_BYTES: usize = 44;
 /// generic kernel leaves it unused; the planner sizes every plan for the fastest twin).
 pub fn linear_scratch_bytes(w_dtype: DType, m: usize, k: usize) -> usize {
     match w_dtype {
-        DType::F32 | DType::F16 | DType::BF16 => scratch_slots(m) * PANEL * k * 4,
+        // BF16 also for the pairs of `PackLayout::Bf16Pairs16` weights (the call knows the type,
+        // not the layout): every row's activations as bf16 pairs.
+        DType::BF16 => {
+            (scratch_slots(m) * PANEL * k * 4).max(crate::bf16dot::pairs_scratch_bytes(m, k))
+        }
+        DType::F32 | DType::F16 => scratch_slots(m) * PANEL * k * 4,
         d if d.is_quantized() => {
             let (acts, panel) = quant_scratch_layout(d, m, k);
             acts + panel
@@ -118,6 +123,9 @@ pub fn linear(
         return;
     }
     match w.dtype {
+        DType::BF16 if w.layout == PackLayout::Bf16Pairs16 => {
+            crate::bf16dot::linear_pairs(x, w, bias, out, m, k, n, scratch)
+        }
         DType::F32 | DType::F16 | DType::BF16 => {
             plain(&GENERIC_TILE, x, w, wrow, bias, out, m, k, n, scratch)
         }
@@ -145,9 +153,11 @@ pub fn linear_plain(
 ) {
     let wrow = contract::linear(x, w, bias, out, m, k, n, scratch.len());
     assert!(
-        matches!(w.dtype, DType::F32 | DType::F16 | DType::BF16),
-        "linear_plain: {:?} weights are not F32, F16 or BF16",
-        w.dtype
+        matches!(w.dtype, DType::F32 | DType::F16 | DType::BF16)
+            && w.layout == PackLayout::RowMajor,
+        "linear_plain: {:?} weights in {:?} are not row-major F32, F16 or BF16",
+        w.dtype,
+        w.layout
     );
     if m == 0 || n == 0 {
         return;

@@ -1,7 +1,7 @@
 //! Weight repacking: [`PackLayout::Interleaved4x8`] (rows of `Q8_0`/`Q4_0` matrices
 //! interleaved in groups of 4 for the aarch64 kernels) and [`PackLayout::Interleaved16x4`]
 //! (`Q8_0` rows in groups of 16, quants in 4-byte steps, for the x86-64 AVX-512 VNNI kernels),
-//! their inverses, and block access for the generic kernels, which read any layout.
+//! [`PackLayout::Bf16Pairs16`] (through [`crate::bf16dot`]), their inverses, and block access for the generic kernels, which read any layout.
 
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
@@ -24,12 +24,14 @@ pub fn interleaves(dtype: DType) -> bool {
 }
 
 /// Whether matrices of `dtype` can be stored in `layout` (any type row-major;
-/// [`PackLayout::Interleaved4x8`]: `Q8_0`, `Q4_0`; [`PackLayout::Interleaved16x4`]: `Q8_0`).
+/// [`PackLayout::Interleaved4x8`]: `Q8_0`, `Q4_0`; [`PackLayout::Interleaved16x4`]: `Q8_0`;
+/// [`PackLayout::Bf16Pairs16`]: `BF16`, with an even row length).
 pub fn holds(layout: PackLayout, dtype: DType) -> bool {
     match layout {
         PackLayout::RowMajor => true,
         PackLayout::Interleaved4x8 => interleaves(dtype),
         PackLayout::Interleaved16x4 => dtype == DType::Q8_0,
+        PackLayout::Bf16Pairs16 => dtype == DType::BF16,
     }
 }
 
@@ -38,7 +40,7 @@ pub fn group_rows(layout: PackLayout) -> usize {
     match layout {
         PackLayout::RowMajor => 1,
         PackLayout::Interleaved4x8 => GROUP_ROWS,
-        PackLayout::Interleaved16x4 => GROUP_ROWS_16,
+        PackLayout::Interleaved16x4 | PackLayout::Bf16Pairs16 => GROUP_ROWS_16,
     }
 }
 
@@ -165,6 +167,9 @@ pub fn repack(layout: PackLayout, dtype: DType, src: &[u8], n: usize, k: usize, 
         holds(layout, dtype) && layout != PackLayout::RowMajor,
         "repack: {dtype:?} weights cannot be in layout {layout:?}"
     );
+    if layout == PackLayout::Bf16Pairs16 {
+        return crate::bf16dot::repack_pairs(src, n, k, dst);
+    }
     check(dtype, src.len(), n, k, "repack src");
     check(dtype, dst.len(), n, k, "repack dst");
     let (bb, qb) = block_geometry(dtype);
@@ -183,6 +188,13 @@ pub fn repack(layout: PackLayout, dtype: DType, src: &[u8], n: usize, k: usize, 
 
 /// The inverse of [`repack`]: writes the row-major matrix of one stored in `layout`.
 pub fn unpack(layout: PackLayout, dtype: DType, src: &[u8], n: usize, k: usize, dst: &mut [u8]) {
+    if layout == PackLayout::Bf16Pairs16 {
+        assert!(
+            dtype == DType::BF16,
+            "unpack: {dtype:?} weights in {layout:?}"
+        );
+        return crate::bf16dot::unpack_pairs(src, n, k, dst);
+    }
     check(dtype, src.len(), n, k, "unpack src");
     check(dtype, dst.len(), n, k, "unpack dst");
     let (bb, _) = block_geometry(dtype);

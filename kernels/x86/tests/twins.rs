@@ -1,4 +1,5 @@
-//! Every x86 table ([`edge_kernels_x86::variants`]: `avx2`, `avx512`, `avx512+vnni`, as this CPU
+//! Every x86 table ([`edge_kernels_x86::variants`]: `avx2`, `avx512`, `avx512+vnni`,
+//! `avx512+vnni+bf16`, as this CPU
 //! allows) against the generic kernels on random inputs with ragged shapes: `linear` for every
 //! weight type (the accelerated ones and the forwarded ones) and `conv2d`, all **bit-identical**
 //! (`to_bits` equality of every output element).
@@ -31,7 +32,7 @@ impl Rng {
 
 fn tables() -> Vec<(&'static str, KernelTable)> {
     let v = edge_kernels_x86::variants(&features());
-    for want in ["avx2", "avx512", "avx512+vnni"] {
+    for want in ["avx2", "avx512", "avx512+vnni", "avx512+vnni+bf16"] {
         if !v.iter().any(|(n, _)| *n == want) {
             eprintln!(
                 "skipped: this CPU has no {want} path ({})",
@@ -142,6 +143,69 @@ fn linear_matches_generic_bit_for_bit() {
                     let what = format!("linear {dtype:?} m={m} k={k} n={n} bias={}", b.is_some());
                     assert_bits(label, &what, &got, &want);
                 }
+            }
+        }
+    }
+}
+
+/// `BF16` weights in `PackLayout::Bf16Pairs16` (what `--target x86_64-avx512bf16` plans hold):
+/// every table gives the generic kernel's bits (`vdpbf16ps` on the `avx512+vnni+bf16` table, the
+/// generic kernel elsewhere) for whole groups of 16 columns, row-major tail columns, a tile's
+/// rows and fewer, the few-rows (column tasks) and many-rows paths, `k` not a multiple of 16
+/// (the activation rounding's scalar tail), and activations with rounding ties, subnormals
+/// and large magnitudes.
+#[test]
+fn bf16_pairs_match_generic_bit_for_bit() {
+    use edge_schema::plan::PackLayout;
+    let generic = edge_kernels::generic();
+    let shapes = [
+        (1, 2, 1),
+        (1, 32, 16),
+        (3, 18, 17),
+        (6, 96, 33),
+        (7, 40, 64),
+        (13, 256, 48),
+        (25, 62, 130),
+        (49, 64, 16),
+        (70, 160, 5),
+        (100, 96, 80),
+    ];
+    let mut rng = Rng(0xB0F1_6B0F_16B0_F160);
+    for (label, t) in tables() {
+        for &(m, k, n) in &shapes {
+            let mut x = rng.vec(m * k, 2.0);
+            // Ties of the bf16 rounding, the special values and subnormals.
+            for (i, v) in x.iter_mut().enumerate().step_by(7) {
+                *v = match i % 5 {
+                    0 => 1.0 + 2f32.powi(-8),
+                    1 => f32::from_bits(0x0000_8001),
+                    2 => -3.0 * 2f32.powi(-130),
+                    3 => 1.5e-38,
+                    _ => *v * 1e20,
+                };
+            }
+            let w = rng.vec(n * k, 0.5);
+            let bias = rng.vec(n, 1.0);
+            let (buf, len) = weights(DType::BF16, &w, n, k);
+            let mut packed = vec![0u8; len];
+            edge_kernels::pack::repack(
+                PackLayout::Bf16Pairs16,
+                DType::BF16,
+                &buf.as_bytes()[..len],
+                n,
+                k,
+                &mut packed,
+            );
+            let wp = WeightRef {
+                dtype: DType::BF16,
+                bytes: &packed,
+                layout: PackLayout::Bf16Pairs16,
+            };
+            for b in [None, Some(bias.as_slice())] {
+                let want = run_linear(&generic, &x, wp, b, m, k, n);
+                let got = run_linear(&t, &x, wp, b, m, k, n);
+                let what = format!("bf16 pairs m={m} k={k} n={n} bias={}", b.is_some());
+                assert_bits(label, &what, &got, &want);
             }
         }
     }

@@ -85,6 +85,15 @@ pub fn verify_file(meta: &PlanMeta, weights_len: u64) -> Result<()> {
                 t.name, t.dtype, t.shape
             )));
         }
+        if t.layout == PackLayout::Bf16Pairs16
+            && (t.dtype != DType::BF16 || t.shape.len() != 2 || t.shape[1] % 2 != 0)
+        {
+            return Err(invalid(format!(
+                "tensor {i} ({}) of {} {:?} is in layout Bf16Pairs16, which holds only \
+                 2-D BF16 matrices of an even number of columns",
+                t.name, t.dtype, t.shape
+            )));
+        }
         let end = t.offset.checked_add(t.len);
         if t.offset % TENSOR_ALIGN != 0 || end.is_none_or(|e| e > sec.len) {
             return Err(Error::Truncated {

@@ -248,7 +248,10 @@ struct CompileArgs {
     vae_relative_tile_size: Option<String>,
     /// Target the plan is packed for: generic, x86_64 (or x86-64), x86_64-avx512 (or
     /// x86-64-avx512: Q8_0 weights in the AVX-512 VNNI kernels' layout; the plan then needs
-    /// avx512f, avx512bw and avx512vnni on an x86-64 host), aarch64-neon (or aarch64: Q8_0/Q4_0
+    /// avx512f, avx512bw and avx512vnni on an x86-64 host), x86_64-avx512bf16 (the same, and
+    /// BF16 weights in the AVX512_BF16 kernels' layout, whose products round the activations to
+    /// bf16 as `vdpbf16ps` does: other bits than the same weights row-major; needs avx512bf16
+    /// too), aarch64-neon (or aarch64: Q8_0/Q4_0
     /// weights in the NEON kernels' layout), or a GPU: cuda-sm72
     /// (Xavier), cuda-sm87 (Orin), cuda-sm90 (generic packs plus the CUDA kernels compiled
     /// here with NVRTC and stored in the plan; needs an edgeplan built with `--features cuda`
@@ -335,9 +338,15 @@ fn parse_target(s: &str) -> Result<Target> {
                 .map(String::from)
                 .to_vec(),
         ),
+        "x86_64-avx512bf16" | "x86-64-avx512bf16" => (
+            Isa::X86_64,
+            ["avx512f", "avx512bw", "avx512vnni", "avx512bf16"]
+                .map(String::from)
+                .to_vec(),
+        ),
         "aarch64" | "aarch64-neon" => (Isa::Aarch64, vec!["neon".to_string()]),
         other => {
-            bail!("--target: unknown target `{other}` (expected generic, x86_64 (or x86-64), x86_64-avx512 (or x86-64-avx512), aarch64-neon (or aarch64), cuda-sm72, cuda-sm87, cuda-sm90)")
+            bail!("--target: unknown target `{other}` (expected generic, x86_64 (or x86-64), x86_64-avx512 (or x86-64-avx512), x86_64-avx512bf16 (or x86-64-avx512bf16), aarch64-neon (or aarch64), cuda-sm72, cuda-sm87, cuda-sm90)")
         }
     };
     Ok(Target { isa, features })

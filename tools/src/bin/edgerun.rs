@@ -944,6 +944,7 @@ fn generate(a: GenArgs) -> Result<()> {
                         PackLayout::RowMajor => "",
                         PackLayout::Interleaved4x8 => " (interleaved 4x8)",
                         PackLayout::Interleaved16x4 => " (interleaved 16x4)",
+                        PackLayout::Bf16Pairs16 => " (pairs 16x2)",
                     }
                 )
             })

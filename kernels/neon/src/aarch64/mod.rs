@@ -228,12 +228,16 @@ fn linear(
     n: usize,
     scratch: &mut [u8],
 ) {
-    // The x86 VNNI layout has no NEON kernel: the generic one reads it (same bits).
+    // The x86 VNNI and AVX512_BF16 layouts have no NEON kernel: the generic one reads them
+    // (same bits).
     if (!matches!(
         w.dtype,
         DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0
     ) && !kquant::handles(w.dtype))
-        || w.layout == PackLayout::Interleaved16x4
+        || matches!(
+            w.layout,
+            PackLayout::Interleaved16x4 | PackLayout::Bf16Pairs16
+        )
     {
         return edge_kernels::linear(x, w, bias, out, m, k, n, scratch);
     }

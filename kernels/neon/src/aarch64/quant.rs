@@ -947,8 +947,8 @@ pub(super) fn linear_quant(
     let grouped = match layout {
         PackLayout::RowMajor => 0,
         PackLayout::Interleaved4x8 => n / GROUP_ROWS * GROUP_ROWS,
-        PackLayout::Interleaved16x4 => {
-            unreachable!("linear_quant: Interleaved16x4 weights go to the generic kernel")
+        PackLayout::Interleaved16x4 | PackLayout::Bf16Pairs16 => {
+            unreachable!("linear_quant: {layout:?} weights go to the generic kernel")
         }
     };
     let gbytes = nb * group_block_bytes(dtype);

@@ -1,6 +1,7 @@
 //! The x86-64 kernel tables, built from the features `edge_kernels::cpu` detected.
 
 mod attention;
+mod bf16dot;
 pub(crate) mod peak;
 mod qgemm;
 mod qgemm_avx2;
@@ -29,11 +30,14 @@ trait Isa {
     const TILE: edge_kernels::F32Tile;
     const ATTENTION: edge_kernels::AttentionOps;
     const QUANT: QuantTile;
+    /// Whether `vdpbf16ps` serves [`PackLayout::Bf16Pairs16`] weights ([`bf16dot`]).
+    const BF16: bool = false;
 }
 
 struct Avx2;
 struct Avx512;
 struct Avx512Vnni;
+struct Avx512Bf16;
 
 impl Isa for Avx2 {
     const SILU: Kernel<edge_kernels::UnaryFn> = Kernel {
@@ -72,6 +76,16 @@ impl Isa for Avx512Vnni {
     const QUANT: QuantTile = QuantTile::Vnni;
 }
 
+/// The AVX-512 VNNI table plus the AVX512_BF16 kernel of [`PackLayout::Bf16Pairs16`] weights.
+impl Isa for Avx512Bf16 {
+    const SILU: Kernel<edge_kernels::UnaryFn> = Avx512::SILU;
+    const GELU: Kernel<edge_kernels::UnaryFn> = Avx512::GELU;
+    const TILE: edge_kernels::F32Tile = Avx512::TILE;
+    const ATTENTION: edge_kernels::AttentionOps = Avx512::ATTENTION;
+    const QUANT: QuantTile = QuantTile::Vnni;
+    const BF16: bool = true;
+}
+
 /// `{avx2,avx512,avx512vnni}_linear_any`: `F32`/`F16`/`BF16` through the shared GEMM driver
 /// with `I`'s tile; row-major `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1` weights with at least one
 /// register tile of activation rows (4 for AVX2, 6 for VNNI; any for VNNI's `Interleaved16x4`
@@ -86,6 +100,9 @@ fn linear<I: Isa>(
     n: usize,
     scratch: &mut [u8],
 ) {
+    if I::BF16 && w.layout == PackLayout::Bf16Pairs16 {
+        return bf16dot::linear(x, w, bias, out, m, k, n, scratch);
+    }
     let panel = match I::QUANT {
         QuantTile::Vnni if qgemm::handles::<qgemm::Vnni>(&w, m, k) => {
             Some(qgemm::linear::<qgemm::Vnni> as PanelLinear)
@@ -103,7 +120,7 @@ fn linear<I: Isa>(
         return;
     }
     match w.dtype {
-        DType::F32 | DType::F16 | DType::BF16 => {
+        DType::F32 | DType::F16 | DType::BF16 if w.layout == PackLayout::RowMajor => {
             linear_plain(&I::TILE, x, w, bias, out, m, k, n, scratch)
         }
         _ => edge_kernels::linear(x, w, bias, out, m, k, n, scratch),
@@ -160,6 +177,7 @@ fn table<I: Isa>(linear_name: &'static str, conv_name: &'static str) -> KernelTa
 const LINEAR_AVX2: &str = "avx2_linear_any";
 const LINEAR_AVX512: &str = "avx512_linear_any";
 const LINEAR_AVX512_VNNI: &str = "avx512vnni_linear_any";
+const LINEAR_AVX512_BF16: &str = "avx512bf16_linear_any";
 
 /// AVX2 with FMA (the f32 tile) and F16C (its `F16` weight packing; every AVX2 CPU has it).
 fn avx2_table(f: &Features) -> Option<KernelTable> {
@@ -177,11 +195,17 @@ fn avx512_vnni_table(f: &Features) -> Option<KernelTable> {
         .then(|| table::<Avx512Vnni>(LINEAR_AVX512_VNNI, "avx512_conv2d_f32_6x64"))
 }
 
+fn avx512_bf16_table(f: &Features) -> Option<KernelTable> {
+    (f.avx512f && f.avx512bw && f.avx512vnni && f.avx512bf16)
+        .then(|| table::<Avx512Bf16>(LINEAR_AVX512_BF16, "avx512_conv2d_f32_6x64"))
+}
+
 pub(crate) fn variants(f: &Features) -> Vec<(&'static str, KernelTable)> {
     [
         ("avx2", avx2_table(f)),
         ("avx512", avx512_table(f)),
         ("avx512+vnni", avx512_vnni_table(f)),
+        ("avx512+vnni+bf16", avx512_bf16_table(f)),
     ]
     .into_iter()
     .filter_map(|(n, t)| t.map(|t| (n, t)))
@@ -193,21 +217,29 @@ pub(crate) fn linear_variant_name(
     dtype: DType,
     layout: PackLayout,
 ) -> Option<&'static str> {
-    let plain = matches!(dtype, DType::F32 | DType::F16 | DType::BF16);
+    let plain =
+        matches!(dtype, DType::F32 | DType::F16 | DType::BF16) && layout == PackLayout::RowMajor;
     let q32 = layout == PackLayout::RowMajor
         && matches!(
             dtype,
             DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1
         );
+    let vnni = matches!(table.linear.name, LINEAR_AVX512_VNNI | LINEAR_AVX512_BF16);
     match table.linear.name {
+        LINEAR_AVX512_BF16 if layout == PackLayout::Bf16Pairs16 => {
+            Some("avx512bf16_linear_pairs_6x64")
+        }
+        _ if layout == PackLayout::Bf16Pairs16 => Some("generic_linear_bf16_pairs"),
         LINEAR_AVX2 if plain => Some(tile::AVX2.name),
-        LINEAR_AVX512 | LINEAR_AVX512_VNNI if plain => Some(tile::AVX512.name),
-        LINEAR_AVX512_VNNI if q32 => Some("avx512vnni_linear_q32_panel_6x32"),
+        LINEAR_AVX512 | LINEAR_AVX512_VNNI | LINEAR_AVX512_BF16 if plain => Some(tile::AVX512.name),
+        _ if vnni && q32 => Some("avx512vnni_linear_q32_panel_6x32"),
         LINEAR_AVX2 | LINEAR_AVX512 if q32 => Some("avx2_linear_q32_panel_4x8"),
-        LINEAR_AVX512_VNNI if layout == PackLayout::Interleaved16x4 && dtype == DType::Q8_0 => {
+        _ if vnni && layout == PackLayout::Interleaved16x4 && dtype == DType::Q8_0 => {
             Some("avx512vnni_linear_q8_0_in_place_6x32")
         }
-        LINEAR_AVX2 | LINEAR_AVX512 | LINEAR_AVX512_VNNI => Some("generic_linear_f32"),
+        LINEAR_AVX2 | LINEAR_AVX512 | LINEAR_AVX512_VNNI | LINEAR_AVX512_BF16 => {
+            Some("generic_linear_f32")
+        }
         _ => None,
     }
 }

@@ -286,7 +286,7 @@ pub(crate) fn handles<P: Panel>(w: &WeightRef<'_>, m: usize, k: usize) -> bool {
     let layout_ok = match w.layout {
         PackLayout::RowMajor => true,
         PackLayout::Interleaved16x4 => P::INTERLEAVED16X4 && w.dtype == DType::Q8_0,
-        PackLayout::Interleaved4x8 => false,
+        PackLayout::Interleaved4x8 | PackLayout::Bf16Pairs16 => false,
     };
     // Few rows are left to the generic kernel when the weights must be repacked at run time;
     // in place, the tile's clamped rows cost less than the generic dot products.

@@ -1,0 +1,246 @@
+//! `generic_linear_bf16_pairs`: the products of `BF16` weights stored as
+//! [`PackLayout::Bf16Pairs16`], in the arithmetic of x86-64 `vdpbf16ps` (AVX512_BF16), which this
+//! module defines for every CPU.
+//!
+//! **The arithmetic.** Each activation is rounded to bf16 ([`round_bf16`]: to nearest, ties to
+//! even, as ggml's `GGML_FP32_TO_BF16`). Each output element is one f32 accumulator from `+0.0`
+//! that takes, for every feature pair `s = 0, 1, …, k/2 − 1` in order, first the product of the
+//! odd features `2s + 1`, then that of the even ones `2s`: `acc = ftz(acc + ftz(x·w))` with `x·w`
+//! and the sum each rounded to f32 (to nearest even), bf16 inputs whose exponent is zero read as
+//! (signed) zero and tiny (subnormal) results flushed to signed zero ([`pair_step`]); then the
+//! bias is added with one ordinary addition. This is the Intel SDM's definition of `VDPBF16PS`
+//! (the two products per lane added one after the other, MXCSR ignored, DAZ and FTZ implied,
+//! round to nearest even); on an AMD Zen 4 the instruction gave these bits on all of 3.2 million
+//! random lanes, ties, subnormal inputs and flushed sums among them (BENCHMARKS.md). A product of
+//! two bf16 values is exact whenever it is a normal f32, so the rounding that matters is the
+//! sum's: a sequential sum over `k` as in the f32 GEMM, with the activations' 8-bit significands.
+
+use edge_schema::plan::PackLayout;
+use edge_schema::DType;
+use rayon::prelude::*;
+
+use crate::weights::WeightRef;
+
+/// Weight rows per group of [`PackLayout::Bf16Pairs16`] (one zmm of f32 lanes).
+pub const PAIR_GROUP_ROWS: usize = 16;
+
+/// `x` rounded to bf16 (the upper 16 bits of an f32): to nearest, ties to even; a NaN stays a
+/// NaN (quiet, its sign and upper payload bits kept), overflow gives ±∞.
+#[inline]
+pub fn round_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return ((b >> 16) | 0x40) as u16;
+    }
+    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// The bf16 `h` as an f32, a subnormal read as a zero of its sign (DAZ).
+#[inline]
+fn daz(h: u16) -> f32 {
+    let h = if h & 0x7f80 == 0 { h & 0x8000 } else { h };
+    f32::from_bits(u32::from(h) << 16)
+}
+
+/// `v`, or a zero of its sign when it is subnormal (FTZ).
+#[inline]
+fn ftz(v: f32) -> f32 {
+    if v.is_subnormal() {
+        f32::from_bits(v.to_bits() & 0x8000_0000)
+    } else {
+        v
+    }
+}
+
+/// One feature pair of the arithmetic (module doc): `x` and `w` hold features `2s` (low 16
+/// bits) and `2s + 1` (high 16 bits) as bf16; the odd product is added first.
+#[inline]
+pub fn pair_step(acc: f32, x: u32, w: u32) -> f32 {
+    let odd = ftz(daz((x >> 16) as u16) * daz((w >> 16) as u16));
+    let acc = ftz(acc + odd);
+    let even = ftz(daz(x as u16) * daz(w as u16));
+    ftz(acc + even)
+}
+
+/// Rounds activation rows `x` `[m, k]` (`k` even) to bf16 pairs: `out[i·k/2 + s]` holds features
+/// `2s` (low half) and `2s + 1` (high half) of row `i`.
+pub fn activation_pairs(x: &[f32], out: &mut [u32]) {
+    assert!(
+        x.len() == 2 * out.len(),
+        "activation_pairs: {} activations for {} pairs",
+        x.len(),
+        out.len()
+    );
+    for (o, p) in out.iter_mut().zip(x.chunks_exact(2)) {
+        *o = u32::from(round_bf16(p[0])) | (u32::from(round_bf16(p[1])) << 16);
+    }
+}
+
+/// Byte offset of feature pair `s` of weight row `r` of a `[n, k]` BF16 matrix stored as
+/// [`PackLayout::Bf16Pairs16`] (its 4 bytes: features `2s`, then `2s + 1`).
+#[inline]
+pub fn pair_offset(n: usize, k: usize, r: usize, s: usize) -> usize {
+    let grouped = n / PAIR_GROUP_ROWS * PAIR_GROUP_ROWS;
+    if r >= grouped {
+        return (r * k + 2 * s) * 2;
+    }
+    let (g, rr) = (r / PAIR_GROUP_ROWS, r % PAIR_GROUP_ROWS);
+    32 * k * g + 64 * s + 4 * rr
+}
+
+/// Checks a `[n, k]` BF16 matrix for [`PackLayout::Bf16Pairs16`]; panics with a message.
+fn check(bytes: usize, n: usize, k: usize, what: &str) {
+    assert!(
+        k.is_multiple_of(2),
+        "{what}: k = {k} is odd (Bf16Pairs16 stores features in pairs)"
+    );
+    assert_eq!(
+        bytes,
+        n * k * 2,
+        "{what}: {bytes} bytes, expected [{n}, {k}] BF16"
+    );
+}
+
+/// Repacks a row-major `[n, k]` BF16 matrix into [`PackLayout::Bf16Pairs16`] (same length).
+pub fn repack_pairs(src: &[u8], n: usize, k: usize, dst: &mut [u8]) {
+    check(src.len(), n, k, "repack src");
+    check(dst.len(), n, k, "repack dst");
+    for r in 0..n {
+        for s in 0..k / 2 {
+            let at = pair_offset(n, k, r, s);
+            dst[at..at + 4].copy_from_slice(&src[(r * k + 2 * s) * 2..][..4]);
+        }
+    }
+}
+
+/// The inverse of [`repack_pairs`].
+pub fn unpack_pairs(src: &[u8], n: usize, k: usize, dst: &mut [u8]) {
+    check(src.len(), n, k, "unpack src");
+    check(dst.len(), n, k, "unpack dst");
+    for r in 0..n {
+        for s in 0..k / 2 {
+            let at = pair_offset(n, k, r, s);
+            dst[(r * k + 2 * s) * 2..][..4].copy_from_slice(&src[at..at + 4]);
+        }
+    }
+}
+
+/// Scratch bytes of [`linear_pairs`]: the `m` activation rows as bf16 pairs, `2·m·k` bytes.
+pub fn pairs_scratch_bytes(m: usize, k: usize) -> usize {
+    2 * m * k
+}
+
+/// The activation pairs in the first [`pairs_scratch_bytes`] of `scratch`.
+pub fn pairs_scratch(scratch: &mut [u8], m: usize, k: usize) -> &mut [u32] {
+    let need = pairs_scratch_bytes(m, k);
+    match zerocopy::FromBytes::mut_from_bytes(&mut scratch[..need]) {
+        Ok(v) => v,
+        Err(_) => panic!("linear: scratch for bf16 pairs is not 4-byte aligned"),
+    }
+}
+
+/// `generic_linear_bf16_pairs`: `out[i, j] = Σ x[i, c]·w[j, c] + bias[j]` in the arithmetic of
+/// the module doc. Shapes: `x` `[m, k]` f32 (`k` even), `w` `[n, k]` BF16 stored as
+/// [`PackLayout::Bf16Pairs16`], `bias` `[n]`, `out` `[m, n]`; `scratch` holds at least
+/// [`pairs_scratch_bytes`]`(m, k)` bytes, 4-byte aligned. The caller ([`crate::linear`]) has
+/// checked the lengths. Parallel over output rows; the same bits for any thread count.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_pairs(
+    x: &[f32],
+    w: WeightRef<'_>,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    scratch: &mut [u8],
+) {
+    assert!(
+        w.dtype == DType::BF16 && w.layout == PackLayout::Bf16Pairs16,
+        "linear_pairs: {:?} weights in {:?}",
+        w.dtype,
+        w.layout
+    );
+    check(w.bytes.len(), n, k, "linear weight");
+    let xp = pairs_scratch(scratch, m, k);
+    activation_pairs(x, xp);
+    let xp = &*xp;
+    let kp = k / 2;
+    out.par_chunks_mut(n.max(1))
+        .enumerate()
+        .for_each(|(i, row)| {
+            let xs = &xp[i * kp..][..kp];
+            for (j, o) in row.iter_mut().enumerate() {
+                let mut acc = 0.0f32;
+                for (s, &xv) in xs.iter().enumerate() {
+                    let at = pair_offset(n, k, j, s);
+                    let wv = u32::from_le_bytes([
+                        w.bytes[at],
+                        w.bytes[at + 1],
+                        w.bytes[at + 2],
+                        w.bytes[at + 3],
+                    ]);
+                    acc = pair_step(acc, xv, wv);
+                }
+                *o = match bias {
+                    Some(b) => acc + b[j],
+                    None => acc,
+                };
+            }
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounding_is_to_nearest_even() {
+        assert_eq!(round_bf16(1.0), 0x3f80);
+        // 1 + 2⁻⁸ is halfway between 1 and 1 + 2⁻⁷: ties to the even 1.
+        assert_eq!(round_bf16(1.0 + 2f32.powi(-8)), 0x3f80);
+        assert_eq!(round_bf16(1.0 + 3.0 * 2f32.powi(-8)), 0x3f82);
+        assert_eq!(round_bf16(f32::MAX), 0x7f80, "overflow gives +inf");
+        assert_eq!(round_bf16(-0.0), 0x8000);
+        assert!(daz(round_bf16(f32::NAN)).is_nan());
+    }
+
+    #[test]
+    fn products_are_added_odd_first_each_rounded() {
+        // 1 + 2⁻²⁴ ties back to 1, twice; one rounding of the three terms would give 1 + 2⁻²³.
+        let t = u32::from(round_bf16(2f32.powi(-12)));
+        let both = t | (t << 16);
+        assert_eq!(pair_step(1.0, both, both), 1.0);
+        // Odd first: (1e8 + 1·1) rounds to 1e8 before the even product −1e8·1 cancels it.
+        let one = u32::from(round_bf16(1.0));
+        let big = u32::from(round_bf16(-1e8));
+        let acc = f32::from_bits(u32::from(round_bf16(1e8)) << 16);
+        assert_eq!(pair_step(acc, big | (one << 16), one | (one << 16)), 0.0);
+        // A subnormal product and a subnormal input count as zero.
+        let tiny = u32::from(round_bf16(1e-30));
+        assert_eq!(
+            pair_step(0.0, tiny | (tiny << 16), tiny | (tiny << 16)),
+            0.0
+        );
+        let sub = 0x0001u32;
+        assert_eq!(pair_step(0.0, sub, one), 0.0);
+    }
+
+    #[test]
+    fn pairs_layout_round_trips() {
+        for (n, k) in [(1, 2), (15, 4), (16, 6), (17, 2), (35, 10)] {
+            let src: Vec<u8> = (0..n * k * 2).map(|i| (i * 7 + i / 5) as u8).collect();
+            let mut packed = vec![0u8; src.len()];
+            repack_pairs(&src, n, k, &mut packed);
+            let mut back = vec![0u8; src.len()];
+            unpack_pairs(&packed, n, k, &mut back);
+            assert_eq!(back, src, "n={n} k={k}");
+            // (With one pair per row, a group is its rows one after the other: row-major.)
+            if n >= 16 && k > 2 {
+                assert_ne!(packed, src, "n={n} k={k}: nothing moved");
+                // Pair 1 of row 3: bytes 64 + 12 of group 0.
+                assert_eq!(&packed[64 + 12..][..4], &src[(3 * k + 2) * 2..][..4]);
+            }
+        }
+    }
+}
