@@ -729,6 +729,17 @@ fn vnni_layout_on_another_type_is_refused() {
     );
 }
 
+#[test]
+fn bf16_pairs_layout_on_another_type_is_refused() {
+    refused(
+        "f32 tensor marked Bf16Pairs16",
+        &["tensor 0", "Bf16Pairs16", "only 2-D BF16 matrices"],
+        |m| {
+            m.tensors[0].layout = PackLayout::Bf16Pairs16;
+        },
+    );
+}
+
 /// An aarch64 plan's repacked matrix fed to a kernel that reads row-major data (here: as the
 /// activation operand of its own linear step) is refused before anything runs.
 #[test]

@@ -2688,3 +2688,69 @@ fn compile_sums_up_quant_fallbacks() {
         "{count} summed, {listed} listed"
     );
 }
+
+/// `--target x86_64-avx512bf16 --quant bf16`: the plan's BF16 matrices are in the pairs layout
+/// (`inspect` says so, and that their products are bf16 ones); on a CPU with AVX512_BF16 `edgerun
+/// -v` names the `vdpbf16ps` kernel and the image is written; on another x86-64 CPU the plan is
+/// refused, naming the missing feature.
+#[test]
+fn bf16_products_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("bf16.plan");
+    let o = run(
+        EDGEPLAN,
+        &[
+            "compile",
+            s(&demo_model()),
+            "-W",
+            "64",
+            "-H",
+            "64",
+            "--quant",
+            "bf16",
+            "--target",
+            "x86_64-avx512bf16",
+            "--quiet",
+            "-o",
+            s(&plan),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run(EDGEPLAN, &["inspect", s(&plan)]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("bf16 (pairs 16x2, bf16 products)"),
+        "inspect does not show the pairs layout:\n{text}"
+    );
+    if !cfg!(target_arch = "x86_64") {
+        return;
+    }
+    let png = dir.path().join("x.png");
+    let o = run(
+        EDGERUN,
+        &[
+            "generate",
+            "--plan",
+            s(&plan),
+            "-p",
+            "a cat",
+            "--steps",
+            "2",
+            "-v",
+            "-o",
+            s(&png),
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    if edge_kernels_cpu::features().avx512bf16 && edge_kernels_cpu::features().avx512vnni {
+        assert!(o.status.success(), "{err}");
+        assert!(
+            err.contains("bf16 (pairs 16x2) -> avx512bf16_linear_pairs_6x64"),
+            "-v does not name the vdpbf16ps kernel:\n{err}"
+        );
+        assert!(png.exists());
+    } else {
+        assert!(!o.status.success() && err.contains("avx512bf16"), "{err}");
+        assert!(!png.exists());
+    }
+}
