@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use edge_kernels::{Call, Conv2dParams};
 use edge_schema::op::Op;
-use edge_schema::plan::{Stage, StageKind, Step};
+use edge_schema::plan::{PackLayout, Stage, StageKind, Step, Storage, TensorEntry};
 use edge_schema::DType;
 
 /// One (stage kind, op) row.
@@ -22,6 +22,9 @@ pub struct OpStat {
     pub op: &'static str,
     /// For `linear` and `conv2d`: the weight type.
     pub weights: Option<DType>,
+    /// `linear` steps whose `BF16` weight is in `PackLayout::Bf16Pairs16`: bf16 products
+    /// (`vdpbf16ps`'s arithmetic), a row apart from row-major `BF16`'s f32 products.
+    pub bf16_products: bool,
     /// Steps run.
     pub calls: u64,
     /// Time spent in them.
@@ -106,7 +109,9 @@ impl Profile {
     /// Charges one step that took `time`. Winograd convolutions are a row of their own,
     /// `conv2d winograd`, their work the multiply-adds they do (16 per 2×2 output tile and
     /// channel pair, not the direct form's 36).
-    pub fn record(&mut self, stage: &Stage, step: &Step, time: Duration) {
+    ///
+    /// `tensors` are the plan's (for the layout of a step's weight).
+    pub fn record(&mut self, stage: &Stage, step: &Step, tensors: &[TensorEntry], time: Duration) {
         let name = match winograd(stage, step) {
             Some(_) => "conv2d winograd",
             None => step.op.name(),
@@ -117,13 +122,24 @@ impl Profile {
             }
             _ => None,
         };
+        let bf16_products = matches!(step.op, Op::Linear { .. })
+            && step
+                .inputs
+                .get(1)
+                .and_then(|&v| stage.values.get(v as usize))
+                .and_then(|v| match v.storage {
+                    Storage::Weight(t) => tensors.get(t as usize),
+                    _ => None,
+                })
+                .is_some_and(|t| t.layout == PackLayout::Bf16Pairs16);
         let bytes = numel(shape(stage, step.outputs[0])) * 4.0;
         let flops = step_flops(stage, step);
-        match self
-            .rows
-            .iter_mut()
-            .find(|r| r.op == name && r.stage == stage.kind && r.weights == weights)
-        {
+        match self.rows.iter_mut().find(|r| {
+            r.op == name
+                && r.stage == stage.kind
+                && r.weights == weights
+                && r.bf16_products == bf16_products
+        }) {
             Some(r) => {
                 r.calls += 1;
                 r.time += time;
@@ -134,6 +150,7 @@ impl Profile {
                 stage: stage.kind,
                 op: name,
                 weights,
+                bf16_products,
                 calls: 1,
                 time,
                 flops,

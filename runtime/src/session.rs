@@ -505,7 +505,12 @@ impl<'p> Session<'p> {
                     let t = std::time::Instant::now();
                     self.run_step(index as usize, i, given, bound)?;
                     if let Some(p) = self.profile.as_mut() {
-                        p.record(stage, &stage.steps[i], t.elapsed());
+                        p.record(
+                            stage,
+                            &stage.steps[i],
+                            &self.plan.meta().tensors,
+                            t.elapsed(),
+                        );
                     }
                 } else {
                     self.run_step(index as usize, i, given, bound)?;

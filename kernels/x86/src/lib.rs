@@ -79,6 +79,9 @@ pub struct Peak {
     /// `vpdpbusd` on zmm with AVX-512 VNNI; `vpmaddubsw` + `vpmaddwd` + `vpaddd` on ymm (the
     /// AVX2 quantized tile's dot) on AVX2 CPUs without AVX-512; per thread.
     pub int8_ops: Option<f64>,
+    /// `vdpbf16ps` on zmm with AVX512_BF16 (bf16 multiply-adds ×2, 32 per instruction), per
+    /// thread: the kernel of `PackLayout::Bf16Pairs16` weights.
+    pub bf16_ops: Option<f64>,
 }
 
 /// Measures [`Peak`] on the calling thread (about `iters` iterations of 12 independent chains;

@@ -393,7 +393,12 @@ impl<'p> CudaSession<'p> {
                     self.run_one(index, i, given, bound)?;
                     self.gpu.synchronize().map_err(gpu_err)?;
                     if let Some(p) = self.profile.as_mut() {
-                        p.record(stage, &stage.steps[i], t.elapsed());
+                        p.record(
+                            stage,
+                            &stage.steps[i],
+                            &self.host.plan.meta().tensors,
+                            t.elapsed(),
+                        );
                     }
                 } else {
                     self.run_one(index, i, given, bound)?;

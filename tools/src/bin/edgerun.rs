@@ -1308,11 +1308,12 @@ fn bench(a: BenchArgs) -> Result<()> {
             |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{:.1} GOP/s", v / 1e9));
         out!(
             "peak of one thread, measured now: f32 fused multiply-add {} (matmul, conv2d and \
-             attention), f32 multiply then add {} (element-wise ops), int8 dot {}; memory read, \
-             all threads: {}",
+             attention), f32 multiply then add {} (element-wise ops), int8 dot {}, bf16 dot {} \
+             (bf16 products); memory read, all threads: {}",
             fmt_peak(pk.f32_fma_ops),
             fmt_peak(pk.f32_ops),
             fmt_peak(pk.int8_ops),
+            fmt_peak(pk.bf16_ops),
             bw.map_or("n/a".to_string(), |b| format!("{:.1} GB/s", b / 1e9))
         );
         out!("(\"of peak\" below = achieved rate / (one thread's peak × {threads} threads))");
@@ -1453,6 +1454,7 @@ fn bench(a: BenchArgs) -> Result<()> {
             // Quantized matmuls run on the int8 dot peak, f32 matmuls, convolutions and
             // attention on the fused f32 one, element-wise ops on the unfused one.
             let peak = match r.weights {
+                _ if r.bf16_products => pk.bf16_ops,
                 Some(d) if d.is_quantized() => pk.int8_ops,
                 _ if matches!(r.op, "linear" | "conv2d" | "conv2d winograd" | "attention") => {
                     pk.f32_fma_ops.or(pk.f32_ops)
@@ -1469,6 +1471,7 @@ fn bench(a: BenchArgs) -> Result<()> {
                 "-".into()
             };
             let name = match r.weights {
+                Some(d) if r.bf16_products => format!("{} {} pairs", r.op, d.name()),
                 Some(d) => format!("{} {}", r.op, d.name()),
                 None => r.op.to_string(),
             };
