@@ -253,6 +253,15 @@ fn meta() -> PlanMeta {
                 offset: 256,
                 len: 544,
             },
+            TensorEntry {
+                name: "wbf16".into(),
+                dtype: DType::BF16,
+                shape: vec![16, 2],
+                layout: PackLayout::Bf16Pairs16,
+                section: 0,
+                offset: 832,
+                len: 64,
+            },
         ],
         sections: vec![SectionEntry {
             offset: 0,
@@ -282,7 +291,7 @@ fn metadata_bytes_are_frozen() {
     let digest = blake3::hash(&bytes).to_hex().to_string();
     assert_eq!(
         (FORMAT_VERSION, bytes.len(), digest.as_str()),
-        (10, GOLDEN_LEN, GOLDEN_DIGEST),
+        (11, GOLDEN_LEN, GOLDEN_DIGEST),
         "the postcard encoding of PlanMeta changed: bump FORMAT_VERSION and update the golden values"
     );
     assert_eq!(PlanMeta::decode(&bytes).unwrap(), meta());
@@ -307,5 +316,5 @@ fn header_layout_is_frozen() {
     assert_eq!(&b[224..256], &[0x44; 32]);
 }
 
-const GOLDEN_LEN: usize = 572;
-const GOLDEN_DIGEST: &str = "38c03de223abc6c2be6efbfac0807ac92f95896834f76108d627bd5f70e2ca5e";
+const GOLDEN_LEN: usize = 587;
+const GOLDEN_DIGEST: &str = "b19472bf9f40f99f6ee8232fad938d3ba35bd4deece2f2f1f72a74a2fdf8a2a2";
