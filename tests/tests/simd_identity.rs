@@ -99,27 +99,30 @@ fn alpha_f32_plan_is_byte_identical() {
     identical("pixart-alpha-tiny", None);
 }
 
+/// The `pixart-sigma-tiny` fixture at 64×64 compiled with `quant` matrices for `target`.
+fn target_plan(quant: DType, target: edge_schema::plan::Target) -> Plan {
+    let opts = edge_planner::CompileOptions {
+        sizes: vec![(64, 64)],
+        policy: edge_planner::pack::PackPolicy {
+            default: Some(quant),
+            rules: Vec::new(),
+        },
+        target,
+        ..Default::default()
+    };
+    let mut c =
+        edge_planner::compile_folder(&fixture("pixart-sigma-tiny"), &opts).expect("compiles");
+    let bytes = edge_planner::write::assemble(&mut c.meta, &c.table).expect("assemble");
+    Plan::from_bytes(&bytes).expect("plan verifies")
+}
+
 /// A `--target x86_64-avx512` plan (its `Q8_0` matrices in `PackLayout::Interleaved16x4`, read
 /// in place or copied by the VNNI kernels) gives the same bytes as the row-major `q8_0` plan,
 /// with the generic kernels and every x86 table this CPU has.
 #[test]
 fn sigma_q8_0_avx512_target_plan_is_byte_identical() {
     use edge_schema::plan::{Isa, PackLayout, Target};
-    let compile = |target: Target| {
-        let opts = edge_planner::CompileOptions {
-            sizes: vec![(64, 64)],
-            policy: edge_planner::pack::PackPolicy {
-                default: Some(DType::Q8_0),
-                rules: Vec::new(),
-            },
-            target,
-            ..Default::default()
-        };
-        let mut c =
-            edge_planner::compile_folder(&fixture("pixart-sigma-tiny"), &opts).expect("compiles");
-        let bytes = edge_planner::write::assemble(&mut c.meta, &c.table).expect("assemble");
-        Plan::from_bytes(&bytes).expect("plan verifies")
-    };
+    let compile = |target: Target| target_plan(DType::Q8_0, target);
     let row_major = compile(Target {
         isa: Isa::Generic,
         features: Vec::new(),
@@ -167,21 +170,7 @@ fn sigma_q8_0_avx512_target_plan_is_byte_identical() {
 #[test]
 fn sigma_bf16_pairs_plan_is_byte_identical_and_close_to_row_major() {
     use edge_schema::plan::{Isa, PackLayout, Target};
-    let compile = |target: Target| {
-        let opts = edge_planner::CompileOptions {
-            sizes: vec![(64, 64)],
-            policy: edge_planner::pack::PackPolicy {
-                default: Some(DType::BF16),
-                rules: Vec::new(),
-            },
-            target,
-            ..Default::default()
-        };
-        let mut c =
-            edge_planner::compile_folder(&fixture("pixart-sigma-tiny"), &opts).expect("compiles");
-        let bytes = edge_planner::write::assemble(&mut c.meta, &c.table).expect("assemble");
-        Plan::from_bytes(&bytes).expect("plan verifies")
-    };
+    let compile = |target: Target| target_plan(DType::BF16, target);
     let row_major = compile(Target {
         isa: Isa::Generic,
         features: Vec::new(),

@@ -125,6 +125,18 @@ pub fn unpack_pairs(src: &[u8], n: usize, k: usize, dst: &mut [u8]) {
     }
 }
 
+/// One output element without its bias: the pair steps of one activation row's pairs `xs`
+/// (`k / 2`) against weight row `j` of the `[n, k]` matrix `w` in [`PackLayout::Bf16Pairs16`].
+pub fn column_dot(xs: &[u32], w: &[u8], n: usize, k: usize, j: usize) -> f32 {
+    let mut acc = 0.0f32;
+    for (s, &xv) in xs.iter().enumerate() {
+        let at = pair_offset(n, k, j, s);
+        let wv = u32::from_le_bytes([w[at], w[at + 1], w[at + 2], w[at + 3]]);
+        acc = pair_step(acc, xv, wv);
+    }
+    acc
+}
+
 /// Scratch bytes of [`linear_pairs`]: the `m` activation rows as bf16 pairs, `2·m·k` bytes.
 pub fn pairs_scratch_bytes(m: usize, k: usize) -> usize {
     2 * m * k
@@ -171,21 +183,8 @@ pub fn linear_pairs(
         .for_each(|(i, row)| {
             let xs = &xp[i * kp..][..kp];
             for (j, o) in row.iter_mut().enumerate() {
-                let mut acc = 0.0f32;
-                for (s, &xv) in xs.iter().enumerate() {
-                    let at = pair_offset(n, k, j, s);
-                    let wv = u32::from_le_bytes([
-                        w.bytes[at],
-                        w.bytes[at + 1],
-                        w.bytes[at + 2],
-                        w.bytes[at + 3],
-                    ]);
-                    acc = pair_step(acc, xv, wv);
-                }
-                *o = match bias {
-                    Some(b) => acc + b[j],
-                    None => acc,
-                };
+                let acc = column_dot(xs, w.bytes, n, k, j);
+                *o = bias.map_or(acc, |b| acc + b[j]);
             }
         });
 }

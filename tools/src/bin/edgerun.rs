@@ -1364,16 +1364,21 @@ fn bench(a: BenchArgs) -> Result<()> {
             edge_runtime::pipeline::denoise(s, size, &latent, 500.0, &cond, &mut eps)?;
             s.replace_profile(kept);
         }
-        let mut times = Vec::new();
-        for _ in 0..a.reps {
-            let ((), t) = timed(|| {
-                Ok(edge_runtime::pipeline::denoise(
-                    s, size, &latent, 500.0, &cond, &mut eps,
-                )?)
-            })?;
-            times.push(t);
-        }
-        times.sort_by(f64::total_cmp);
+        // `reps` NFEs with `cond`: their times, sorted.
+        let mut nfes = |s: &mut dyn Executor<'_>, cond: &edge_runtime::pipeline::Condition| {
+            let mut times = Vec::new();
+            for _ in 0..a.reps {
+                let ((), t) = timed(|| {
+                    Ok(edge_runtime::pipeline::denoise(
+                        s, size, &latent, 500.0, cond, &mut eps,
+                    )?)
+                })?;
+                times.push(t);
+            }
+            times.sort_by(f64::total_cmp);
+            Ok::<_, anyhow::Error>(times)
+        };
+        let times = nfes(s, &cond)?;
         out!(
             "denoiser NFE ({} run{}, all {} context tokens kept): median {:.3} s, min {:.3} s",
             a.reps,
@@ -1387,17 +1392,8 @@ fn bench(a: BenchArgs) -> Result<()> {
             let l = prompt_mask.len();
             cond.mask = prompt_mask;
             let prof = s.replace_profile(None);
-            let mut times = Vec::new();
-            for _ in 0..a.reps {
-                let ((), t) = timed(|| {
-                    Ok(edge_runtime::pipeline::denoise(
-                        s, size, &latent, 500.0, &cond, &mut eps,
-                    )?)
-                })?;
-                times.push(t);
-            }
+            let times = nfes(s, &cond)?;
             s.replace_profile(prof);
-            times.sort_by(f64::total_cmp);
             out!(
                 "denoiser NFE with the prompt's mask ({kept} of {l} context tokens kept; the \
                  cross-attention skips the padding after them; not in the op table): median \

@@ -5,13 +5,13 @@
 //! rounding, then `vpmovdw`), then a register tile of 6 activation rows × 64 output columns
 //! (24 zmm accumulators, 4 groups of 16 weight rows) takes one `vdpbf16ps` per row, group and
 //! feature pair: each lane adds the odd product, then the even one, each rounded, with DAZ and
-//! FTZ: the generic [`edge_kernels::bf16dot::pair_step`] sequence, so the bits are the generic
+//! FTZ: the generic `edge_kernels::bf16dot::pair_step` sequence, so the bits are the generic
 //! kernel's (tested on ragged sizes). The bias is one addition at the end. Rows of `w` past the
 //! last whole group of 16 (row-major in the layout) take the generic per-element sum.
 
 use std::arch::x86_64::*;
 
-use edge_kernels::bf16dot::{activation_pairs, pair_offset, pair_step, pairs_scratch};
+use edge_kernels::bf16dot::{activation_pairs, column_dot, pairs_scratch};
 use edge_kernels::{contract, WeightRef};
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
@@ -55,17 +55,7 @@ pub(crate) fn linear(
     // Columns past the whole groups: row-major weight rows, the generic sum per element.
     let tail = |i: usize, row: &mut [f32]| {
         for (j, o) in row.iter_mut().enumerate().skip(groups * 16) {
-            let mut acc = 0.0f32;
-            for (s, &xv) in xp[i * kp..][..kp].iter().enumerate() {
-                let at = pair_offset(n, k, j, s);
-                let wv = u32::from_le_bytes([
-                    w.bytes[at],
-                    w.bytes[at + 1],
-                    w.bytes[at + 2],
-                    w.bytes[at + 3],
-                ]);
-                acc = pair_step(acc, xv, wv);
-            }
+            let acc = column_dot(&xp[i * kp..][..kp], w.bytes, n, k, j);
             *o = bias.map_or(acc, |b| acc + b[j]);
         }
     };
