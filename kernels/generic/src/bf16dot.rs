@@ -5,15 +5,18 @@
 //! **The arithmetic.** Each activation is rounded to bf16 ([`round_bf16`]: to nearest, ties to
 //! even, as ggml's `GGML_FP32_TO_BF16`). Each output element is one f32 accumulator from `+0.0`
 //! that takes, for every feature pair `s = 0, 1, …, k/2 − 1` in order, first the product of the
-//! odd features `2s + 1`, then that of the even ones `2s`: `acc = ftz(acc + ftz(x·w))` with `x·w`
-//! and the sum each rounded to f32 (to nearest even), bf16 inputs whose exponent is zero read as
-//! (signed) zero and tiny (subnormal) results flushed to signed zero ([`pair_step`]); then the
-//! bias is added with one ordinary addition. This is the Intel SDM's definition of `VDPBF16PS`
-//! (the two products per lane added one after the other, MXCSR ignored, DAZ and FTZ implied,
-//! round to nearest even); on an AMD Zen 4 the instruction gave these bits on all of 3.2 million
-//! random lanes, ties, subnormal inputs and flushed sums among them (BENCHMARKS.md). A product of
-//! two bf16 values is exact whenever it is a normal f32, so the rounding that matters is the
-//! sum's: a sequential sum over `k` as in the f32 GEMM, with the activations' 8-bit significands.
+//! odd features `2s + 1`, then that of the even ones `2s` ([`pair_step`]): a bf16 input whose
+//! exponent is zero reads as a zero of its sign (DAZ); the product is exact (16 significant
+//! bits; it neither overflows nor underflows); `acc + product` is rounded once to a 24-bit
+//! significand, to nearest even, as if the exponent were unbounded, then becomes ±∞ above
+//! f32's range and a zero of its sign below its normal range (flush to zero after rounding).
+//! Then the bias is added with one ordinary addition. This is what `VDPBF16PS` (AVX512_BF16)
+//! computes per lane: on an AMD Zen 4, probes of ties, products beyond f32's range either way
+//! and sums at the edge of the normal range, and 320 000 random lanes of every exponent
+//! (`edge_kernels_x86`'s `vdpbf16ps_is_pair_step`), gave these bits every time; note that the
+//! products are *not* rounded to f32 first (a product of 2²⁰⁰ then −2²⁰⁰ gives +∞, not NaN; a
+//! product of 2⁻¹³⁰ added to 2⁻¹²⁶ counts). For finite, normal-range data it is a sequential sum
+//! over `k` with one rounding per product, as the f32 GEMM's, of bf16-rounded activations.
 
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
@@ -42,24 +45,33 @@ fn daz(h: u16) -> f32 {
     f32::from_bits(u32::from(h) << 16)
 }
 
-/// `v`, or a zero of its sign when it is subnormal (FTZ).
+/// `acc + p` (`p` exact) rounded to a 24-bit significand as if the exponent were unbounded,
+/// ±∞ beyond f32's range, a zero of its sign below 2⁻¹²⁶. The f64 sum is exact or, where the
+/// operands lie more than 28 bits apart, off by less than the smaller one, which then cannot
+/// reach an f32 rounding boundary: rounding it to f32 rounds the exact sum.
 #[inline]
-fn ftz(v: f32) -> f32 {
-    if v.is_subnormal() {
-        f32::from_bits(v.to_bits() & 0x8000_0000)
+fn add_rounded(acc: f32, p: f64) -> f32 {
+    let v = f64::from(acc) + p;
+    if v.abs() >= 1e-30 {
+        return v as f32;
+    }
+    // Round at a normal exponent (2⁶⁴ higher, exact in f64), then flush what is tiny.
+    let r = (v * 18_446_744_073_709_551_616.0) as f32;
+    if r.abs() < 2f32.powi(-62) {
+        f32::from_bits(r.to_bits() & 0x8000_0000)
     } else {
-        v
+        r * 2f32.powi(-64)
     }
 }
 
 /// One feature pair of the arithmetic (module doc): `x` and `w` hold features `2s` (low 16
-/// bits) and `2s + 1` (high 16 bits) as bf16; the odd product is added first.
+/// bits) and `2s + 1` (high 16 bits) as bf16; the odd product is added first. `acc` is a
+/// previous result (never subnormal) or `+0.0`.
 #[inline]
 pub fn pair_step(acc: f32, x: u32, w: u32) -> f32 {
-    let odd = ftz(daz((x >> 16) as u16) * daz((w >> 16) as u16));
-    let acc = ftz(acc + odd);
-    let even = ftz(daz(x as u16) * daz(w as u16));
-    ftz(acc + even)
+    let prod = |a: u32, b: u32| f64::from(daz(a as u16)) * f64::from(daz(b as u16));
+    let acc = add_rounded(acc, prod(x >> 16, w >> 16));
+    add_rounded(acc, prod(x & 0xffff, w & 0xffff))
 }
 
 /// Rounds activation rows `x` `[m, k]` (`k` even) to bf16 pairs: `out[i·k/2 + s]` holds features
@@ -215,7 +227,7 @@ mod tests {
         let big = u32::from(round_bf16(-1e8));
         let acc = f32::from_bits(u32::from(round_bf16(1e8)) << 16);
         assert_eq!(pair_step(acc, big | (one << 16), one | (one << 16)), 0.0);
-        // A subnormal product and a subnormal input count as zero.
+        // A subnormal input counts as zero; a sum below the normal range is flushed.
         let tiny = u32::from(round_bf16(1e-30));
         assert_eq!(
             pair_step(0.0, tiny | (tiny << 16), tiny | (tiny << 16)),
@@ -223,6 +235,32 @@ mod tests {
         );
         let sub = 0x0001u32;
         assert_eq!(pair_step(0.0, sub, one), 0.0);
+    }
+
+    /// The probes that pin the rounding down, with what `vdpbf16ps` gave on an AMD Zen 4.
+    #[test]
+    fn products_are_exact_and_sums_flush_after_rounding() {
+        let p = |e: i32| 2f32.powi(e);
+        let pair =
+            |even: f32, odd: f32| u32::from(round_bf16(even)) | (u32::from(round_bf16(odd)) << 16);
+        // 2⁻¹²⁶ + 2⁻¹³⁰: the product below f32's normal range still counts.
+        let got = pair_step(p(-126), pair(0.0, p(-65)), pair(0.0, p(-65)));
+        assert_eq!(got.to_bits(), 0x0088_0000);
+        // 0 + 2⁻¹³⁰ is flushed before 2⁻¹²⁶ is added.
+        let got = pair_step(0.0, pair(p(-63), p(-65)), pair(p(-63), p(-65)));
+        assert_eq!(got.to_bits(), 0x0080_0000);
+        // 2²⁰⁰ overflows the sum to +∞; −2²⁰⁰ (exact, finite) leaves it there: not NaN.
+        let got = pair_step(0.0, pair(-p(100), p(100)), pair(p(100), p(100)));
+        assert_eq!(got, f32::INFINITY);
+        // 2⁻¹²⁶ − 1.5·2⁻¹⁵¹ rounds (unbounded exponent) to 2⁻¹²⁶ − 2⁻¹⁵⁰: tiny, flushed; a tie
+        // (−2⁻¹⁵¹) goes to the even 2⁻¹²⁶.
+        let got = pair_step(p(-126), pair(0.0, -1.5 * p(-76)), pair(0.0, p(-75)));
+        assert_eq!(got.to_bits(), 0);
+        let got = pair_step(p(-126), pair(0.0, -p(-76)), pair(0.0, p(-75)));
+        assert_eq!(got.to_bits(), 0x0080_0000);
+        // 2⁻¹²⁵ − 1.5·2⁻¹²⁶ = 2⁻¹²⁷: flushed.
+        let got = pair_step(p(-125), pair(0.0, -1.5 * p(-63)), pair(0.0, p(-63)));
+        assert_eq!(got.to_bits(), 0);
     }
 
     #[test]

@@ -282,3 +282,77 @@ unsafe fn tile<const NR: usize, const NG: usize>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use edge_kernels::bf16dot::pair_step;
+
+    /// `vdpbf16ps` against the generic `pair_step` on random lanes: bf16 operands of every finite
+    /// exponent (subnormals, which read as zero, and products that underflow or overflow
+    /// included), accumulators of many magnitudes, and rounding ties (`1 + 2⁻²⁴` twice).
+    #[test]
+    fn vdpbf16ps_is_pair_step() {
+        let f = edge_kernels::cpu::features();
+        if !(f.avx512f && f.avx512bf16) {
+            eprintln!("vdpbf16ps_is_pair_step: skipped, this CPU has no AVX512_BF16");
+            return;
+        }
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        // A finite bf16 from random bits: any sign, exponent 0..=254, any mantissa.
+        let bf = |r: u64| {
+            let exp = (r % 255) as u16;
+            ((r >> 8) as u16 & 0x8000) | (exp << 7) | ((r >> 20) as u16 & 0x7f)
+        };
+        for round in 0..20_000 {
+            let mut acc = [0f32; 16];
+            let (mut x, mut w) = ([0u32; 16], [0u32; 16]);
+            for l in 0..16 {
+                if round % 5 == 0 {
+                    // 1 + 2⁻²⁴ + 2⁻²⁴: ties to even twice.
+                    acc[l] = 1.0;
+                    x[l] = 0x3980_3980;
+                    w[l] = 0x3980_3980;
+                    continue;
+                }
+                let e = (next() % 60) as i32 - 30;
+                acc[l] = ((next() % 4001) as f32 - 2000.0) * 2f32.powi(e);
+                x[l] = u32::from(bf(next())) | (u32::from(bf(next())) << 16);
+                w[l] = u32::from(bf(next())) | (u32::from(bf(next())) << 16);
+            }
+            let mut got = [0f32; 16];
+            // SAFETY: AVX-512F and AVX512_BF16 were detected; every array holds 16 lanes.
+            unsafe { dp(&acc, &x, &w, &mut got) };
+            for l in 0..16 {
+                let want = pair_step(acc[l], x[l], w[l]);
+                let ok = got[l].to_bits() == want.to_bits() || (got[l].is_nan() && want.is_nan());
+                assert!(
+                    ok,
+                    "lane {l}: acc {:e}, x {:08x}, w {:08x}: vdpbf16ps {:e}, pair_step {:e}",
+                    acc[l], x[l], w[l], got[l], want
+                );
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn dp(acc: &[f32; 16], x: &[u32; 16], w: &[u32; 16], out: &mut [f32; 16]) {
+        // SAFETY: 16 lanes each (the arrays' types); the casts reinterpret 64 bytes.
+        unsafe {
+            let a = _mm512_loadu_ps(acc.as_ptr());
+            let xv = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                x.as_ptr() as *const __m512i
+            ));
+            let wv = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                w.as_ptr() as *const __m512i
+            ));
+            _mm512_storeu_ps(out.as_mut_ptr(), _mm512_dpbf16_ps(a, xv, wv));
+        }
+    }
+}
