@@ -5,8 +5,9 @@
 //! (`to_bits` equality of every output element).
 //!
 //! A path this CPU lacks is skipped with a message on stderr, never silently;
-//! `EDGE_X86_EXPECT=avx2|avx512|avx512+vnni|avx512+vnni+bf16` makes `reports_the_paths_this_cpu_has` fail unless
-//! that path is present (CI sets it on its AVX-512 VNNI machines).
+//! `EDGE_X86_EXPECT=avx2|avx512|avx512+vnni|avx512+vnni+bf16` makes
+//! `reports_the_paths_this_cpu_has` fail unless that path is present (CI sets it on its AVX-512
+//! VNNI machines).
 
 use edge_kernels::cpu::features;
 use edge_kernels::WeightRef;
