@@ -517,7 +517,7 @@ pub(crate) fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Res
     let repacked = table.repack_for_target(&meta.stages, &meta.target);
     let layouts = crate::table::target_layouts(&meta.target);
     if repacked == 0 && meta.target.isa == Isa::X86_64 && !layouts.is_empty() {
-        let types: Vec<&str> = layouts.iter().map(|(d, _)| d.name()).collect();
+        let types: Vec<String> = layouts.iter().map(|(d, _)| format!("{d:?}")).collect();
         meta.notes.push(format!(
             "--target {}: no {} linear weight to store in the target's AVX-512 layouts (only \
              such matrices of at least 16 rows are repacked); the plan still requires those CPU \
