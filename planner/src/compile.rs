@@ -6,7 +6,8 @@ use edge_models::config::{PixArtConfig, T5Config, VaeConfig};
 use edge_models::pixart::MicroConditions;
 use edge_models::t5::build_t5_encoder;
 use edge_schema::plan::{
-    ImageSize, Isa, ModelFamily, ModelInfo, PlanMeta, StageKind, Target, TextInfo, VaeInfo,
+    ImageSize, Isa, ModelFamily, ModelInfo, PackLayout, PlanMeta, StageKind, Target, TextInfo,
+    VaeInfo,
 };
 use edge_schema::DType;
 
@@ -514,17 +515,34 @@ pub(crate) fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Res
     let encoder_compiled = meta.sizes.iter().any(|z| z.encoder_stage.is_some());
     meta.notes
         .extend(unused_notes(&t5_src, &dit_src, &vae_src, encoder_compiled));
-    let repacked = table.repack_for_target(&meta.stages, &meta.target);
-    let layouts = crate::table::target_layouts(&meta.target);
-    if repacked == 0 && meta.target.isa == Isa::X86_64 && !layouts.is_empty() {
-        let types: Vec<String> = layouts.iter().map(|(d, _)| format!("{d:?}")).collect();
-        meta.notes.push(format!(
-            "--target {}: no {} linear weight to store in the target's AVX-512 layouts (only \
-             such matrices of at least 16 rows are repacked); the plan still requires those CPU \
-             features on an x86-64 host: compile with --target x86_64 to run it on any x86-64 CPU",
-            meta.target,
-            types.join(" or ")
-        ));
+    table.repack_for_target(&meta.stages, &meta.target);
+    if meta.target.isa == Isa::X86_64 {
+        // Each AVX-512 layout the target names that no weight took: the plan still demands the
+        // layout's CPU feature (an x86_64-avx512bf16 plan of q8_0 weights needs avx512bf16).
+        for (dtype, layout) in crate::table::target_layouts(&meta.target) {
+            if table.entries.iter().any(|e| e.layout == layout) {
+                continue;
+            }
+            let (what, feature, hint) = match layout {
+                PackLayout::Bf16Pairs16 => (
+                    "the AVX512_BF16 pairs layout",
+                    "avx512bf16",
+                    "--quant bf16 gives BF16 matrices; compile with --target x86_64-avx512 to \
+                     run it on AVX-512 VNNI CPUs without it",
+                ),
+                _ => (
+                    "the AVX-512 VNNI layout",
+                    "avx512vnni",
+                    "compile with --target x86_64 to run it on any x86-64 CPU",
+                ),
+            };
+            meta.notes.push(format!(
+                "--target {}: no {dtype:?} linear weight to store in {what} (only such matrices \
+                 of at least 16 rows are repacked); the plan still requires {feature} on an \
+                 x86-64 host: {hint}",
+                meta.target
+            ));
+        }
     }
     crate::budget::apply(
         &mut meta,

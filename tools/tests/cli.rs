@@ -2722,6 +2722,34 @@ fn bf16_products_target() {
         text.contains("bf16 (pairs 16x2, bf16 products)"),
         "inspect does not show the pairs layout:\n{text}"
     );
+    // The target with no BF16 matrix: the plan still demands avx512bf16, and says so.
+    let q8 = dir.path().join("q8.plan");
+    let o = run(
+        EDGEPLAN,
+        &[
+            "compile",
+            s(&demo_model()),
+            "-W",
+            "64",
+            "-H",
+            "64",
+            "--quant",
+            "q8_0",
+            "--target",
+            "x86_64-avx512bf16",
+            "--quiet",
+            "-o",
+            s(&q8),
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success()
+            && err.contains("no BF16 linear weight")
+            && err.contains("requires avx512bf16")
+            && err.contains("--quant bf16"),
+        "{err}"
+    );
     if !cfg!(target_arch = "x86_64") {
         return;
     }
@@ -2748,7 +2776,32 @@ fn bf16_products_target() {
             err.contains("bf16 (pairs 16x2) -> avx512bf16_linear_pairs_6x64"),
             "-v does not name the vdpbf16ps kernel:\n{err}"
         );
-        assert!(png.exists());
+        assert!(
+            png.exists() && !err.contains("no vdpbf16ps kernel"),
+            "{err}"
+        );
+        // A table without the kernel runs the generic one, and says so without -v.
+        let o = run(
+            EDGERUN,
+            &[
+                "generate",
+                "--plan",
+                s(&plan),
+                "-p",
+                "a cat",
+                "--steps",
+                "1",
+                "--kernels",
+                "avx512+vnni",
+                "-o",
+                s(&png),
+            ],
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            o.status.success() && err.contains("has no vdpbf16ps kernel"),
+            "{err}"
+        );
     } else {
         assert!(!o.status.success() && err.contains("avx512bf16"), "{err}");
         assert!(!png.exists());

@@ -129,7 +129,11 @@ pub fn linear_layout_variant_name(
             "linear: {dtype:?} weights cannot be in layout {layout:?}"
         );
         let _ = table;
-        "generic_linear_f32"
+        if layout == PackLayout::Bf16Pairs16 {
+            "generic_linear_bf16_pairs"
+        } else {
+            "generic_linear_f32"
+        }
     }
 }
 

@@ -333,8 +333,8 @@ struct GenArgs {
     #[arg(short = 't', long = "threads", default_value_t = 0)]
     threads: usize,
     /// Kernel table: `best` (default: the fastest this CPU has) or one of the labels `-v`
-    /// lists (`generic`, `avx2`, `avx512`, `avx512+vnni`, `neon`, `neon+dotprod`, …). Every x86
-    /// table gives the generic table's bytes.
+    /// lists (`generic`, `avx2`, `avx512`, `avx512+vnni`, `avx512+vnni+bf16`, `neon`,
+    /// `neon+dotprod`, …). Every x86 table gives the generic table's bytes.
     #[arg(long = "kernels", default_value = "best")]
     kernels: String,
     /// Initial noise: safetensors with one f32 tensor `latents` [1, 4, H/8, W/8] (replaces the
@@ -913,6 +913,21 @@ fn generate(a: GenArgs) -> Result<()> {
     let (budget, rss_start) = (rb.session, rb.rss_start);
     let peaks = edge_schema::memory::stage_peaks(meta, &meta.tensors, &charges, size, budget);
     let (table_label, kernels) = pick_kernels(&a.kernels)?;
+    let pairs = meta
+        .tensors
+        .iter()
+        .any(|t| t.layout == PackLayout::Bf16Pairs16);
+    if pairs
+        && table_label != "generic"
+        && edge_kernels_cpu::linear_variant_name(&kernels, DType::BF16, PackLayout::Bf16Pairs16)
+            == "generic_linear_bf16_pairs"
+    {
+        eprintln!(
+            "warning: --kernels {table_label} has no vdpbf16ps kernel: this plan's bf16 products \
+             (BF16 weights in pairs, --target x86_64-avx512bf16) run the generic kernel, tens of \
+             times slower (the same bits; --kernels best picks the fastest table this CPU has)"
+        );
+    }
     if a.verbose {
         let names: Vec<String> = kernels
             .names()

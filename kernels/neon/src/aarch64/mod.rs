@@ -144,6 +144,9 @@ pub(crate) fn linear_layout_variant_name(
     if layout == PackLayout::Interleaved16x4 {
         return "generic_linear_f32";
     }
+    if layout == PackLayout::Bf16Pairs16 {
+        return "generic_linear_bf16_pairs";
+    }
     match (table.linear.name, dtype) {
         (LINEAR_BASE, DType::Q8_0) => "neon_linear_q8_0_base_x4",
         (LINEAR_DOTPROD, DType::Q8_0) => "neon_linear_q8_0_dotprod_x4",
