@@ -7,6 +7,7 @@
 use edge_e2e::*;
 use edge_runtime::sampler::SamplingMethod;
 use edge_runtime::{GenerateParams, Plan, Session};
+use edge_schema::plan::{Isa, PackLayout, Target};
 use edge_schema::DType;
 
 fn plan(name: &str, quant: Option<DType>) -> Plan {
@@ -100,7 +101,7 @@ fn alpha_f32_plan_is_byte_identical() {
 }
 
 /// The `pixart-sigma-tiny` fixture at 64×64 compiled with `quant` matrices for `target`.
-fn target_plan(quant: DType, target: edge_schema::plan::Target) -> Plan {
+fn target_plan(quant: DType, target: Target) -> Plan {
     let opts = edge_planner::CompileOptions {
         sizes: vec![(64, 64)],
         policy: edge_planner::pack::PackPolicy {
@@ -116,50 +117,68 @@ fn target_plan(quant: DType, target: edge_schema::plan::Target) -> Plan {
     Plan::from_bytes(&bytes).expect("plan verifies")
 }
 
+/// The fixture compiled row-major (`--target generic`) and for the x86-64 target of `features`
+/// with `quant` matrices; the latter must hold some in `layout`.
+fn row_major_and_packed(quant: DType, features: &[&str], layout: PackLayout) -> (Plan, Plan) {
+    let row_major = target_plan(
+        quant,
+        Target {
+            isa: Isa::Generic,
+            features: Vec::new(),
+        },
+    );
+    let packed = target_plan(
+        quant,
+        Target {
+            isa: Isa::X86_64,
+            features: features.iter().map(|f| f.to_string()).collect(),
+        },
+    );
+    let repacked = packed
+        .meta()
+        .tensors
+        .iter()
+        .filter(|t| t.layout == layout)
+        .count();
+    assert!(repacked > 0, "no tensor was repacked into {layout:?}");
+    (row_major, packed)
+}
+
+/// Runs `plan` (64×64, DPM, the fixed noise) with the generic kernels and every x86 table this
+/// CPU has: each must give `want`'s final latents and PNG pixels bit for bit.
+fn same_bytes_on_every_table(plan: &Plan, want: &(Vec<f32>, Vec<u8>)) {
+    let mut tables = vec![("generic", edge_kernels::generic())];
+    tables.extend(edge_kernels_x86::variants(&edge_kernels::cpu::features()));
+    for (label, t) in tables {
+        let got = run64(plan, t);
+        assert_eq!(bits(&got.0), bits(&want.0), "{label}: final latents differ");
+        assert_eq!(got.1, want.1, "{label}: PNG pixels differ");
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// [`run`] at 64×64 with DPM++ 2M from a fixed noise.
+fn run64(plan: &Plan, t: edge_kernels::KernelTable) -> (Vec<f32>, Vec<u8>) {
+    let noise: Vec<f32> = (0..4 * 8 * 8)
+        .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+        .collect();
+    run(plan, t, &noise, (64, 64), SamplingMethod::DpmPp2m)
+}
+
 /// A `--target x86_64-avx512` plan (its `Q8_0` matrices in `PackLayout::Interleaved16x4`, read
 /// in place or copied by the VNNI kernels) gives the same bytes as the row-major `q8_0` plan,
 /// with the generic kernels and every x86 table this CPU has.
 #[test]
 fn sigma_q8_0_avx512_target_plan_is_byte_identical() {
-    use edge_schema::plan::{Isa, PackLayout, Target};
-    let compile = |target: Target| target_plan(DType::Q8_0, target);
-    let row_major = compile(Target {
-        isa: Isa::Generic,
-        features: Vec::new(),
-    });
-    let packed = compile(Target {
-        isa: Isa::X86_64,
-        features: ["avx512f", "avx512bw", "avx512vnni"]
-            .map(String::from)
-            .to_vec(),
-    });
-    let repacked = packed
-        .meta()
-        .tensors
-        .iter()
-        .filter(|t| t.layout == PackLayout::Interleaved16x4)
-        .count();
-    assert!(repacked > 0, "no tensor was repacked for x86_64-avx512");
-    let noise: Vec<f32> = (0..4 * 8 * 8)
-        .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
-        .collect();
-    let want = run(
-        &row_major,
-        edge_kernels::generic(),
-        &noise,
-        (64, 64),
-        SamplingMethod::DpmPp2m,
+    let (row_major, packed) = row_major_and_packed(
+        DType::Q8_0,
+        &["avx512f", "avx512bw", "avx512vnni"],
+        PackLayout::Interleaved16x4,
     );
-    let mut tables = vec![("generic".to_string(), edge_kernels::generic())];
-    for (label, t) in edge_kernels_x86::variants(&edge_kernels::cpu::features()) {
-        tables.push((label.to_string(), t));
-    }
-    for (label, t) in tables {
-        let got = run(&packed, t, &noise, (64, 64), SamplingMethod::DpmPp2m);
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-        assert_eq!(bits(&got.0), bits(&want.0), "{label}: final latents differ");
-        assert_eq!(got.1, want.1, "{label}: PNG pixels differ");
-    }
+    same_bytes_on_every_table(&packed, &run64(&row_major, edge_kernels::generic()));
 }
 
 /// A `--target x86_64-avx512bf16 --quant bf16` plan (its `BF16` matrices in
@@ -169,44 +188,20 @@ fn sigma_q8_0_avx512_target_plan_is_byte_identical() {
 /// latents differ from the row-major `bf16` plan's (other arithmetic) but stay close to them.
 #[test]
 fn sigma_bf16_pairs_plan_is_byte_identical_and_close_to_row_major() {
-    use edge_schema::plan::{Isa, PackLayout, Target};
-    let compile = |target: Target| target_plan(DType::BF16, target);
-    let row_major = compile(Target {
-        isa: Isa::Generic,
-        features: Vec::new(),
-    });
-    let packed = compile(Target {
-        isa: Isa::X86_64,
-        features: ["avx512f", "avx512bw", "avx512vnni", "avx512bf16"]
-            .map(String::from)
-            .to_vec(),
-    });
-    let repacked = packed
-        .meta()
-        .tensors
-        .iter()
-        .filter(|t| t.layout == PackLayout::Bf16Pairs16)
-        .count();
-    assert!(repacked > 0, "no tensor was repacked for x86_64-avx512bf16");
-    let noise: Vec<f32> = (0..4 * 8 * 8)
-        .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
-        .collect();
-    let go = |plan: &Plan, t| run(plan, t, &noise, (64, 64), SamplingMethod::DpmPp2m);
-    let want = go(&packed, edge_kernels::generic());
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-    let tables = edge_kernels_x86::variants(&edge_kernels::cpu::features());
-    if !tables.iter().any(|(l, _)| *l == "avx512+vnni+bf16") {
+    let (row_major, packed) = row_major_and_packed(
+        DType::BF16,
+        &["avx512f", "avx512bw", "avx512vnni", "avx512bf16"],
+        PackLayout::Bf16Pairs16,
+    );
+    if !edge_kernels::cpu::features().avx512bf16 {
         eprintln!(
             "skipped: no avx512+vnni+bf16 table on this CPU ({}); the others still run",
             edge_kernels::cpu::features().summary()
         );
     }
-    for (label, t) in tables {
-        let got = go(&packed, t);
-        assert_eq!(bits(&got.0), bits(&want.0), "{label}: final latents differ");
-        assert_eq!(got.1, want.1, "{label}: PNG pixels differ");
-    }
-    let exact = go(&row_major, edge_kernels::generic());
+    let want = run64(&packed, edge_kernels::generic());
+    same_bytes_on_every_table(&packed, &want);
+    let exact = run64(&row_major, edge_kernels::generic());
     assert_ne!(
         bits(&exact.0),
         bits(&want.0),

@@ -2696,25 +2696,28 @@ fn compile_sums_up_quant_fallbacks() {
 #[test]
 fn bf16_products_target() {
     let dir = tempfile::tempdir().unwrap();
+    let compile = |quant: &str, out: &Path| {
+        run(
+            EDGEPLAN,
+            &[
+                "compile",
+                s(&demo_model()),
+                "-W",
+                "64",
+                "-H",
+                "64",
+                "--quant",
+                quant,
+                "--target",
+                "x86_64-avx512bf16",
+                "--quiet",
+                "-o",
+                s(out),
+            ],
+        )
+    };
     let plan = dir.path().join("bf16.plan");
-    let o = run(
-        EDGEPLAN,
-        &[
-            "compile",
-            s(&demo_model()),
-            "-W",
-            "64",
-            "-H",
-            "64",
-            "--quant",
-            "bf16",
-            "--target",
-            "x86_64-avx512bf16",
-            "--quiet",
-            "-o",
-            s(&plan),
-        ],
-    );
+    let o = compile("bf16", &plan);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let o = run(EDGEPLAN, &["inspect", s(&plan)]);
     let text = String::from_utf8_lossy(&o.stdout);
@@ -2723,25 +2726,7 @@ fn bf16_products_target() {
         "inspect does not show the pairs layout:\n{text}"
     );
     // The target with no BF16 matrix: the plan still demands avx512bf16, and says so.
-    let q8 = dir.path().join("q8.plan");
-    let o = run(
-        EDGEPLAN,
-        &[
-            "compile",
-            s(&demo_model()),
-            "-W",
-            "64",
-            "-H",
-            "64",
-            "--quant",
-            "q8_0",
-            "--target",
-            "x86_64-avx512bf16",
-            "--quiet",
-            "-o",
-            s(&q8),
-        ],
-    );
+    let o = compile("q8_0", &dir.path().join("q8.plan"));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
         o.status.success()
@@ -2754,21 +2739,12 @@ fn bf16_products_target() {
         return;
     }
     let png = dir.path().join("x.png");
-    let o = run(
-        EDGERUN,
-        &[
-            "generate",
-            "--plan",
-            s(&plan),
-            "-p",
-            "a cat",
-            "--steps",
-            "2",
-            "-v",
-            "-o",
-            s(&png),
-        ],
-    );
+    let generate = |extra: &[&str]| {
+        let mut args = vec!["generate", "--plan", s(&plan), "-p", "a cat", "-o", s(&png)];
+        args.extend_from_slice(extra);
+        run(EDGERUN, &args)
+    };
+    let o = generate(&["--steps", "2", "-v"]);
     let err = String::from_utf8_lossy(&o.stderr);
     if edge_kernels_cpu::features().avx512bf16 && edge_kernels_cpu::features().avx512vnni {
         assert!(o.status.success(), "{err}");
@@ -2781,22 +2757,7 @@ fn bf16_products_target() {
             "{err}"
         );
         // A table without the kernel runs the generic one, and says so without -v.
-        let o = run(
-            EDGERUN,
-            &[
-                "generate",
-                "--plan",
-                s(&plan),
-                "-p",
-                "a cat",
-                "--steps",
-                "1",
-                "--kernels",
-                "avx512+vnni",
-                "-o",
-                s(&png),
-            ],
-        );
+        let o = generate(&["--steps", "1", "--kernels", "avx512+vnni"]);
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(
             o.status.success() && err.contains("has no vdpbf16ps kernel"),
