@@ -922,11 +922,16 @@ fn generate(a: GenArgs) -> Result<()> {
         && edge_kernels_cpu::linear_variant_name(&kernels, DType::BF16, PackLayout::Bf16Pairs16)
             == "generic_linear_bf16_pairs"
     {
-        eprintln!(
-            "warning: --kernels {table_label} has no vdpbf16ps kernel: this plan's bf16 products \
-             (BF16 weights in pairs, --target x86_64-avx512bf16) run the generic kernel, tens of \
-             times slower (the same bits; --kernels best picks the fastest table this CPU has)"
-        );
+        let what = "this plan's bf16 products (BF16 weights in pairs, --target \
+                    x86_64-avx512bf16) run the generic kernel, tens of times slower (the same bits)";
+        if a.kernels == "best" {
+            eprintln!("warning: this CPU has no vdpbf16ps (AVX512_BF16): {what}");
+        } else {
+            eprintln!(
+                "warning: --kernels {table_label} has no vdpbf16ps kernel: {what}; --kernels \
+                 best picks the fastest table this CPU has"
+            );
+        }
     }
     if a.verbose {
         let names: Vec<String> = kernels
