@@ -128,7 +128,8 @@ impl TensorTable {
     /// bit-identical results, so a repacked plan still runs (and is checked) on the workstation.
     /// Returns the number of tensors repacked. Must run before sections and digests are built.
     pub fn repack_for_target(&mut self, stages: &[Stage], target: &Target) -> usize {
-        if target_layouts(target).is_empty() {
+        let layouts = target_layouts(target);
+        if layouts.is_empty() {
             return 0;
         }
         // Per tensor: Some(true) if every use is a linear weight operand, Some(false) otherwise.
@@ -150,7 +151,7 @@ impl TensorTable {
         let mut repacked = 0;
         for (t, (entry, data)) in self.entries.iter_mut().zip(&mut self.data).enumerate() {
             let [n, k] = entry.shape[..] else { continue };
-            let Some(layout) = target_layout(target, entry.dtype) else {
+            let Some(&(_, layout)) = layouts.iter().find(|(d, _)| *d == entry.dtype) else {
                 continue;
             };
             if linear_only[t] != Some(true)
@@ -194,12 +195,4 @@ pub fn target_layouts(target: &Target) -> Vec<(DType, PackLayout)> {
         }
         Isa::Generic => vec![],
     }
-}
-
-/// The layout `target` stores linear weights of type `dtype` in ([`target_layouts`]), if any.
-pub fn target_layout(target: &Target, dtype: DType) -> Option<PackLayout> {
-    target_layouts(target)
-        .into_iter()
-        .find(|&(d, _)| d == dtype)
-        .map(|(_, l)| l)
 }

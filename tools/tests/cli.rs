@@ -90,25 +90,22 @@ fn assert_refused(what: &str, out: &Output, needles: &[&str], out_dir: &Path) {
     );
 }
 
+/// `edgeplan compile` of the demo model at 64×64 with `extra` flags, written to `out`.
+fn compile_demo_64(out: &Path, extra: &[&str]) -> Output {
+    let model = demo_model();
+    let mut args = vec!["compile", s(&model), "-W", "64", "-H", "64"];
+    args.extend_from_slice(extra);
+    args.extend(["-o", s(out)]);
+    run(EDGEPLAN, &args)
+}
+
 /// A plan of the demo model for 64×64, compiled once per test binary with the real `edgeplan`.
 fn demo_plan() -> &'static Path {
     static PLAN: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
     let (_, p) = PLAN.get_or_init(|| {
         let dir = tempfile::tempdir().expect("tempdir");
         let plan = dir.path().join("demo.plan");
-        let out = run(
-            EDGEPLAN,
-            &[
-                "compile",
-                s(&demo_model()),
-                "-W",
-                "64",
-                "-H",
-                "64",
-                "-o",
-                s(&plan),
-            ],
-        );
+        let out = compile_demo_64(&plan, &[]);
         assert!(
             out.status.success(),
             "compiling the demo: {}",
@@ -612,19 +609,7 @@ fn hyphen_prompts_output_names_and_plain_progress() {
 fn compile_and_generate_png_with_prompt_and_latents() {
     let t = tempfile::tempdir().unwrap();
     let plan = t.path().join("x.plan");
-    let o = run(
-        EDGEPLAN,
-        &[
-            "compile",
-            s(&demo_model()),
-            "-W",
-            "64",
-            "-H",
-            "64",
-            "-o",
-            s(&plan),
-        ],
-    );
+    let o = compile_demo_64(&plan, &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let o = run(EDGEPLAN, &["inspect", s(&plan)]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -2603,19 +2588,7 @@ fn compile_to_a_folder_is_refused_before_reading() {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().join("plans.plan");
     std::fs::create_dir(&dir).unwrap();
-    let o = run(
-        EDGEPLAN,
-        &[
-            "compile",
-            s(&demo_model()),
-            "-W",
-            "64",
-            "-H",
-            "64",
-            "-o",
-            s(&dir),
-        ],
-    );
+    let o = compile_demo_64(&dir, &[]);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -2697,23 +2670,9 @@ fn compile_sums_up_quant_fallbacks() {
 fn bf16_products_target() {
     let dir = tempfile::tempdir().unwrap();
     let compile = |quant: &str, out: &Path| {
-        run(
-            EDGEPLAN,
-            &[
-                "compile",
-                s(&demo_model()),
-                "-W",
-                "64",
-                "-H",
-                "64",
-                "--quant",
-                quant,
-                "--target",
-                "x86_64-avx512bf16",
-                "--quiet",
-                "-o",
-                s(out),
-            ],
+        compile_demo_64(
+            out,
+            &["--quant", quant, "--target", "x86_64-avx512bf16", "--quiet"],
         )
     };
     let plan = dir.path().join("bf16.plan");

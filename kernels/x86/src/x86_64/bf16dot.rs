@@ -4,9 +4,10 @@
 //! The activations are rounded to bf16 pairs once per call (16 lanes of the generic integer
 //! rounding, then `vpmovdw`), then a register tile of 6 activation rows × 64 output columns
 //! (24 zmm accumulators, 4 groups of 16 weight rows) takes one `vdpbf16ps` per row, group and
-//! feature pair: each lane adds the odd product, then the even one, each rounded, with DAZ and
-//! FTZ: the generic `edge_kernels::bf16dot::pair_step` sequence, so the bits are the generic
-//! kernel's (tested on ragged sizes). The bias is one addition at the end. Rows of `w` past the
+//! feature pair: each lane adds the exact odd product, then the even one, each sum rounded once
+//! and flushed below the normal range, which is what the generic
+//! `edge_kernels::bf16dot::pair_step` defines, so the bits are the generic kernel's (tested on
+//! ragged sizes, and the instruction itself on random lanes below). The bias is one addition at the end. Rows of `w` past the
 //! last whole group of 16 (row-major in the layout) take the generic per-element sum.
 
 use std::arch::x86_64::*;
@@ -83,11 +84,10 @@ pub(crate) fn linear(
             });
     } else {
         // Few rows: column tasks, each into its own buffer, copied out after.
-        let blocks: Vec<(usize, Vec<f32>)> = (0..groups)
-            .step_by(C)
-            .collect::<Vec<_>>()
+        let blocks: Vec<(usize, Vec<f32>)> = (0..groups.div_ceil(C))
             .into_par_iter()
-            .map(|g0| {
+            .map(|b| {
+                let g0 = b * C;
                 let gs = (groups - g0).min(C);
                 let ld = 16 * gs;
                 let mut buf = vec![0f32; m * ld];
