@@ -397,6 +397,7 @@ fn build(
                 has_mask: false,
                 masked_value: 0.0,
                 has_bias: false,
+                bf16_products: false,
             },
             &[qkv, qkv],
         )?;
@@ -442,6 +443,7 @@ fn build(
                 has_mask: true,
                 masked_value: -10000.0,
                 has_bias: false,
+                bf16_products: false,
             },
             &[q, kv, mask],
         )?;

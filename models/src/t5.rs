@@ -90,6 +90,7 @@ pub fn build_t5_encoder(cfg: &T5Config, seq_len: usize) -> Result<Graph, ModelEr
                 has_mask: true,
                 masked_value: f32::MIN,
                 has_bias: true,
+                bf16_products: false,
             },
             &[qkv, qkv, mask, position_bias],
         )?;

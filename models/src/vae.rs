@@ -63,6 +63,7 @@ fn attention(g: &mut Graph, x: ValueId, p: &str, groups: usize) -> GResult<Value
             has_mask: false,
             masked_value: 0.0,
             has_bias: false,
+            bf16_products: false,
         },
         &[qkv, qkv],
     )?;

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use edge_models::config::{PixArtConfig, T5Config, VaeConfig};
 use edge_models::pixart::MicroConditions;
 use edge_models::t5::build_t5_encoder;
+use edge_schema::op::Op;
 use edge_schema::plan::{
     ImageSize, Isa, ModelFamily, ModelInfo, PackLayout, PlanMeta, StageKind, Target, TextInfo,
     VaeInfo,
@@ -70,6 +71,12 @@ pub struct CompileOptions {
     /// CUDA kernels compiled for the plan's GPU (by the caller, e.g. `edgeplan compile
     /// --target cuda-sm87` with NVRTC), stored in the plan as they are.
     pub cuda: Option<edge_schema::plan::CudaModules>,
+    /// The denoiser's attention products in bf16 pairs (`--attention-products bf16`): every
+    /// attention step of the denoiser stages marked `bf16_products`, whose arithmetic
+    /// `edge_kernels::attention_bf16` defines (`vdpbf16ps` on AVX512_BF16 CPUs, a scalar
+    /// kernel elsewhere). The text encoder and the VAE keep f32 products. Refused for a cuda
+    /// target (its GPU attention is f32).
+    pub attention_bf16: bool,
 }
 
 impl Default for CompileOptions {
@@ -93,6 +100,7 @@ impl Default for CompileOptions {
             vae_encoder: true,
             taesd: None,
             cuda: None,
+            attention_bf16: false,
         }
     }
 }
@@ -143,6 +151,46 @@ fn family_of(folder: &PipelineFolder) -> Result<ModelFamily> {
 pub fn compile_folder(dir: &Path, opts: &CompileOptions) -> Result<Compiled> {
     let folder = PipelineFolder::open(dir)?;
     compile_pipeline(&folder, opts)
+}
+
+/// `--attention-products bf16`: marks the denoiser's attention steps `bf16_products`, with a
+/// note saying how many and, for a target without `avx512bf16`, that a scalar kernel runs them.
+fn mark_attention_bf16(meta: &mut PlanMeta) -> Result<()> {
+    if meta.cuda.is_some() {
+        return Err(PlanError::Invalid(
+            "--attention-products bf16: a cuda target's attention runs on the GPU in f32; \
+             bf16 products are a CPU arithmetic (x86-64 vdpbf16ps), leave the flag out"
+                .into(),
+        ));
+    }
+    let mut marked = 0usize;
+    for st in meta
+        .stages
+        .iter_mut()
+        .filter(|s| s.kind == StageKind::Denoiser)
+    {
+        for step in &mut st.steps {
+            if let Op::Attention { bf16_products, .. } = &mut step.op {
+                *bf16_products = true;
+                marked += 1;
+            }
+        }
+    }
+    let fast =
+        meta.target.isa == Isa::X86_64 && meta.target.features.iter().any(|f| f == "avx512bf16");
+    meta.notes.push(format!(
+        "--attention-products bf16: {marked} attention steps of the denoiser take bf16 products \
+         (q·k and the weights times the values rounded to bf16, f32 sums, as vdpbf16ps; the \
+         text encoder and the VAE keep f32){}",
+        if fast {
+            ""
+        } else {
+            "; on CPUs without avx512bf16 (this target does not require it) a scalar kernel \
+             runs them, many times slower than f32 products (--target x86_64-avx512bf16 is \
+             the target they are for)"
+        }
+    ));
+    Ok(())
 }
 
 /// Everything a plan is compiled from, whatever the files were.
@@ -515,6 +563,9 @@ pub(crate) fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Res
     let encoder_compiled = meta.sizes.iter().any(|z| z.encoder_stage.is_some());
     meta.notes
         .extend(unused_notes(&t5_src, &dit_src, &vae_src, encoder_compiled));
+    if opts.attention_bf16 {
+        mark_attention_bf16(&mut meta)?;
+    }
     table.repack_for_target(&meta.stages, &meta.target);
     if meta.target.isa == Isa::X86_64 {
         // Each AVX-512 layout the target names that no weight took: the plan still demands the

@@ -222,6 +222,23 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
             );
         }
     }
+    // The products of the attention steps, bf16 where `--attention-products bf16` marked them.
+    let (mut bf16_steps, mut attention_steps) = (0usize, 0usize);
+    for step in meta.stages.iter().flat_map(|st| &st.steps) {
+        if let edge_schema::op::Op::Attention { bf16_products, .. } = step.op {
+            attention_steps += 1;
+            bf16_steps += usize::from(bf16_products);
+        }
+    }
+    let _ = if bf16_steps == 0 {
+        writeln!(s, "attention products: f32 (--attention-products)")
+    } else {
+        writeln!(
+            s,
+            "attention products: bf16 pairs in {bf16_steps} of {attention_steps} attention steps, \
+             the denoiser's (vdpbf16ps's arithmetic; --attention-products)"
+        )
+    };
     // The GroupNorm group count of the decoder (no weight reveals it; a wrong one gives a
     // visibly wrong image), read from its first GroupNorm step.
     let groups = meta

@@ -22,8 +22,9 @@ pub struct OpStat {
     pub op: &'static str,
     /// For `linear` and `conv2d`: the weight type.
     pub weights: Option<DType>,
-    /// `linear` steps whose `BF16` weight is in `PackLayout::Bf16Pairs16`: bf16 products
-    /// (`vdpbf16ps`'s arithmetic), a row apart from row-major `BF16`'s f32 products.
+    /// `linear` steps whose `BF16` weight is in `PackLayout::Bf16Pairs16`, and `attention`
+    /// steps marked `bf16_products`: bf16 products (`vdpbf16ps`'s arithmetic), a row apart from
+    /// the same op's f32 products.
     pub bf16_products: bool,
     /// Steps run.
     pub calls: u64,
@@ -122,7 +123,7 @@ impl Profile {
             }
             _ => None,
         };
-        let bf16_products = matches!(step.op, Op::Linear { .. })
+        let bf16_pairs = matches!(step.op, Op::Linear { .. })
             && step
                 .inputs
                 .get(1)
@@ -132,6 +133,14 @@ impl Profile {
                     _ => None,
                 })
                 .is_some_and(|t| t.layout == PackLayout::Bf16Pairs16);
+        let bf16_products = bf16_pairs
+            || matches!(
+                step.op,
+                Op::Attention {
+                    bf16_products: true,
+                    ..
+                }
+            );
         let bytes = numel(shape(stage, step.outputs[0])) * 4.0;
         let flops = step_flops(stage, step);
         match self.rows.iter_mut().find(|r| {

@@ -771,14 +771,20 @@ impl<'p> Session<'p> {
             Call::Relu => (k.relu.run)(f(0)?, out),
             Call::Tanh => (k.tanh.run)(f(0)?, out),
             Call::GeluTanh => (k.gelu_tanh.run)(f(0)?, out),
-            Call::Attention { p, mask, bias } => {
+            Call::Attention {
+                p,
+                mask,
+                bias,
+                bf16,
+            } => {
                 let m = if *mask { Some(f(2)?) } else { None };
                 let b = if *bias {
                     Some(f(2 + usize::from(*mask))?)
                 } else {
                     None
                 };
-                (k.attention.run)(p, f(0)?, f(1)?, m, b, out);
+                let kernel = if *bf16 { k.attention_bf16 } else { k.attention };
+                (kernel.run)(p, f(0)?, f(1)?, m, b, out);
             }
             Call::Conv2d { p, bias, .. } => {
                 let b = if *bias { Some(f(2)?) } else { None };

@@ -48,6 +48,9 @@ pub enum Op {
     /// → `[lq, heads · head_dim]`. Head `h` of query row `i` is
     /// `q_src[i, q_offset + h·head_dim ..][..head_dim]`, likewise keys at `k_offset` and values at
     /// `v_offset` of `kv_src`. Scores are `scale · q·k + bias + (1 − mask)·masked_value`.
+    /// With `bf16_products` (`edgeplan compile --attention-products bf16`), `q·k` and the
+    /// weights' products with the values take the bf16-pair arithmetic of `vdpbf16ps`
+    /// (`edge_kernels::attention_bf16` defines it); otherwise every product is f32.
     Attention {
         heads: u32,
         head_dim: u32,
@@ -58,6 +61,7 @@ pub enum Op {
         has_mask: bool,
         masked_value: f32,
         has_bias: bool,
+        bf16_products: bool,
     },
     /// 2-D convolution: inputs `[x [cin, h, w], w [cout, cin, kh, kw], bias [cout]?]` →
     /// `[cout, oh, ow]`; `pad` is `[top, bottom, left, right]` (zero padding).

@@ -203,6 +203,7 @@ fn meta() -> PlanMeta {
                         has_mask: true,
                         masked_value: -10000.0,
                         has_bias: false,
+                        bf16_products: true,
                     },
                     inputs: vec![0, 1],
                     outputs: vec![0],
@@ -291,7 +292,7 @@ fn metadata_bytes_are_frozen() {
     let digest = blake3::hash(&bytes).to_hex().to_string();
     assert_eq!(
         (FORMAT_VERSION, bytes.len(), digest.as_str()),
-        (11, GOLDEN_LEN, GOLDEN_DIGEST),
+        (12, GOLDEN_LEN, GOLDEN_DIGEST),
         "the postcard encoding of PlanMeta changed: bump FORMAT_VERSION and update the golden values"
     );
     assert_eq!(PlanMeta::decode(&bytes).unwrap(), meta());
@@ -316,5 +317,5 @@ fn header_layout_is_frozen() {
     assert_eq!(&b[224..256], &[0x44; 32]);
 }
 
-const GOLDEN_LEN: usize = 587;
-const GOLDEN_DIGEST: &str = "b19472bf9f40f99f6ee8232fad938d3ba35bd4deece2f2f1f72a74a2fdf8a2a2";
+const GOLDEN_LEN: usize = 588;
+const GOLDEN_DIGEST: &str = "94abd113a2083aa33cf3f8e684c61f7763c0fad16eef35cabc3135c73b19245f";

@@ -576,6 +576,7 @@ fn eval_node(op: &Op, ins: &[&Tensor], out_shape: &[usize]) -> Tensor {
             has_mask,
             masked_value,
             has_bias,
+            bf16_products: _,
         } => {
             let (lq, qs) = rows(ins[0]);
             let (lk, ks) = rows(ins[1]);

@@ -214,3 +214,84 @@ fn sigma_bf16_pairs_plan_is_byte_identical_and_close_to_row_major() {
         "bf16 products drift from the f32 ones: relative L2 {rel:.2e}"
     );
 }
+
+/// `--attention-products bf16` (the denoiser's attention steps marked `bf16_products`,
+/// `edge_kernels::attention_bf16`'s arithmetic): every x86 table this CPU has gives the
+/// generic kernels' bytes (`vdpbf16ps` in the `avx512+vnni+bf16` table, the generic step in
+/// the others); the bits differ from the f32 products' and the final latents of the fixture's
+/// 4-step DPM++ run stay close to diffusers'.
+#[test]
+fn sigma_bf16_attention_plan_is_byte_identical_and_close_to_diffusers() {
+    use edge_schema::op::Op;
+    let compile = |bf16: bool| {
+        let opts = edge_planner::CompileOptions {
+            sizes: vec![(64, 64)],
+            attention_bf16: bf16,
+            ..Default::default()
+        };
+        fixture_plan("pixart-sigma-tiny", &opts).0
+    };
+    let (f32_plan, bf16_plan) = (compile(false), compile(true));
+    let marked = |p: &Plan, kind: edge_schema::plan::StageKind| {
+        p.meta()
+            .stages
+            .iter()
+            .filter(|s| s.kind == kind)
+            .flat_map(|s| &s.steps)
+            .filter(|st| {
+                matches!(
+                    st.op,
+                    Op::Attention {
+                        bf16_products: true,
+                        ..
+                    }
+                )
+            })
+            .count()
+    };
+    use edge_schema::plan::StageKind;
+    assert!(marked(&bf16_plan, StageKind::Denoiser) > 0);
+    assert_eq!(marked(&bf16_plan, StageKind::TextEncoder), 0);
+    assert_eq!(marked(&f32_plan, StageKind::Denoiser), 0);
+    if !edge_kernels::cpu::features().avx512bf16 {
+        eprintln!(
+            "skipped: no avx512+vnni+bf16 table on this CPU ({}); the others still run",
+            edge_kernels::cpu::features().summary()
+        );
+    }
+    let want = run64(&bf16_plan, edge_kernels::generic());
+    same_bytes_on_every_table(&bf16_plan, &want);
+    let exact = run64(&f32_plan, edge_kernels::generic());
+    assert_ne!(
+        bits(&exact.0),
+        bits(&want.0),
+        "bf16 attention products gave the f32 products' bits"
+    );
+    // Against diffusers (f32): the 4-step DPM++ reference from its own initial noise.
+    let r = read_safetensors(&fixture(
+        "pixart-sigma-tiny/reference/pipeline_dpm_4_cat_64x64.safetensors",
+    ));
+    let lat = |plan: &Plan| {
+        let mut s = Session::new(plan, edge_kernels::generic(), None).unwrap();
+        let params = cat_params(
+            4,
+            SamplingMethod::DpmPp2m,
+            Some(r["initial_noise"].data.clone()),
+        );
+        edge_runtime::generate(&mut s, &params, &mut |_| {})
+            .unwrap()
+            .latents
+    };
+    let reference = &r["final_latents"].data;
+    let (e32, e16) = (
+        rel_l2(&lat(&f32_plan), reference),
+        rel_l2(&lat(&bf16_plan), reference),
+    );
+    eprintln!(
+        "final latents against diffusers, relative L2: f32 attention products {e32:.2e}, bf16 {e16:.2e}"
+    );
+    assert!(
+        e16 < 1e-2,
+        "bf16 attention products: relative L2 {e16:.2e} from diffusers"
+    );
+}

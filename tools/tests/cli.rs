@@ -1983,6 +1983,55 @@ fn kv_cache_type_is_chosen_at_compile_time() {
     assert!(png.exists());
 }
 
+/// `--attention-products bf16`: a bad value and a cuda target are refused before anything is
+/// written; the plan's `inspect` says how many attention steps take bf16 products (the demo
+/// plan's: f32), and it generates an image.
+#[test]
+fn attention_products_are_chosen_at_compile_time() {
+    let t = tempfile::tempdir().unwrap();
+    let plan = t.path().join("bf16att.plan");
+    let model = demo_model();
+    let compile = |extra: &[&str], out: &Path| {
+        let mut args = compile_args(s(&model), s(out), "64");
+        args.extend_from_slice(extra);
+        run(EDGEPLAN, &args)
+    };
+    let bad = t.path().join("bad.plan");
+    let o = compile(&["--attention-products", "fp8"], &bad);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--attention-products") && err.contains("f32 or bf16"),
+        "{err}"
+    );
+    let o = compile(
+        &["--attention-products", "bf16", "--target", "cuda-sm87"],
+        &bad,
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--attention-products bf16") && err.contains("cuda"),
+        "{err}"
+    );
+    assert!(!bad.exists());
+    let o = compile(&["--attention-products", "BF16"], &plan);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run(EDGEPLAN, &["inspect", s(&plan)]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("attention products: bf16 pairs in 12 of 24 attention steps"),
+        "{text}"
+    );
+    let o = run(EDGEPLAN, &["inspect", s(demo_plan())]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("attention products: f32"), "{text}");
+    let png = t.path().join("out.png");
+    let o = generate(&plan, &png, &["--quiet"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(png.exists());
+}
+
 /// `edgerun generate` on a fixture plan with the fixtures' prompt "a lovely cat", quietly.
 fn generate_cat(plan: &Path, png: &Path, extra: &[&str]) -> Output {
     let mut args = vec![

@@ -254,6 +254,20 @@ fn bench_other(tables: &[(&str, KernelTable)]) {
         "GFLOP/s",
         |t| (t.attention.run)(&p, &qkv, &qkv, None, None, &mut out),
     );
+    // The bf16-products slot only where `vdpbf16ps` serves it (elsewhere the generic scalar
+    // step: not timed).
+    let bf16: Vec<_> = tables
+        .iter()
+        .filter(|(_, t)| !t.attention_bf16.name.starts_with("generic"))
+        .cloned()
+        .collect();
+    bench_each(
+        &bf16,
+        "attention bf16 self 1024x1024 16x72",
+        flops,
+        "GFLOP/s",
+        |t| (t.attention_bf16.run)(&p, &qkv, &qkv, None, None, &mut out),
+    );
     let pc = edge_kernels::AttentionParams {
         lk: lt,
         kv_stride: 2 * d,
@@ -269,6 +283,13 @@ fn bench_other(tables: &[(&str, KernelTable)]) {
         flops,
         "GFLOP/s",
         |t| (t.attention.run)(&pc, &qkv, &kv, Some(&mask), None, &mut out),
+    );
+    bench_each(
+        &bf16,
+        "attention bf16 cross 1024x300 16x72 masked",
+        flops,
+        "GFLOP/s",
+        |t| (t.attention_bf16.run)(&pc, &qkv, &kv, Some(&mask), None, &mut out),
     );
     let x = values(l * 4 * d, 7);
     let mut y = vec![0f32; l * 4 * d];

@@ -51,8 +51,11 @@ pub struct AttentionOps {
     /// The step for rows `0..b.nq` of the block; row `r`'s state is `acc[r][..head_dim]`,
     /// `run_max[r]`, `run_sum[r]`; the tile's keys come packed ([`pack_keys`]).
     pub block_tile: BlockTileFn,
-    /// Packs a key tile exactly as [`pack_keys`] does (data movement only).
+    /// Packs a key tile exactly as [`pack_keys`] does (data movement only), or, for the bf16
+    /// step, as [`crate::attention_bf16::pack_key_pairs`].
     pub pack_keys: PackKeysFn,
+    /// Packs a value tile: [`pack_values`], or [`crate::attention_bf16::pack_value_pairs`].
+    pub pack_values: PackKeysFn,
 }
 
 /// [`AttentionOps::pack_keys`]'s signature: [`pack_keys`]'s.
@@ -176,6 +179,10 @@ pub struct BlockState {
     pub run_sum: [f32; QUERY_TILE],
     /// Per row, the tile's scores (then weights).
     pub scores: [[f32; KEY_TILE]; QUERY_TILE],
+    /// Per row, the query's bf16 channel pairs for a bf16-products step that keeps them: it
+    /// fills them at the head's first key tile (`j0 = 0`, which [`attention_with`] visits
+    /// first for every head) and reads them at the others.
+    pub q_pairs: [[u32; MAX_HEAD_DIM / 2]; QUERY_TILE],
 }
 
 impl BlockState {
@@ -196,6 +203,7 @@ impl BlockState {
             run_max: [f32::NEG_INFINITY; QUERY_TILE],
             run_sum: [0.0; QUERY_TILE],
             scores: [[0.0; KEY_TILE]; QUERY_TILE],
+            q_pairs: [[0; MAX_HEAD_DIM / 2]; QUERY_TILE],
         }
     }
 
@@ -282,6 +290,7 @@ pub const GENERIC_ATTENTION: AttentionOps = AttentionOps {
     name: "generic_attention_f32",
     block_tile: generic_block_tile,
     pack_keys,
+    pack_values,
 };
 
 impl Default for BlockState {
@@ -305,7 +314,6 @@ fn generic_block_tile(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
 /// ([`tile_sum`]), and for each key in order `acc[d] = fma(w_j, v_j[d], acc[d])`.
 pub fn generic_row_tile(t: &KeyTile<'_>, keys: &[f32], st: &mut RowState<'_>, scores: &mut [f32]) {
     let hd = t.p.head_dim;
-    let s = &mut scores[..t.nk];
     let mut dots = [0.0f32; KEY_TILE];
     for (d, &qd) in t.q[..hd].iter().enumerate() {
         let kd = &keys[d * KEY_TILE..][..t.nk];
@@ -313,26 +321,41 @@ pub fn generic_row_tile(t: &KeyTile<'_>, keys: &[f32], st: &mut RowState<'_>, sc
             *a = qd.mul_add(kv, *a);
         }
     }
-    for (c, sj) in s.iter_mut().enumerate() {
-        *sj = t.score(t.j0 + c, dots[c]);
-    }
-    let new_max = tile_max(*st.run_max, s);
-    let correction = exp_f32(*st.run_max - new_max);
+    let correction = softmax_step(t, &dots[..t.nk], st, scores);
     if correction != 1.0 {
         for x in st.acc.iter_mut() {
             *x *= correction;
         }
     }
-    for sj in s.iter_mut() {
-        *sj = exp_f32(*sj - new_max);
-    }
-    *st.run_sum = *st.run_sum * correction + tile_sum(s);
-    for (jj, &w) in s.iter().enumerate() {
+    for (jj, &w) in scores[..t.nk].iter().enumerate() {
         for (x, &vv) in st.acc.iter_mut().zip(t.value(t.j0 + jj)) {
             *x = w.mul_add(vv, *x);
         }
     }
+}
+
+/// The online softmax part of a step, shared by both arithmetics: the scores of the tile's
+/// `dots` ([`KeyTile::score`]), `m' = max(m, max_j s_j)`, the weights `w_j = exp_f32(s_j − m')`
+/// written to `scores[..nk]`, `sum = sum·c + tile_sum(w)` and `run_max = m'`; returns
+/// `c = exp_f32(m − m')`, by which the caller rescales `acc` before adding the tile's values.
+pub fn softmax_step(
+    t: &KeyTile<'_>,
+    dots: &[f32],
+    st: &mut RowState<'_>,
+    scores: &mut [f32],
+) -> f32 {
+    let s = &mut scores[..t.nk];
+    for (c, sj) in s.iter_mut().enumerate() {
+        *sj = t.score(t.j0 + c, dots[c]);
+    }
+    let new_max = tile_max(*st.run_max, s);
+    let correction = exp_f32(*st.run_max - new_max);
+    for sj in s.iter_mut() {
+        *sj = exp_f32(*sj - new_max);
+    }
+    *st.run_sum = *st.run_sum * correction + tile_sum(s);
     *st.run_max = new_max;
+    correction
 }
 
 /// Lanes of [`tile_sum`].
@@ -454,7 +477,7 @@ fn attend_task(at: &Attend<'_>, i_first: usize, rows: &mut [f32]) {
         for j0 in (0..lk).step_by(KEY_TILE) {
             let nk = KEY_TILE.min(lk - j0);
             (ops.pack_keys)(p, kv_src, h, j0, nk, &mut keys);
-            pack_values(p, kv_src, h, j0, nk, &mut values);
+            (ops.pack_values)(p, kv_src, h, j0, nk, &mut values);
             for (bi, st) in states[..nblocks].iter_mut().enumerate() {
                 let b = QueryBlock {
                     p,

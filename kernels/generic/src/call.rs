@@ -105,11 +105,12 @@ pub enum Call {
     Tanh,
     GeluTanh,
     /// Multi-head attention; input 2 is the key mask when `mask`, the next one the bias when
-    /// `bias`.
+    /// `bias`; products in bf16 pairs when `bf16` (the table's `attention_bf16` slot).
     Attention {
         p: AttentionParams,
         mask: bool,
         bias: bool,
+        bf16: bool,
     },
     /// 2-D convolution, weights of type `weight`.
     Conv2d {
@@ -290,6 +291,7 @@ impl Call {
                 has_mask,
                 masked_value,
                 has_bias,
+                bf16_products,
             } => {
                 let (q, kv) = (input(0)?.0, input(1)?.0);
                 Call::Attention {
@@ -308,6 +310,7 @@ impl Call {
                     },
                     mask: *has_mask,
                     bias: *has_bias,
+                    bf16: *bf16_products,
                 }
             }
             Op::Conv2d {

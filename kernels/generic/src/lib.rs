@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 mod attention;
+pub mod attention_bf16;
 pub mod bf16dot;
 pub mod call;
 pub mod contract;
@@ -38,11 +39,12 @@ mod weights;
 mod winograd;
 
 pub use attention::{
-    attention, attention_with, generic_row_tile, pack_keys, pack_values, tile_max, tile_sum,
-    touch_worker_stacks, visited_keys, AttentionOps, AttentionParams, BlockState, BlockTileFn,
-    KeyTile, PackKeysFn, QueryBlock, RowState, GENERIC_ATTENTION, KEY_TILE, MAX_HEAD_DIM,
-    QUERY_TILE, SUM_LANES,
+    attention, attention_with, generic_row_tile, pack_keys, pack_values, softmax_step, tile_max,
+    tile_sum, touch_worker_stacks, visited_keys, AttentionOps, AttentionParams, BlockState,
+    BlockTileFn, KeyTile, PackKeysFn, QueryBlock, RowState, GENERIC_ATTENTION, KEY_TILE,
+    MAX_HEAD_DIM, QUERY_TILE, SUM_LANES,
 };
+pub use attention_bf16::{attention_bf16, GENERIC_ATTENTION_BF16};
 pub use call::{Axes, Call};
 pub use conv::{
     conv2d, conv2d_direct, conv2d_scratch_bytes, conv2d_with, winograd_applies, Conv2dParams,

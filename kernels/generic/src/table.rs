@@ -61,6 +61,9 @@ pub struct KernelTable {
     pub conv2d_scratch_bytes: Kernel<Conv2dScratchFn>,
     /// Multi-head attention.
     pub attention: Kernel<AttentionFn>,
+    /// Multi-head attention with bf16-pair products ([`crate::attention_bf16`], the ops a plan
+    /// marks `bf16_products`).
+    pub attention_bf16: Kernel<AttentionFn>,
     /// torch GroupNorm, statistics half (see [`KernelTable::group_norm`]).
     pub group_norm_stats: Kernel<GroupNormStatsFn>,
     /// torch GroupNorm, normalization half with given statistics.
@@ -91,13 +94,14 @@ pub struct KernelTable {
 
 impl KernelTable {
     /// `(slot, kernel name)` for every slot, in declaration order, for logging the choice.
-    pub fn names(&self) -> [(&'static str, &'static str); 18] {
+    pub fn names(&self) -> [(&'static str, &'static str); 19] {
         [
             ("linear", self.linear.name),
             ("linear_scratch_bytes", self.linear_scratch_bytes.name),
             ("conv2d", self.conv2d.name),
             ("conv2d_scratch_bytes", self.conv2d_scratch_bytes.name),
             ("attention", self.attention.name),
+            ("attention_bf16", self.attention_bf16.name),
             ("group_norm_stats", self.group_norm_stats.name),
             ("group_norm_apply", self.group_norm_apply.name),
             ("layer_norm", self.layer_norm.name),
@@ -160,6 +164,10 @@ pub fn generic() -> KernelTable {
         attention: Kernel {
             name: "generic_attention_f32",
             run: crate::attention,
+        },
+        attention_bf16: Kernel {
+            name: "generic_attention_bf16_pairs",
+            run: crate::attention_bf16,
         },
         group_norm_stats: Kernel {
             name: "generic_group_norm_stats_f64",

@@ -511,6 +511,8 @@ fn reports_the_paths_this_cpu_has() {
     }
 }
 
+/// Both attention slots (`attention`, and `attention_bf16`: `vdpbf16ps` in the
+/// `avx512+vnni+bf16` table) against the generic ones.
 #[test]
 fn attention_matches_generic_bit_for_bit() {
     use edge_kernels::AttentionParams;
@@ -528,9 +530,10 @@ fn attention_matches_generic_bit_for_bit() {
         (8, 20, 1, 512, false, false),
         (45, 100, 2, 72, true, false),
         (70, 300, 3, 24, false, true),
+        (13, 200, 2, 72, true, true),
     ];
     for (label, t) in tables() {
-        for &(lq, lk, heads, hd, use_mask, use_bias) in &cases {
+        for (ci, &(lq, lk, heads, hd, use_mask, use_bias)) in cases.iter().enumerate() {
             let d = heads * hd;
             let p = AttentionParams {
                 lq,
@@ -546,24 +549,44 @@ fn attention_matches_generic_bit_for_bit() {
                 masked_value: -10000.0,
             };
             let q = rng.vec(lq * d, 3.0);
-            let kv = rng.vec(lk * 2 * d, 3.0);
+            let mut kv = rng.vec(lk * 2 * d, 3.0);
             let mask: Vec<f32> = (0..lk)
                 .map(|j| if j % 3 == 1 { 0.0 } else { 1.0 })
                 .collect();
-            let bias = rng.vec(heads * lq * lk, 2.0);
-            let run = |t: &KernelTable| {
-                let mut out = vec![f32::NAN; lq * d];
-                (t.attention.run)(
-                    &p,
-                    &q,
-                    &kv,
-                    use_mask.then_some(mask.as_slice()),
-                    use_bias.then_some(bias.as_slice()),
-                    &mut out,
-                );
-                out
-            };
-            assert_bits(label, &format!("attention {p:?}"), &run(&t), &run(&generic));
+            let mut bias = rng.vec(heads * lq * lk, 2.0);
+            if ci == cases.len() - 1 {
+                // Keys from the second tile on score 100 higher: the first tile's sums are
+                // rescaled by about e⁻¹⁰⁰, into the subnormal range (flushed in bf16 products).
+                // Their values are near the smallest normal, so that the rescaled sums (or the
+                // zeros they flush to) still change the result's bits.
+                for (i, b) in bias.iter_mut().enumerate() {
+                    if i % lk >= 64 {
+                        *b += 100.0;
+                    }
+                }
+                for row in kv.chunks_exact_mut(2 * d).skip(64) {
+                    for v in &mut row[d..] {
+                        *v *= 1e-37;
+                    }
+                }
+            }
+            for bf16 in [false, true] {
+                let run = |t: &KernelTable| {
+                    let mut out = vec![f32::NAN; lq * d];
+                    let slot = if bf16 { t.attention_bf16 } else { t.attention };
+                    (slot.run)(
+                        &p,
+                        &q,
+                        &kv,
+                        use_mask.then_some(mask.as_slice()),
+                        use_bias.then_some(bias.as_slice()),
+                        &mut out,
+                    );
+                    out
+                };
+                let what = if bf16 { "attention_bf16" } else { "attention" };
+                assert_bits(label, &format!("{what} {p:?}"), &run(&t), &run(&generic));
+            }
         }
     }
 }

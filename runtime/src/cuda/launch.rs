@@ -29,7 +29,9 @@ pub(super) fn gpu_runs(d: &Decoded) -> bool {
                     _ => false,
                 }
         }
-        Call::Attention { p, .. } => p.head_dim <= 128,
+        // bf16 products are a CPU arithmetic (`vdpbf16ps`'s); the planner refuses them for a
+        // cuda target, so a plan that has them runs them on the CPU.
+        Call::Attention { p, bf16, .. } => !bf16 && p.head_dim <= 128,
         Call::Conv2d { weight, .. } => {
             let row_major = match d.ins.get(1) {
                 Some(Operand::Weight { layout, .. }) => *layout == PackLayout::RowMajor,
@@ -406,7 +408,9 @@ impl CudaSession<'_> {
                     )
                 }
             }
-            Call::Attention { p: a, mask, bias } => {
+            Call::Attention {
+                p: a, mask, bias, ..
+            } => {
                 let m = if mask { Arg::Ptr(p[2]) } else { Arg::Null };
                 let b = if bias {
                     Arg::Ptr(p[2 + usize::from(mask)])

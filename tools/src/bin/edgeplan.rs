@@ -221,6 +221,12 @@ struct CompileArgs {
     /// README's memory budget paragraph.
     #[arg(long = "kv-cache-type", default_value = "f32")]
     kv_cache_type: String,
+    /// Products of the denoiser's attention: f32 (default) or bf16 (q·k and the weights times
+    /// the values from bf16-rounded operands with f32 sums, the arithmetic of x86-64
+    /// `vdpbf16ps`: faster on AVX512_BF16 CPUs, a scalar kernel elsewhere; not for cuda
+    /// targets); case-insensitive.
+    #[arg(long = "attention-products", default_value = "f32")]
+    attention_products: String,
     /// VAE tile size in image pixels, WxH or one number (tiles the decode).
     #[arg(long = "vae-tile-size")]
     vae_tile_size: Option<String>,
@@ -428,6 +434,15 @@ fn compile(a: CompileArgs) -> Result<()> {
             "f16" => DType::F16,
             "q8_0" => DType::Q8_0,
             other => bail!("--kv-cache-type `{other}`: expected f32, f16 or q8_0"),
+        },
+        attention_bf16: match a.attention_products.to_ascii_lowercase().as_str() {
+            "f32" => false,
+            "bf16" if gpu_target => bail!(
+                "--attention-products bf16: a cuda target's attention runs on the GPU in f32; \
+                 bf16 products are a CPU arithmetic (x86-64 vdpbf16ps), leave the flag out"
+            ),
+            "bf16" => true,
+            other => bail!("--attention-products `{other}`: expected f32 or bf16"),
         },
         tiling: edge_planner::tiling::TileRequest {
             mode: a.vae_tile_mode.parse()?,

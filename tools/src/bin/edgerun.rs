@@ -1489,17 +1489,25 @@ fn bench(a: BenchArgs) -> Result<()> {
             let name = match r.weights {
                 Some(d) if r.bf16_products => format!("{} {} pairs", r.op, d.name()),
                 Some(d) => format!("{} {}", r.op, d.name()),
+                None if r.bf16_products => format!("{} bf16", r.op),
                 None => r.op.to_string(),
             };
+            // A rate over less than a millisecond in all says nothing (views such as `reshape`
+            // and in-place `concat` copy nothing and showed thousands of GB/s).
+            let gbs = if t >= 1e-3 {
+                format!("{:.1}", r.bytes_out / t / 1e9)
+            } else {
+                "-".into()
+            };
             out!(
-                "  {:<20} {:>7} {:>10.1} {:>6.1}% {:>11} {:>9} {:>10.1}",
+                "  {:<20} {:>7} {:>10.1} {:>6.1}% {:>11} {:>9} {:>10}",
                 name,
                 r.calls,
                 t * 1e3,
                 100.0 * t / total,
                 gflops,
                 of_peak,
-                r.bytes_out / t / 1e9
+                gbs
             );
         }
     }

@@ -23,6 +23,7 @@ pub(super) const NEON: AttentionOps = AttentionOps {
     name: "neon_attention_f32_4q",
     block_tile,
     pack_keys: edge_kernels::pack_keys,
+    pack_values: edge_kernels::pack_values,
 };
 
 fn block_tile(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {

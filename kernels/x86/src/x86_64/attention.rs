@@ -17,6 +17,16 @@ pub(crate) const AVX2: AttentionOps = AttentionOps {
     name: "avx2_attention_f32_4q",
     block_tile: block_tile_avx2,
     pack_keys: pack_keys_avx2,
+    pack_values: edge_kernels::pack_values,
+};
+
+/// AVX512_BF16 step of [`edge_kernels::attention_bf16`]: [`AVX512`]'s structure with
+/// `vdpbf16ps` for both products (keys packed as channel pairs, values as key pairs).
+pub(crate) const AVX512_BF16: AttentionOps = AttentionOps {
+    name: "avx512bf16_attention_pairs_4q",
+    block_tile: block_tile_bf16,
+    pack_keys: pack_key_pairs_avx512,
+    pack_values: pack_value_pairs_avx512,
 };
 
 /// AVX-512 step: the block's rows together, so each key and value row is loaded once per block;
@@ -25,6 +35,7 @@ pub(crate) const AVX512: AttentionOps = AttentionOps {
     name: "avx512_attention_f32_4q",
     block_tile: block_tile_avx512,
     pack_keys: pack_keys_avx512,
+    pack_values: edge_kernels::pack_values,
 };
 
 /// What a SIMD [`AttentionOps::pack_keys`] relies on: `1 ≤ nk ≤ KEY_TILE`, room for
@@ -459,17 +470,55 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
         let i = b.i0 + r.min(nq - 1);
         &b.q_src[i * p.q_stride + p.q_offset + b.h * hd..][..hd]
     });
-    let mut dots = [[0f32; KEY_TILE]; QUERY_TILE];
+    // The dot products go to `st.scores`, where the softmax turns them into weights.
+    let dots = &mut st.scores;
     // SAFETY: AVX-512F is enabled here; the caller checked the packed keys' length and every
     // query row holds `hd` elements.
     unsafe {
         match nk.div_ceil(16) {
-            1 => scores_avx512::<1>(&qs, keys, hd, &mut dots),
-            2 => scores_avx512::<2>(&qs, keys, hd, &mut dots),
-            3 => scores_avx512::<3>(&qs, keys, hd, &mut dots),
-            _ => scores_avx512::<4>(&qs, keys, hd, &mut dots),
+            1 => scores_avx512::<1>(&qs, keys, hd, dots),
+            2 => scores_avx512::<2>(&qs, keys, hd, dots),
+            3 => scores_avx512::<3>(&qs, keys, hd, dots),
+            _ => scores_avx512::<4>(&qs, keys, hd, dots),
         }
     }
+    // SAFETY: AVX-512F is enabled here; `st.scores` holds the block's dot products.
+    let corr = unsafe { softmax_avx512(b, st) };
+    // The packed values, `[nk, hd]` (`QueryBlock::check_step`).
+    let vp = b.values.as_ptr();
+    // Groups of up to 5 × 16 head channels: the group's accumulators of every row stay in
+    // registers while the keys pass in order.
+    for d0 in (0..hd).step_by(GROUP_LANES) {
+        let lanes = (hd - d0).min(GROUP_LANES);
+        // SAFETY: AVX-512F is enabled here; `vp` holds `nk` value rows of `hd` elements and the
+        // accumulators hold `MAX_HEAD_DIM ≥ hd`; the masks stay below `hd`.
+        unsafe {
+            match (nq, lanes.div_ceil(16)) {
+                (4, 5) => acc_group::<4, 5>(st, &corr, vp, nk, hd, d0, lanes),
+                (4, 4) => acc_group::<4, 4>(st, &corr, vp, nk, hd, d0, lanes),
+                (4, 3) => acc_group::<4, 3>(st, &corr, vp, nk, hd, d0, lanes),
+                (4, 2) => acc_group::<4, 2>(st, &corr, vp, nk, hd, d0, lanes),
+                (4, _) => acc_group::<4, 1>(st, &corr, vp, nk, hd, d0, lanes),
+                (3, _) => acc_group::<3, 5>(st, &corr, vp, nk, hd, d0, lanes),
+                (2, _) => acc_group::<2, 5>(st, &corr, vp, nk, hd, d0, lanes),
+                _ => acc_group::<1, 5>(st, &corr, vp, nk, hd, d0, lanes),
+            }
+        }
+    }
+}
+
+/// The online softmax of the block's rows from their dot products in `st.scores` (both
+/// arithmetics): writes the weights over them (zero past the tile's keys, up to the next multiple of 16),
+/// updates the running maximum and sum, and returns each row's correction `exp(m − m')`.
+///
+/// # Safety
+/// AVX-512F present.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn softmax_avx512(b: &QueryBlock<'_>, st: &mut BlockState) -> [f32; QUERY_TILE] {
+    let (p, nq, nk) = (b.p, b.nq, b.nk);
+    // Each row's dot products are read (by the first loop) before its weights are written.
+    let dots = &st.scores;
     // Per row, 16 keys at a time: the score (`KeyTile::score`'s operations in its order:
     // `scale·dot`, `+ bias[j]`, `+ (1 − mask[j])·masked_value`), the tile maximum (lanes past
     // the keys at −∞; `vmaxps(new, running)` skips NaN scores as `f32::max` does, and the order
@@ -554,28 +603,7 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
         st.run_sum[r] = st.run_sum[r] * corr[r] + _mm512_cvtss_f32(t);
         st.run_max[r] = nmax[r];
     }
-    let corr: [f32; QUERY_TILE] = std::array::from_fn(|r| corr[r]);
-    // The packed values, `[nk, hd]` (`QueryBlock::check_step`).
-    let vp = b.values.as_ptr();
-    // Groups of up to 5 × 16 head channels: the group's accumulators of every row stay in
-    // registers while the keys pass in order.
-    for d0 in (0..hd).step_by(GROUP_LANES) {
-        let lanes = (hd - d0).min(GROUP_LANES);
-        // SAFETY: AVX-512F is enabled here; `vp` holds `nk` value rows of `hd` elements and the
-        // accumulators hold `MAX_HEAD_DIM ≥ hd`; the masks stay below `hd`.
-        unsafe {
-            match (nq, lanes.div_ceil(16)) {
-                (4, 5) => acc_group::<4, 5>(st, &corr, vp, nk, hd, d0, lanes),
-                (4, 4) => acc_group::<4, 4>(st, &corr, vp, nk, hd, d0, lanes),
-                (4, 3) => acc_group::<4, 3>(st, &corr, vp, nk, hd, d0, lanes),
-                (4, 2) => acc_group::<4, 2>(st, &corr, vp, nk, hd, d0, lanes),
-                (4, _) => acc_group::<4, 1>(st, &corr, vp, nk, hd, d0, lanes),
-                (3, _) => acc_group::<3, 5>(st, &corr, vp, nk, hd, d0, lanes),
-                (2, _) => acc_group::<2, 5>(st, &corr, vp, nk, hd, d0, lanes),
-                _ => acc_group::<1, 5>(st, &corr, vp, nk, hd, d0, lanes),
-            }
-        }
-    }
+    std::array::from_fn(|r| corr[r])
 }
 
 /// Head channels per register group of the value pass.
@@ -622,6 +650,334 @@ unsafe fn acc_group<const NQ: usize, const NC: usize>(
             let vv = unsafe { _mm512_maskz_loadu_ps(m[c], v.add(d0 + 16 * c)) };
             for r in 0..NQ {
                 a[r][c] = _mm512_fmadd_ps(w[r], vv, a[r][c]);
+            }
+        }
+    }
+    for r in 0..NQ {
+        for c in 0..NC {
+            // SAFETY: as for the load.
+            unsafe {
+                _mm512_mask_storeu_ps(st.acc[r].as_mut_ptr().add(d0 + 16 * c), m[c], a[r][c])
+            };
+        }
+    }
+}
+
+/// [`edge_kernels::attention_bf16::pack_key_pairs`]'s layout and zero lanes: the keys packed
+/// as f32 ([`pack_keys_avx512`]'s transposes, in `dst`), then rows `2s` and `2s + 1` rounded and
+/// joined into row `s` in place. Uses `head_dim · KEY_TILE` slots of `dst`.
+fn pack_key_pairs_avx512(
+    p: &edge_kernels::AttentionParams,
+    kv_src: &[f32],
+    h: usize,
+    j0: usize,
+    nk: usize,
+    dst: &mut [f32],
+) {
+    check_pack_keys(p, kv_src.len(), h, j0, nk, dst.len());
+    // SAFETY: AVX-512F/BW and AVX512_BF16 were detected before this table was built;
+    // `check_pack_keys` bounds the key rows read and `dst` holds `hd · KEY_TILE` slots, the
+    // most either writes.
+    unsafe {
+        pack_keys_impl(p, kv_src, h, j0, nk, dst);
+        join_pairs(dst, p.head_dim);
+    }
+}
+
+/// Row `s < ⌈hd/2⌉` of `rows` (`[hd, KEY_TILE]` f32) becomes [`edge_kernels::attention_bf16::pair`]
+/// of rows `2s` and `2s + 1` (zero past `hd`), lane by lane. In place: row `s` is written after
+/// rows `2s` and `2s + 1 ≥ s` were read, and every row below them was read before.
+///
+/// # Safety
+/// AVX-512F, BW and AVX512_BF16 present; `rows` holds at least `hd · KEY_TILE` f32.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn join_pairs(rows: &mut [f32], hd: usize) {
+    assert!(rows.len() >= hd * KEY_TILE);
+    let base = rows.as_mut_ptr();
+    for s in 0..hd.div_ceil(2) {
+        for c0 in (0..KEY_TILE).step_by(16) {
+            // SAFETY: rows `2s` and `2s + 1 < hd` and row `s` lie inside `hd · KEY_TILE`.
+            unsafe {
+                let lo = _mm512_loadu_ps(base.add(2 * s * KEY_TILE + c0));
+                let hi = if 2 * s + 1 < hd {
+                    _mm512_loadu_ps(base.add((2 * s + 1) * KEY_TILE + c0))
+                } else {
+                    _mm512_setzero_ps()
+                };
+                _mm512_storeu_si512(base.add(s * KEY_TILE + c0) as *mut __m512i, pairs16(lo, hi));
+            }
+        }
+    }
+}
+
+/// [`edge_kernels::attention_bf16::pack_value_pairs`] 16 channels at a time.
+fn pack_value_pairs_avx512(
+    p: &edge_kernels::AttentionParams,
+    kv_src: &[f32],
+    h: usize,
+    j0: usize,
+    nk: usize,
+    dst: &mut [f32],
+) {
+    let hd = p.head_dim;
+    assert!((1..=KEY_TILE).contains(&nk) && dst.len() >= nk.div_ceil(2) * hd);
+    let row = |c: usize| &kv_src[(j0 + c) * p.kv_stride + p.v_offset + h * hd..][..hd];
+    for t in 0..nk.div_ceil(2) {
+        let lo = row(2 * t);
+        let hi = (2 * t + 1 < nk).then(|| row(2 * t + 1));
+        let out = &mut dst[t * hd..(t + 1) * hd];
+        // SAFETY: AVX-512F/BW and AVX512_BF16 were detected before this table was built; `lo`,
+        // `hi` and `out` are `hd`-long slices and every access is masked to their `hd` elements.
+        unsafe { join_value_rows(lo, hi, out) };
+    }
+}
+
+/// `out[d] = pair(lo[d], hi[d])` (`hi` 0 when absent) as f32 bits.
+///
+/// # Safety
+/// AVX-512F, BW and AVX512_BF16 present; `lo`, `out` (and `hi`) have the same length.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn join_value_rows(lo: &[f32], hi: Option<&[f32]>, out: &mut [f32]) {
+    let n = out.len();
+    assert!(lo.len() == n && hi.is_none_or(|h| h.len() == n));
+    for d0 in (0..n).step_by(16) {
+        let m = mask((n - d0).min(16));
+        // SAFETY: masked to the slices' `n` elements.
+        unsafe {
+            let l = _mm512_maskz_loadu_ps(m, lo.as_ptr().add(d0));
+            let h = hi.map_or(_mm512_setzero_ps(), |h| {
+                _mm512_maskz_loadu_ps(m, h.as_ptr().add(d0))
+            });
+            _mm512_mask_storeu_epi32(out.as_mut_ptr().add(d0) as *mut i32, m, pairs16(l, h));
+        }
+    }
+}
+
+/// `f32` values `src` rounded to bf16 pairs into `dst` (`⌈len/2⌉` pairs, the high half of an odd
+/// last pair 0): consecutive values are pairs, so one `vcvtne2ps2bf16` rounds 32 of them in
+/// order.
+///
+/// # Safety
+/// AVX-512F and AVX512_BF16 present; `dst.len() ≥ ⌈src.len()/2⌉`.
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn round_pairs(src: &[f32], dst: &mut [u32]) {
+    let n = src.len();
+    assert!(dst.len() >= n.div_ceil(2));
+    for c in (0..n).step_by(32) {
+        let len = (n - c).min(32);
+        let (m0, m1) = (mask(len.min(16)), mask(len.saturating_sub(16)));
+        // SAFETY: the loads are masked to `src`'s elements (zeros past them); the store writes
+        // pairs `c/2 .. c/2 + ⌈len/2⌉ ≤ ⌈n/2⌉` of `dst`.
+        unsafe {
+            let lo = _mm512_maskz_loadu_ps(m0, src.as_ptr().add(c));
+            let hi = _mm512_maskz_loadu_ps(m1, src.as_ptr().add(c + 16));
+            let v = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+            _mm512_mask_storeu_epi32(
+                dst.as_mut_ptr().add(c / 2) as *mut i32,
+                mask(len.div_ceil(2)),
+                v,
+            );
+        }
+    }
+}
+
+/// Lane `d` of the result: `lo[d]` and `hi[d]` rounded by
+/// [`edge_kernels::attention_bf16::round_bf16_daz`], `lo` in the low 16 bits
+/// ([`edge_kernels::attention_bf16::pair`]): one `vcvtne2ps2bf16` and one `vpermw`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+fn pairs16(lo: __m512, hi: __m512) -> __m512i {
+    // Words 0..16 hold `lo`'s, 16..32 `hi`'s; word 2d of the result takes word d, 2d + 1 word
+    // 16 + d.
+    const IDX: [u16; 32] = {
+        let mut a = [0u16; 32];
+        let mut d = 0;
+        while d < 16 {
+            a[2 * d] = d as u16;
+            a[2 * d + 1] = 16 + d as u16;
+            d += 1;
+        }
+        a
+    };
+    // SAFETY: `IDX` is 64 bytes; both vector types are 64 bytes of plain lanes.
+    unsafe {
+        let idx = _mm512_loadu_si512(IDX.as_ptr() as *const __m512i);
+        let w = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+        _mm512_permutexvar_epi16(idx, w)
+    }
+}
+
+fn block_tile_bf16(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
+    b.check_step(keys);
+    // SAFETY: AVX-512F/BW and AVX512_BF16 were detected before this step was put in a table
+    // (`crate::x86_64::avx512_bf16_table`); the packed keys hold `hd · KEY_TILE` slots (of which
+    // `⌈hd/2⌉ · KEY_TILE` are pairs) and the packed values `⌈nk/2⌉ · hd` pairs (within the
+    // `nk · hd` that `check_step` asserts); query rows are bounds-checked slices.
+    unsafe { block_bf16(b, keys, st) }
+}
+
+/// [`block_avx512`] with the products of [`edge_kernels::attention_bf16`]: the query rows
+/// rounded to pairs, `vdpbf16ps` for `q·k` (keys in lanes, one per channel pair in order), the
+/// shared softmax, the weights rounded to pairs and `vdpbf16ps` for the values (channels in
+/// lanes, one per key pair in order), after `acc ·= c` and the flush of subnormals.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn block_bf16(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
+    let (p, hd, nq, nk) = (b.p, b.p.head_dim, b.nq, b.nk);
+    let hp = hd.div_ceil(2);
+    // The query rows' pairs, at the head's first key tile (`BlockState::q_pairs`).
+    if b.j0 == 0 {
+        for (r, q) in st.q_pairs.iter_mut().enumerate() {
+            let i = b.i0 + r.min(nq - 1);
+            // SAFETY: AVX512_BF16 is enabled here; `q` holds `MAX_HEAD_DIM / 2 ≥ ⌈hd/2⌉` pairs.
+            unsafe { round_pairs(&b.q_src[i * p.q_stride + p.q_offset + b.h * hd..][..hd], q) };
+        }
+    }
+    // SAFETY: AVX512_BF16 is enabled here; the packed keys hold `hp · KEY_TILE` pairs.
+    unsafe {
+        let (qp, dots) = (&st.q_pairs, &mut st.scores);
+        match nk.div_ceil(16) {
+            1 => scores_bf16::<1>(qp, keys, hp, dots),
+            2 => scores_bf16::<2>(qp, keys, hp, dots),
+            3 => scores_bf16::<3>(qp, keys, hp, dots),
+            _ => scores_bf16::<4>(qp, keys, hp, dots),
+        }
+    }
+    // SAFETY: AVX-512F is enabled here; `st.scores` holds the block's dot products.
+    let corr = unsafe { softmax_avx512(b, st) };
+    let np = nk.div_ceil(2);
+    let mut wp = [[0u32; KEY_TILE / 2]; QUERY_TILE];
+    for (r, w) in wp.iter_mut().enumerate().take(nq) {
+        // SAFETY: `st.scores[r]` is zero from `nk` up to the next multiple of 16 (the softmax
+        // wrote it), so an odd tile's last pair takes a zero weight; `w` holds 32 pairs.
+        unsafe { round_pairs(&st.scores[r][..2 * np], w) };
+    }
+    let vp = b.values.as_ptr() as *const i32;
+    for d0 in (0..hd).step_by(GROUP_LANES) {
+        let lanes = (hd - d0).min(GROUP_LANES);
+        // SAFETY: AVX512_BF16 is enabled here; `vp` holds `np` rows of `hd` pairs and the
+        // accumulators `MAX_HEAD_DIM ≥ hd`; the masks stay below `hd`.
+        unsafe {
+            match (nq, lanes.div_ceil(16)) {
+                (4, 5) => acc_group_bf16::<4, 5>(st, &corr, &wp, vp, np, hd, d0, lanes),
+                (4, 4) => acc_group_bf16::<4, 4>(st, &corr, &wp, vp, np, hd, d0, lanes),
+                (4, 3) => acc_group_bf16::<4, 3>(st, &corr, &wp, vp, np, hd, d0, lanes),
+                (4, 2) => acc_group_bf16::<4, 2>(st, &corr, &wp, vp, np, hd, d0, lanes),
+                (4, _) => acc_group_bf16::<4, 1>(st, &corr, &wp, vp, np, hd, d0, lanes),
+                (3, _) => acc_group_bf16::<3, 5>(st, &corr, &wp, vp, np, hd, d0, lanes),
+                (2, _) => acc_group_bf16::<2, 5>(st, &corr, &wp, vp, np, hd, d0, lanes),
+                _ => acc_group_bf16::<1, 5>(st, &corr, &wp, vp, np, hd, d0, lanes),
+            }
+        }
+    }
+}
+
+/// The 64 bytes at `p` as a `vdpbf16ps` operand.
+///
+/// # Safety
+/// AVX-512F present; 64 readable bytes at `p`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn load_pairs(p: *const i32) -> __m512bh {
+    // SAFETY: the caller's bound; both types are 64 bytes of plain lanes.
+    unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(p as *const __m512i)) }
+}
+
+/// One pair broadcast to 16 lanes as a `vdpbf16ps` operand.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn bcast_pair(x: u32) -> __m512bh {
+    // SAFETY: both types are 64 bytes of plain lanes.
+    unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(x as i32)) }
+}
+
+/// `dots[r][c] = pair steps over s < hp` of the 4 query rows' pairs with the packed key pairs
+/// of the `16·NC` keys (lanes past the tile's keys read zero pairs).
+///
+/// # Safety
+/// AVX-512F and AVX512_BF16 present; `keys` holds `hp · KEY_TILE` pairs.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn scores_bf16<const NC: usize>(
+    qp: &[[u32; edge_kernels::MAX_HEAD_DIM / 2]; QUERY_TILE],
+    keys: &[f32],
+    hp: usize,
+    dots: &mut [[f32; KEY_TILE]; QUERY_TILE],
+) {
+    assert!(keys.len() >= hp * KEY_TILE && hp <= edge_kernels::MAX_HEAD_DIM / 2);
+    let kp = keys.as_ptr() as *const i32;
+    let mut a = [[_mm512_setzero_ps(); NC]; QUERY_TILE];
+    for s in 0..hp {
+        // SAFETY: `s < hp` and `16·NC ≤ KEY_TILE`, inside the packed keys.
+        let kv: [__m512bh; NC] =
+            std::array::from_fn(|c| unsafe { load_pairs(kp.add(s * KEY_TILE + 16 * c)) });
+        for r in 0..QUERY_TILE {
+            let qb = bcast_pair(qp[r][s]);
+            for c in 0..NC {
+                a[r][c] = _mm512_dpbf16_ps(a[r][c], qb, kv[c]);
+            }
+        }
+    }
+    for r in 0..QUERY_TILE {
+        for c in 0..NC {
+            // SAFETY: `16·c + 16 ≤ KEY_TILE`, inside the row of `dots`.
+            unsafe { _mm512_storeu_ps(dots[r].as_mut_ptr().add(16 * c), a[r][c]) };
+        }
+    }
+}
+
+/// `acc[r][d0 + d] = flush(acc · corr[r])`, then for key pairs `t < np` in order
+/// `acc[r][d0 + d] = pair_step(acc, wp[r][t], v[t][d0 + d])` for the first `NQ` rows and
+/// `d < lanes ≤ 16·NC`.
+///
+/// # Safety
+/// AVX-512F and AVX512_BF16 present; `vp` points at `np` rows of `hd ≥ d0 + lanes` pairs.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn acc_group_bf16<const NQ: usize, const NC: usize>(
+    st: &mut BlockState,
+    corr: &[f32; QUERY_TILE],
+    wp: &[[u32; KEY_TILE / 2]; QUERY_TILE],
+    vp: *const i32,
+    np: usize,
+    hd: usize,
+    d0: usize,
+    lanes: usize,
+) {
+    let mut m = [0 as __mmask16; NC];
+    for (c, mc) in m.iter_mut().enumerate() {
+        *mc = mask(lanes.saturating_sub(16 * c).min(16));
+    }
+    let sign = _mm512_set1_epi32(i32::MIN);
+    let min_normal = _mm512_set1_ps(f32::MIN_POSITIVE);
+    let mut a = [[_mm512_setzero_ps(); NC]; NQ];
+    for r in 0..NQ {
+        for c in 0..NC {
+            // SAFETY: masked to `d0 + 16c + lane < d0 + lanes ≤ MAX_HEAD_DIM`.
+            let x = unsafe { _mm512_maskz_loadu_ps(m[c], st.acc[r].as_ptr().add(d0 + 16 * c)) };
+            let x = _mm512_mul_ps(x, _mm512_set1_ps(corr[r]));
+            // `flush_subnormal`: |x| below the smallest normal (zeros too, which keep their
+            // sign either way) becomes x's sign alone; NaN compares false and stays.
+            let xi = _mm512_castps_si512(x);
+            let abs = _mm512_castsi512_ps(_mm512_andnot_si512(sign, xi));
+            let tiny = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(abs, min_normal);
+            let signed_zero = _mm512_castsi512_ps(_mm512_and_si512(xi, sign));
+            a[r][c] = _mm512_mask_mov_ps(x, tiny, signed_zero);
+        }
+    }
+    for t in 0..np {
+        let v = vp.wrapping_add(t * hd + d0);
+        let w: [__m512bh; NQ] = std::array::from_fn(|r| bcast_pair(wp[r][t]));
+        for c in 0..NC {
+            // SAFETY: masked to the `lanes` pairs of value row `t` from `d0`.
+            let vv = unsafe {
+                std::mem::transmute::<__m512i, __m512bh>(_mm512_maskz_loadu_epi32(
+                    m[c],
+                    v.add(16 * c),
+                ))
+            };
+            for r in 0..NQ {
+                a[r][c] = _mm512_dpbf16_ps(a[r][c], w[r], vv);
             }
         }
     }

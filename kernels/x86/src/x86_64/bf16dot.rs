@@ -126,26 +126,31 @@ fn round_row(src: &[f32], dst: &mut [u32]) {
 
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn round_row_impl(src: &[f32], dst: &mut [u32]) {
-    let (bias, one, quiet) = (
-        _mm512_set1_epi32(0x7fff),
-        _mm512_set1_epi32(1),
-        _mm512_set1_epi32(0x40),
-    );
     for c in (0..src.len()).step_by(16) {
         // SAFETY: `c + 16 ≤ src.len()` and `c / 2 + 8 ≤ dst.len()` (the caller's lengths).
         unsafe {
-            let v = _mm512_loadu_ps(src.as_ptr().add(c));
-            let b = _mm512_castps_si512(v);
-            let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(b), one);
-            let r = _mm512_srli_epi32::<16>(_mm512_add_epi32(_mm512_add_epi32(b, bias), odd));
-            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
-            let r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32::<16>(b), quiet);
+            let r = round16(_mm512_loadu_ps(src.as_ptr().add(c)));
             _mm256_storeu_si256(
                 dst.as_mut_ptr().add(c / 2) as *mut __m256i,
                 _mm512_cvtepi32_epi16(r),
             );
         }
     }
+}
+
+/// [`edge_kernels::bf16dot::round_bf16`] on 16 lanes: each lane's bf16 in its low 16 bits
+/// (the high 16 zero), in integer operations.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn round16(v: __m512) -> __m512i {
+    let b = _mm512_castps_si512(v);
+    let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+    let r = _mm512_srli_epi32::<16>(_mm512_add_epi32(
+        _mm512_add_epi32(b, _mm512_set1_epi32(0x7fff)),
+        odd,
+    ));
+    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+    _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32::<16>(b), _mm512_set1_epi32(0x40))
 }
 
 /// Where a block's outputs go: output column `j` of row `r` at `dst[r·ld + j − col0]`.
@@ -353,6 +358,99 @@ mod tests {
                 w.as_ptr() as *const __m512i
             ));
             _mm512_storeu_ps(out.as_mut_ptr(), _mm512_dpbf16_ps(a, xv, wv));
+        }
+    }
+
+    /// `vdpbf16ps` reads a subnormal f32 accumulator as zero (probed on Zen 4): 10⁻⁴⁰ or ±10⁻³⁹
+    /// plus a product of about 2·10⁻³⁸ gives the product alone. `edge_kernels::attention_bf16`
+    /// therefore flushes its rescaled sums to zero before they meet the instruction, so that
+    /// the generic `pair_step` (which would add them exactly) gives the same bits.
+    #[test]
+    fn vdpbf16ps_reads_a_subnormal_accumulator_as_zero() {
+        if !edge_kernels::cpu::features().avx512bf16 {
+            eprintln!("vdpbf16ps_reads_a_subnormal_accumulator_as_zero: skipped, no AVX512_BF16");
+            return;
+        }
+        #[target_feature(enable = "avx512f,avx512bf16")]
+        fn one_lane(acc: f32, x: u32, w: u32) -> f32 {
+            // SAFETY: both types are 64 bytes of plain lanes.
+            let (xv, wv) = unsafe {
+                (
+                    std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(x as i32)),
+                    std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(w as i32)),
+                )
+            };
+            _mm512_cvtss_f32(_mm512_dpbf16_ps(_mm512_set1_ps(acc), xv, wv))
+        }
+        let one = 0x3f80u32;
+        let tiny = 2.0e-38f32.to_bits() >> 16;
+        let product = f32::from_bits(tiny << 16);
+        for acc in [1e-40f32, 1e-39, -1e-39, 0.0] {
+            // SAFETY: AVX512_BF16 was detected above.
+            let got = unsafe { one_lane(acc, one, tiny) };
+            assert_eq!(got, product, "acc {acc:e}");
+        }
+    }
+
+    /// `vcvtne2ps2bf16` gives `edge_kernels::attention_bf16::round_bf16_daz` on random f32 of
+    /// every exponent (subnormals read as zero, otherwise to nearest even; NaN quiet with its
+    /// upper payload) and on the edge values.
+    #[test]
+    fn vcvtne2ps2bf16_is_round_bf16_daz() {
+        if !edge_kernels::cpu::features().avx512bf16 {
+            eprintln!("vcvtne2ps2bf16_is_round_bf16_daz: skipped, no AVX512_BF16");
+            return;
+        }
+        #[target_feature(enable = "avx512f,avx512bf16")]
+        fn cvt(v: &[f32; 32]) -> [u16; 32] {
+            // SAFETY: `v` holds 32 f32; both result types are 64 bytes of plain lanes.
+            unsafe {
+                let lo = _mm512_loadu_ps(v.as_ptr());
+                let hi = _mm512_loadu_ps(v.as_ptr().add(16));
+                std::mem::transmute::<__m512bh, [u16; 32]>(_mm512_cvtne2ps_pbh(hi, lo))
+            }
+        }
+        let edges = [
+            f32::from_bits(1),
+            f32::from_bits(0x007f_ffff),
+            -f32::from_bits(0x007f_ffff),
+            f32::MIN_POSITIVE,
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7f80_0001),
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            1.003_906_3,
+            1.011_718_8,
+            -0.0,
+            0.0,
+            3.0,
+            f32::from_bits(0x3f80_8000),
+        ];
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for i in 0..20_000 {
+            let mut v = [0f32; 32];
+            for l in &mut v {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *l = f32::from_bits(x as u32);
+            }
+            if i == 0 {
+                v[..16].copy_from_slice(&edges);
+            }
+            // SAFETY: AVX512_BF16 was detected above.
+            let got = unsafe { cvt(&v) };
+            for (l, &g) in got.iter().enumerate() {
+                let want = edge_kernels::attention_bf16::round_bf16_daz(v[l]);
+                assert_eq!(
+                    g,
+                    want,
+                    "x {:08x}: {g:04x}, want {want:04x}",
+                    v[l].to_bits()
+                );
+            }
         }
     }
 }

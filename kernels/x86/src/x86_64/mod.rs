@@ -195,9 +195,28 @@ fn avx512_vnni_table(f: &Features) -> Option<KernelTable> {
         .then(|| table::<Avx512Vnni>(LINEAR_AVX512_VNNI, "avx512_conv2d_f32_6x64"))
 }
 
+/// The VNNI table, plus `vdpbf16ps` for [`PackLayout::Bf16Pairs16`] weights and for the
+/// attention ops a plan marks `bf16_products`.
 fn avx512_bf16_table(f: &Features) -> Option<KernelTable> {
-    (f.avx512f && f.avx512bw && f.avx512vnni && f.avx512bf16)
-        .then(|| table::<Avx512Bf16>(LINEAR_AVX512_BF16, "avx512_conv2d_f32_6x64"))
+    (f.avx512f && f.avx512bw && f.avx512vnni && f.avx512bf16).then(|| {
+        let mut t = table::<Avx512Bf16>(LINEAR_AVX512_BF16, "avx512_conv2d_f32_6x64");
+        t.attention_bf16 = Kernel {
+            name: attention::AVX512_BF16.name,
+            run: attention_bf16_avx512,
+        };
+        t
+    })
+}
+
+fn attention_bf16_avx512(
+    p: &edge_kernels::AttentionParams,
+    q: &[f32],
+    kv: &[f32],
+    key_mask: Option<&[f32]>,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    edge_kernels::attention_with(&attention::AVX512_BF16, p, q, kv, key_mask, bias, out)
 }
 
 pub(crate) fn variants(f: &Features) -> Vec<(&'static str, KernelTable)> {
