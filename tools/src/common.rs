@@ -274,9 +274,69 @@ fn writable(flag: &str, out: &std::path::Path, dir: &std::path::Path) -> anyhow:
     }
 }
 
+/// The candidate closest to `given` by edit distance (ASCII case ignored; `given` itself
+/// excluded), if it is within a third of the candidate's length (a typo, not another word):
+/// for "did you mean" hints.
+pub fn did_you_mean<'a>(given: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    let lower = given.to_ascii_lowercase();
+    candidates
+        .iter()
+        .filter(|&&c| c != given)
+        .map(|&c| (edit_distance(&lower, c), c))
+        .filter(|&(d, c)| d <= c.len().div_ceil(3))
+        // Ties go to a candidate that continues what was typed (`x86_64-avx512bf` is two
+        // edits from both `x86_64-avx512` and `x86_64-avx512bf16`).
+        .min_by_key(|&(d, c)| (d, !c.starts_with(&lower)))
+        .map(|(_, c)| c)
+}
+
+/// Levenshtein distance between two strings, by bytes.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, &ca) in a.iter().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, &cb) in b.iter().enumerate() {
+            cur[j + 1] = (prev[j] + usize::from(ca != cb))
+                .min(prev[j + 1] + 1)
+                .min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_size;
+
+    #[test]
+    fn did_you_mean_takes_typos_not_other_words() {
+        let names = [
+            "generic",
+            "x86_64",
+            "x86_64-avx512",
+            "x86_64-avx512bf16",
+            "aarch64-neon",
+        ];
+        assert_eq!(
+            super::did_you_mean("x86_64-avx512bf", &names),
+            Some("x86_64-avx512bf16")
+        );
+        assert_eq!(
+            super::did_you_mean("X86_64-AVX512", &names),
+            Some("x86_64-avx512")
+        );
+        assert_eq!(
+            super::did_you_mean("x86-64-avx51", &names),
+            Some("x86_64-avx512")
+        );
+        assert_eq!(
+            super::did_you_mean("aarch64-nen", &names),
+            Some("aarch64-neon")
+        );
+        assert_eq!(super::did_you_mean("riscv", &names), None);
+    }
 
     #[test]
     fn an_output_folder_where_nothing_can_be_written_is_refused_first() {

@@ -2776,3 +2776,87 @@ fn bf16_products_target() {
         assert!(!png.exists());
     }
 }
+
+/// Errors name what was meant: a misspelled `--target` or `--kernels` gets the closest name,
+/// `sign --key` a missing key file under `--key`, and a plan given as the model with the same
+/// `-o` is called the model file (not a folder). Without `-p` the run says it uses the empty
+/// prompt; `-v` says when F16 weights are widened for an f32 kernel.
+#[test]
+fn errors_name_the_flag_and_the_likely_spelling() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("x.plan");
+    let model = demo_model();
+    let mut args = compile_args(s(&model), s(&out), "64");
+    args.extend(["--target", "x86_64-avx512bf"]);
+    let o = run(EDGEPLAN, &args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("did you mean `x86_64-avx512bf16`?"), "{err}");
+    let o = run(
+        EDGEPLAN,
+        &["sign", "--key", "/nonexistent/edge.key", s(demo_plan())],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("--key: /nonexistent/edge.key"), "{err}");
+    let plan = t.path().join("copy.plan");
+    std::fs::copy(demo_plan(), &plan).unwrap();
+    let o = run(EDGEPLAN, &compile_args(s(&plan), s(&plan), "64"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("the model file") && !err.contains("folder"),
+        "{err}"
+    );
+    let png = t.path().join("a.png");
+    let o = run(
+        EDGERUN,
+        &[
+            "generate",
+            "--plan",
+            s(demo_plan()),
+            "--kernels",
+            "avx2+",
+            "-o",
+            s(&png),
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("did you mean `avx2`?"), "{err}");
+    let o = run(
+        EDGERUN,
+        &[
+            "generate",
+            "--plan",
+            s(demo_plan()),
+            "--steps",
+            "1",
+            "-o",
+            s(&png),
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("no -p/--prompt"), "{err}");
+    let f16 = t.path().join("f16.plan");
+    let o = compile_demo_64(&f16, &["--quant", "f16"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = generate(&f16, &png, &["-v"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("matrix kernels:"))
+        .unwrap_or_else(|| panic!("no matrix kernels line: {err}"));
+    let f16 = line
+        .split(", ")
+        .find(|p| p.contains("f16 -> "))
+        .unwrap_or_else(|| panic!("no f16 weights: {line}"));
+    // An f32 kernel (x86 or NEON tiles) widens them; a generic F16 kernel would not.
+    assert_eq!(
+        f16.contains("_f32"),
+        f16.contains("(widened to f32 panels)"),
+        "{line}"
+    );
+}

@@ -352,7 +352,21 @@ fn parse_target(s: &str) -> Result<Target> {
         ),
         "aarch64" | "aarch64-neon" => (Isa::Aarch64, vec!["neon".to_string()]),
         other => {
-            bail!("--target: unknown target `{other}` (expected generic, x86_64 (or x86-64), x86_64-avx512 (or x86-64-avx512), x86_64-avx512bf16 (or x86-64-avx512bf16), aarch64-neon (or aarch64), cuda-sm72, cuda-sm87, cuda-sm90)")
+            const NAMES: [&str; 9] = [
+                "generic",
+                "x86_64",
+                "x86_64-avx512",
+                "x86_64-avx512bf16",
+                "aarch64-neon",
+                "aarch64",
+                "cuda-sm72",
+                "cuda-sm87",
+                "cuda-sm90",
+            ];
+            let hint = common::did_you_mean(other, &NAMES)
+                .map(|n| format!("did you mean `{n}`? "))
+                .unwrap_or_default();
+            bail!("--target: unknown target `{other}`: {hint}expected generic, x86_64 (or x86-64), x86_64-avx512 (or x86-64-avx512), x86_64-avx512bf16 (or x86-64-avx512bf16), aarch64-neon (or aarch64), cuda-sm72, cuda-sm87, cuda-sm90")
         }
     };
     Ok(Target { isa, features })
@@ -470,11 +484,14 @@ fn compile(a: CompileArgs) -> Result<()> {
     };
     let mut sources: Vec<(String, std::path::PathBuf)> = Vec::new();
     if let Some(m) = &a.model {
-        sources.extend(
-            common::files_under(m)
-                .into_iter()
-                .map(|p| ("the model folder's".to_string(), p)),
-        );
+        sources.extend(common::files_under(m).into_iter().map(|p| {
+            let what = if m.is_dir() {
+                "the model folder's"
+            } else {
+                "the model file"
+            };
+            (what.to_string(), p)
+        }));
     }
     for (flag, p) in [
         ("--diffusion-model", &a.diffusion_model),
@@ -830,7 +847,7 @@ fn keygen(out: PathBuf) -> Result<()> {
 }
 
 fn sign(plan: PathBuf, key: PathBuf, output: Option<PathBuf>, resign: bool) -> Result<()> {
-    let secret = edge_planner::sign::SecretKey::from_file(&key)?;
+    let secret = edge_planner::sign::SecretKey::from_file(&key).context("--key")?;
     if let Some(o) = &output {
         check_plan_name("--output", o)?;
     }
@@ -857,7 +874,7 @@ fn sign(plan: PathBuf, key: PathBuf, output: Option<PathBuf>, resign: bool) -> R
 fn verify(plan: PathBuf, trusted_key: Option<PathBuf>, r: ReferenceArgs) -> Result<()> {
     let p = match &trusted_key {
         Some(k) => {
-            let key = edge_runtime::TrustedKey::from_file(k)?;
+            let key = edge_runtime::TrustedKey::from_file(k).context("--trusted-key")?;
             edge_runtime::Plan::open_signed(&plan, &key)
         }
         None => edge_runtime::Plan::open(&plan),

@@ -665,8 +665,11 @@ fn pick_kernels(label: &str) -> Result<(&'static str, edge_kernels::KernelTable)
             table_labels()
         ),
         None => bail!(
-            "--kernels {label:?}: unknown kernel table; expected best or one of {} (this CPU \
+            "--kernels {label:?}: unknown kernel table; {}expected best or one of {} (this CPU \
              has {})",
+            common::did_you_mean(label, edge_kernels_cpu::TABLE_LABELS)
+                .map(|n| format!("did you mean `{n}`? "))
+                .unwrap_or_default(),
             edge_kernels_cpu::TABLE_LABELS.join(", "),
             table_labels()
         ),
@@ -739,6 +742,9 @@ fn generate(a: GenArgs) -> Result<()> {
     let (seed, random_seed) = pick_seed(&a.seed)?;
     let rng: edge_runtime::rng::NoiseRng =
         a.rng.parse().map_err(|e| anyhow::anyhow!("--rng: {e}"))?;
+    if a.prompt.is_empty() && !a.quiet {
+        say!("note: no -p/--prompt: generating from the empty prompt (an unconditional image)");
+    }
     if random_seed && !a.quiet {
         say!("seed: {seed} (random)");
     }
@@ -957,14 +963,22 @@ fn generate(a: GenArgs) -> Result<()> {
             .iter()
             .map(|&(d, l)| {
                 let name = edge_kernels_cpu::linear_variant_name(&kernels, d, l);
+                // F16 / BF16 weights that an f32 kernel reads are widened exactly, panel by
+                // panel (f32 products), which the kernel's name alone does not say.
+                let widened = matches!(d, DType::F16 | DType::BF16) && name.contains("_f32");
                 format!(
-                    "{}{} -> {name}",
+                    "{}{} -> {name}{}",
                     d.name(),
                     match l {
                         PackLayout::RowMajor => "",
                         PackLayout::Interleaved4x8 => " (interleaved 4x8)",
                         PackLayout::Interleaved16x4 => " (interleaved 16x4)",
                         PackLayout::Bf16Pairs16 => " (pairs 16x2)",
+                    },
+                    if widened {
+                        " (widened to f32 panels)"
+                    } else {
+                        ""
                     }
                 )
             })
