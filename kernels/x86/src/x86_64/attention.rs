@@ -3,7 +3,9 @@
 //! the polynomial `exp` of [`edge_kernels::expf`] on 8 / 16 lanes, and `acc ·= c`,
 //! `acc = fma(w, v, acc)` with head channels in lanes; the scalar parts (tile maximum, running
 //! sum) are the generic ones. Each lane does the generic scalar operation, so the attention
-//! output is bit-identical.
+//! output is bit-identical. The bf16-products step ([`AVX512_BF16`], the twin of
+//! [`edge_kernels::attention_bf16`]) shares the softmax and replaces both products with
+//! `vdpbf16ps` on pairs rounded by `vcvtne2ps2bf16`.
 
 use std::arch::x86_64::*;
 
@@ -508,8 +510,9 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
 }
 
 /// The online softmax of the block's rows from their dot products in `st.scores` (both
-/// arithmetics): writes the weights over them (zero past the tile's keys, up to the next multiple of 16),
-/// updates the running maximum and sum, and returns each row's correction `exp(m − m')`.
+/// arithmetics): writes the weights over them (zero past the tile's keys, up to the next
+/// multiple of 16), updates the running maximum and sum, and returns each row's correction
+/// `exp(m − m')`.
 ///
 /// # Safety
 /// AVX-512F present.
