@@ -179,10 +179,6 @@ pub struct BlockState {
     pub run_sum: [f32; QUERY_TILE],
     /// Per row, the tile's scores (then weights).
     pub scores: [[f32; KEY_TILE]; QUERY_TILE],
-    /// Per row, the query's bf16 channel pairs for a bf16-products step that keeps them: it
-    /// fills them at the head's first key tile (`j0 = 0`, which [`attention_with`] visits
-    /// first for every head) and reads them at the others.
-    pub q_pairs: [[u32; MAX_HEAD_DIM / 2]; QUERY_TILE],
 }
 
 impl BlockState {
@@ -203,7 +199,6 @@ impl BlockState {
             run_max: [f32::NEG_INFINITY; QUERY_TILE],
             run_sum: [0.0; QUERY_TILE],
             scores: [[0.0; KEY_TILE]; QUERY_TILE],
-            q_pairs: [[0; MAX_HEAD_DIM / 2]; QUERY_TILE],
         }
     }
 

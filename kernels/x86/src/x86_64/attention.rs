@@ -472,20 +472,19 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
         let i = b.i0 + r.min(nq - 1);
         &b.q_src[i * p.q_stride + p.q_offset + b.h * hd..][..hd]
     });
-    // The dot products go to `st.scores`, where the softmax turns them into weights.
-    let dots = &mut st.scores;
+    let mut dots = [[0f32; KEY_TILE]; QUERY_TILE];
     // SAFETY: AVX-512F is enabled here; the caller checked the packed keys' length and every
     // query row holds `hd` elements.
     unsafe {
         match nk.div_ceil(16) {
-            1 => scores_avx512::<1>(&qs, keys, hd, dots),
-            2 => scores_avx512::<2>(&qs, keys, hd, dots),
-            3 => scores_avx512::<3>(&qs, keys, hd, dots),
-            _ => scores_avx512::<4>(&qs, keys, hd, dots),
+            1 => scores_avx512::<1>(&qs, keys, hd, &mut dots),
+            2 => scores_avx512::<2>(&qs, keys, hd, &mut dots),
+            3 => scores_avx512::<3>(&qs, keys, hd, &mut dots),
+            _ => scores_avx512::<4>(&qs, keys, hd, &mut dots),
         }
     }
-    // SAFETY: AVX-512F is enabled here; `st.scores` holds the block's dot products.
-    let corr = unsafe { softmax_avx512(b, st) };
+    // SAFETY: AVX-512F is enabled here.
+    let corr = unsafe { softmax_avx512(b, &dots, st) };
     // The packed values, `[nk, hd]` (`QueryBlock::check_step`).
     let vp = b.values.as_ptr();
     // Groups of up to 5 × 16 head channels: the group's accumulators of every row stay in
@@ -509,19 +508,21 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
     }
 }
 
-/// The online softmax of the block's rows from their dot products in `st.scores` (both
-/// arithmetics): writes the weights over them (zero past the tile's keys, up to the next
-/// multiple of 16), updates the running maximum and sum, and returns each row's correction
-/// `exp(m − m')`.
+/// The online softmax of the block's rows from their dot products `dots` (both arithmetics):
+/// writes the weights to `st.scores` (zero past the tile's keys, up to the next multiple of
+/// 16), updates the running maximum and sum, and returns each row's correction `exp(m − m')`.
 ///
 /// # Safety
 /// AVX-512F present.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn softmax_avx512(b: &QueryBlock<'_>, st: &mut BlockState) -> [f32; QUERY_TILE] {
+unsafe fn softmax_avx512(
+    b: &QueryBlock<'_>,
+    dots: &[[f32; KEY_TILE]; QUERY_TILE],
+    st: &mut BlockState,
+) -> [f32; QUERY_TILE] {
     let (p, nq, nk) = (b.p, b.nq, b.nk);
     // Each row's dot products are read (by the first loop) before its weights are written.
-    let dots = &st.scores;
     // Per row, 16 keys at a time: the score (`KeyTile::score`'s operations in its order:
     // `scale·dot`, `+ bias[j]`, `+ (1 − mask[j])·masked_value`), the tile maximum (lanes past
     // the keys at −∞; `vmaxps(new, running)` skips NaN scores as `f32::max` does, and the order
@@ -756,30 +757,31 @@ unsafe fn join_value_rows(lo: &[f32], hi: Option<&[f32]>, out: &mut [f32]) {
     }
 }
 
-/// `f32` values `src` rounded to bf16 pairs into `dst` (`⌈len/2⌉` pairs, the high half of an odd
-/// last pair 0): consecutive values are pairs, so one `vcvtne2ps2bf16` rounds 32 of them in
-/// order.
+/// Pairs per query row of the bf16 step's query buffer (`MAX_HEAD_DIM / 2`).
+const Q_ROW: usize = edge_kernels::MAX_HEAD_DIM / 2;
+/// Pairs per row of its weight buffer (`KEY_TILE / 2`).
+const W_ROW: usize = KEY_TILE / 2;
+
+/// `f32` values `src` rounded to bf16 pairs at `dst` (`⌈len/2⌉` pairs, the high half of an odd
+/// last pair 0, nothing else written): consecutive values are pairs, so one `vcvtne2ps2bf16`
+/// rounds 32 of them in order.
 ///
 /// # Safety
-/// AVX-512F and AVX512_BF16 present; `dst.len() ≥ ⌈src.len()/2⌉`.
+/// AVX-512F and AVX512_BF16 present; `dst` is valid for writes of `cap ≥ ⌈src.len()/2⌉` u32.
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn round_pairs(src: &[f32], dst: &mut [u32]) {
+unsafe fn round_pairs(src: &[f32], dst: *mut u32, cap: usize) {
     let n = src.len();
-    assert!(dst.len() >= n.div_ceil(2));
+    assert!(cap >= n.div_ceil(2));
     for c in (0..n).step_by(32) {
         let len = (n - c).min(32);
         let (m0, m1) = (mask(len.min(16)), mask(len.saturating_sub(16)));
         // SAFETY: the loads are masked to `src`'s elements (zeros past them); the store writes
-        // pairs `c/2 .. c/2 + ⌈len/2⌉ ≤ ⌈n/2⌉` of `dst`.
+        // pairs `c/2 .. c/2 + ⌈len/2⌉ ≤ ⌈n/2⌉ ≤ cap` at `dst`.
         unsafe {
             let lo = _mm512_maskz_loadu_ps(m0, src.as_ptr().add(c));
             let hi = _mm512_maskz_loadu_ps(m1, src.as_ptr().add(c + 16));
             let v = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
-            _mm512_mask_storeu_epi32(
-                dst.as_mut_ptr().add(c / 2) as *mut i32,
-                mask(len.div_ceil(2)),
-                v,
-            );
+            _mm512_mask_storeu_epi32(dst.add(c / 2) as *mut i32, mask(len.div_ceil(2)), v);
         }
     }
 }
@@ -827,33 +829,46 @@ fn block_tile_bf16(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
 unsafe fn block_bf16(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
     let (p, hd, nq, nk) = (b.p, b.p.head_dim, b.nq, b.nk);
     let hp = hd.div_ceil(2);
-    // The query rows' pairs, at the head's first key tile (`BlockState::q_pairs`).
-    if b.j0 == 0 {
-        for (r, q) in st.q_pairs.iter_mut().enumerate() {
-            let i = b.i0 + r.min(nq - 1);
-            // SAFETY: AVX512_BF16 is enabled here; `q` holds `MAX_HEAD_DIM / 2 ≥ ⌈hd/2⌉` pairs.
-            unsafe { round_pairs(&b.q_src[i * p.q_stride + p.q_offset + b.h * hd..][..hd], q) };
-        }
+    // The query rows' pairs, `Q_ROW` apart; only the first `hp` of each row are written (and
+    // read), so the buffer is not zeroed (4 KiB per step).
+    let mut qbuf = std::mem::MaybeUninit::<[u32; QUERY_TILE * Q_ROW]>::uninit();
+    let qp = qbuf.as_mut_ptr() as *mut u32;
+    for r in 0..QUERY_TILE {
+        let i = b.i0 + r.min(nq - 1);
+        // SAFETY: AVX512_BF16 is enabled here; row `r` of the buffer has room for
+        // `Q_ROW ≥ ⌈hd/2⌉` pairs.
+        unsafe {
+            round_pairs(
+                &b.q_src[i * p.q_stride + p.q_offset + b.h * hd..][..hd],
+                qp.add(r * Q_ROW),
+                Q_ROW,
+            )
+        };
     }
-    // SAFETY: AVX512_BF16 is enabled here; the packed keys hold `hp · KEY_TILE` pairs.
+    let mut dots = [[0f32; KEY_TILE]; QUERY_TILE];
+    // SAFETY: AVX512_BF16 is enabled here; the packed keys hold `hp · KEY_TILE` pairs and each
+    // query row its first `hp` pairs (written above).
     unsafe {
-        let (qp, dots) = (&st.q_pairs, &mut st.scores);
         match nk.div_ceil(16) {
-            1 => scores_bf16::<1>(qp, keys, hp, dots),
-            2 => scores_bf16::<2>(qp, keys, hp, dots),
-            3 => scores_bf16::<3>(qp, keys, hp, dots),
-            _ => scores_bf16::<4>(qp, keys, hp, dots),
+            1 => scores_bf16::<1>(qp, keys, hp, &mut dots),
+            2 => scores_bf16::<2>(qp, keys, hp, &mut dots),
+            3 => scores_bf16::<3>(qp, keys, hp, &mut dots),
+            _ => scores_bf16::<4>(qp, keys, hp, &mut dots),
         }
     }
-    // SAFETY: AVX-512F is enabled here; `st.scores` holds the block's dot products.
-    let corr = unsafe { softmax_avx512(b, st) };
+    // SAFETY: AVX-512F is enabled here.
+    let corr = unsafe { softmax_avx512(b, &dots, st) };
     let np = nk.div_ceil(2);
-    let mut wp = [[0u32; KEY_TILE / 2]; QUERY_TILE];
-    for (r, w) in wp.iter_mut().enumerate().take(nq) {
+    // The weights' pairs, `W_ROW` apart: rows `r < nq`, pairs `t < np` written (and read).
+    let mut wbuf = std::mem::MaybeUninit::<[u32; QUERY_TILE * W_ROW]>::uninit();
+    let wp = wbuf.as_mut_ptr() as *mut u32;
+    for r in 0..nq {
         // SAFETY: `st.scores[r]` is zero from `nk` up to the next multiple of 16 (the softmax
-        // wrote it), so an odd tile's last pair takes a zero weight; `w` holds 32 pairs.
-        unsafe { round_pairs(&st.scores[r][..2 * np], w) };
+        // wrote it), so an odd tile's last pair takes a zero weight; row `r` of the buffer has
+        // room for `W_ROW = KEY_TILE / 2 ≥ np` pairs.
+        unsafe { round_pairs(&st.scores[r][..2 * np], wp.add(r * W_ROW), W_ROW) };
     }
+    let wp = wp as *const u32;
     let vp = b.values.as_ptr() as *const i32;
     for d0 in (0..hd).step_by(GROUP_LANES) {
         let lanes = (hd - d0).min(GROUP_LANES);
@@ -861,14 +876,14 @@ unsafe fn block_bf16(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
         // accumulators `MAX_HEAD_DIM ≥ hd`; the masks stay below `hd`.
         unsafe {
             match (nq, lanes.div_ceil(16)) {
-                (4, 5) => acc_group_bf16::<4, 5>(st, &corr, &wp, vp, np, hd, d0, lanes),
-                (4, 4) => acc_group_bf16::<4, 4>(st, &corr, &wp, vp, np, hd, d0, lanes),
-                (4, 3) => acc_group_bf16::<4, 3>(st, &corr, &wp, vp, np, hd, d0, lanes),
-                (4, 2) => acc_group_bf16::<4, 2>(st, &corr, &wp, vp, np, hd, d0, lanes),
-                (4, _) => acc_group_bf16::<4, 1>(st, &corr, &wp, vp, np, hd, d0, lanes),
-                (3, _) => acc_group_bf16::<3, 5>(st, &corr, &wp, vp, np, hd, d0, lanes),
-                (2, _) => acc_group_bf16::<2, 5>(st, &corr, &wp, vp, np, hd, d0, lanes),
-                _ => acc_group_bf16::<1, 5>(st, &corr, &wp, vp, np, hd, d0, lanes),
+                (4, 5) => acc_group_bf16::<4, 5>(st, &corr, wp, vp, np, hd, d0, lanes),
+                (4, 4) => acc_group_bf16::<4, 4>(st, &corr, wp, vp, np, hd, d0, lanes),
+                (4, 3) => acc_group_bf16::<4, 3>(st, &corr, wp, vp, np, hd, d0, lanes),
+                (4, 2) => acc_group_bf16::<4, 2>(st, &corr, wp, vp, np, hd, d0, lanes),
+                (4, _) => acc_group_bf16::<4, 1>(st, &corr, wp, vp, np, hd, d0, lanes),
+                (3, _) => acc_group_bf16::<3, 5>(st, &corr, wp, vp, np, hd, d0, lanes),
+                (2, _) => acc_group_bf16::<2, 5>(st, &corr, wp, vp, np, hd, d0, lanes),
+                _ => acc_group_bf16::<1, 5>(st, &corr, wp, vp, np, hd, d0, lanes),
             }
         }
     }
@@ -897,16 +912,17 @@ fn bcast_pair(x: u32) -> __m512bh {
 /// of the `16·NC` keys (lanes past the tile's keys read zero pairs).
 ///
 /// # Safety
-/// AVX-512F and AVX512_BF16 present; `keys` holds `hp · KEY_TILE` pairs.
+/// AVX-512F and AVX512_BF16 present; `keys` holds `hp · KEY_TILE` pairs; `qp` holds 4 rows
+/// `Q_ROW` apart whose first `hp` pairs are initialized.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn scores_bf16<const NC: usize>(
-    qp: &[[u32; edge_kernels::MAX_HEAD_DIM / 2]; QUERY_TILE],
+    qp: *const u32,
     keys: &[f32],
     hp: usize,
     dots: &mut [[f32; KEY_TILE]; QUERY_TILE],
 ) {
-    assert!(keys.len() >= hp * KEY_TILE && hp <= edge_kernels::MAX_HEAD_DIM / 2);
+    assert!(keys.len() >= hp * KEY_TILE && hp <= Q_ROW);
     let kp = keys.as_ptr() as *const i32;
     let mut a = [[_mm512_setzero_ps(); NC]; QUERY_TILE];
     for s in 0..hp {
@@ -914,7 +930,8 @@ unsafe fn scores_bf16<const NC: usize>(
         let kv: [__m512bh; NC] =
             std::array::from_fn(|c| unsafe { load_pairs(kp.add(s * KEY_TILE + 16 * c)) });
         for r in 0..QUERY_TILE {
-            let qb = bcast_pair(qp[r][s]);
+            // SAFETY: pair `s < hp` of query row `r` (the caller's bound).
+            let qb = bcast_pair(unsafe { *qp.add(r * Q_ROW + s) });
             for c in 0..NC {
                 a[r][c] = _mm512_dpbf16_ps(a[r][c], qb, kv[c]);
             }
@@ -933,14 +950,15 @@ unsafe fn scores_bf16<const NC: usize>(
 /// `d < lanes ≤ 16·NC`.
 ///
 /// # Safety
-/// AVX-512F and AVX512_BF16 present; `vp` points at `np` rows of `hd ≥ d0 + lanes` pairs.
+/// AVX-512F and AVX512_BF16 present; `vp` points at `np` rows of `hd ≥ d0 + lanes` pairs;
+/// `wp` at `NQ` rows `W_ROW` apart whose first `np` pairs are initialized.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn acc_group_bf16<const NQ: usize, const NC: usize>(
     st: &mut BlockState,
     corr: &[f32; QUERY_TILE],
-    wp: &[[u32; KEY_TILE / 2]; QUERY_TILE],
+    wp: *const u32,
     vp: *const i32,
     np: usize,
     hd: usize,
@@ -970,7 +988,9 @@ unsafe fn acc_group_bf16<const NQ: usize, const NC: usize>(
     }
     for t in 0..np {
         let v = vp.wrapping_add(t * hd + d0);
-        let w: [__m512bh; NQ] = std::array::from_fn(|r| bcast_pair(wp[r][t]));
+        // SAFETY: pair `t < np` of weight row `r < NQ` (the caller's bound).
+        let w: [__m512bh; NQ] =
+            std::array::from_fn(|r| bcast_pair(unsafe { *wp.add(r * W_ROW + t) }));
         for c in 0..NC {
             // SAFETY: masked to the `lanes` pairs of value row `t` from `d0`.
             let vv = unsafe {
