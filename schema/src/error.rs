@@ -21,7 +21,7 @@ pub enum Error {
         end: u64,
         len: u64,
     },
-    #[error("plan checksum mismatch in {what}: the file is corrupted")]
+    #[error("checksum mismatch in {what}: the plan file is corrupted")]
     ChecksumMismatch { what: String },
     #[error("plan metadata does not decode: {0}")]
     Decode(String),

@@ -112,6 +112,11 @@ fn linear_matches_generic_bit_for_bit() {
         (70, 256, 7),
         (3, 64, 20),
         (1, 32, 3),
+        // 16 and 17 rows, and past the panel driver's few-rows path (8 register tiles) with a
+        // task's clamped last rows.
+        (16, 64, 33),
+        (17, 96, 16),
+        (150, 64, 40),
     ];
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     for (label, t) in tables() {
@@ -229,6 +234,8 @@ fn interleaved16x4_q8_0_matches_row_major_generic() {
         (70, 160, 5),
         (100, 96, 64),
         (2, 1024, 1040),
+        (16, 64, 32),
+        (161, 96, 49),
     ];
     let mut rng = Rng(0x51F1_5EED_0DD5_1234);
     for (label, t) in tables() {
