@@ -31,6 +31,7 @@ pub const TABLE_LABELS: &[&str] = &[
     "avx512",
     "avx512+vnni",
     "avx512+vnni+bf16",
+    "avx512+vnni+bf16+amx",
     "neon",
     "neon+dotprod",
     "neon+i8mm",

@@ -4,7 +4,9 @@
 //! Features are detected once per process with the standard library's
 //! `is_aarch64_feature_detected!` / `is_x86_feature_detected!` (which read `HWCAP` on Linux
 //! aarch64 and `cpuid` + `xgetbv` on x86-64, so a feature the OS does not save state for is
-//! reported absent). Every other architecture reports none.
+//! reported absent). Every other architecture reports none. AMX-INT8, which the standard
+//! library does not detect on stable Rust, is read from `cpuid` here; the OS side (`XCR0`,
+//! Linux's `ARCH_REQ_XCOMP_PERM`) is `edge_kernels_x86`'s to ask.
 
 use std::sync::OnceLock;
 
@@ -38,6 +40,9 @@ pub struct Features {
     pub avx512bf16: bool,
     /// x86-64 AVX-VNNI (VEX `vpdpbusd` on ymm).
     pub avxvnni: bool,
+    /// x86-64 AMX-TILE and AMX-INT8 (`tdpbusd`) in `cpuid`; the AMX table also needs the
+    /// OS's tile state and Linux's permission (`edge_kernels_x86::amx_granted`).
+    pub amxint8: bool,
 }
 
 impl Features {
@@ -62,6 +67,7 @@ impl Features {
                 ("avx512vnni", self.avx512vnni),
                 ("avx512bf16", self.avx512bf16),
                 ("avxvnni", self.avxvnni),
+                ("amxint8", self.amxint8),
             ]
         } else {
             Vec::new()
@@ -124,7 +130,20 @@ fn detect() -> Features {
         avx512vnni: has!("avx512vnni"),
         avx512bf16: has!("avx512bf16"),
         avxvnni: has!("avxvnni"),
+        amxint8: amx_int8(),
         ..Features::default()
+    }
+}
+
+/// AMX-TILE and AMX-INT8 in `cpuid` (leaf 7, `edx` bits 24 and 25). Whether the OS saves the
+/// tile state and grants it to this process is asked by the kernel crate that uses it
+/// (`edge_kernels_x86`), which builds no AMX table without both.
+#[cfg(target_arch = "x86_64")]
+fn amx_int8() -> bool {
+    use std::arch::x86_64::{__cpuid, __cpuid_count};
+    __cpuid(0).eax >= 7 && {
+        let edx = __cpuid_count(7, 0).edx;
+        edx >> 24 & 1 == 1 && edx >> 25 & 1 == 1
     }
 }
 

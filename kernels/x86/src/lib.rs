@@ -1,10 +1,12 @@
 //! x86-64 kernels plugged into the generic kernel table: AVX2 and AVX-512 register tiles for the
 //! shared blocked f32 GEMM driver (`linear` with `F32`/`F16`/`BF16` weights and `conv2d`) and
-//! AVX2 and AVX-512 VNNI panel kernels for the quantized 32-element block types.
+//! AVX2, AVX-512 VNNI and AMX-INT8 panel kernels for the quantized 32-element block types.
 //!
 //! [`variants`] lists every table this CPU can run, from the features
 //! [`edge_kernels::cpu::features`] detected once per process: `avx2` (AVX2, FMA and F16C),
-//! `avx512` (AVX-512F), `avx512+vnni` (AVX-512F, BW and VNNI); the last one is the fastest.
+//! `avx512` (AVX-512F), `avx512+vnni` (AVX-512F, BW and VNNI), `avx512+vnni+bf16` (and
+//! AVX512_BF16: `vdpbf16ps` for bf16 products), `avx512+vnni+bf16+amx` (and AMX-INT8, granted
+//! by Linux: [`amx_granted`]); the last one is the fastest.
 //! Slots this crate does not accelerate keep their generic kernels.
 //!
 //! Numerics: **bit-identical to the generic kernels** (tested in `tests/` on ragged sizes for
@@ -14,10 +16,12 @@
 //!   ([`edge_kernels::F32Tile`] states the order); AVX2 6×16 and AVX-512 6×64 tiles over the
 //!   driver's packed panels. The `avx2` table needs FMA too.
 //! - Quantized: exact integer block sums on repacked weight panels (`vpdpbusd` with VNNI,
-//!   `vpmaddubsw` + `vpmaddwd` on AVX2 and on AVX-512 without VNNI) and the generic per-block
-//!   f32 scaling order (see `x86_64/qgemm.rs`, `x86_64/qgemm_avx2.rs`). K-quants, the NEON
-//!   interleaved packs and matrices with fewer activation rows than one register tile (6 for
-//!   VNNI, 4 for AVX2) forward to the generic kernel.
+//!   `vpmaddubsw` + `vpmaddwd` on AVX2 and on AVX-512 without VNNI, `tdpbssd` tiles of 16
+//!   rows with AMX where a call has at least 16 rows and 256 features) and the generic
+//!   per-block f32 scaling order (see `x86_64/qgemm.rs`, `x86_64/qgemm_avx2.rs`,
+//!   `x86_64/qgemm_amx.rs`). K-quants, the NEON interleaved packs and matrices with fewer
+//!   activation rows than one register tile (6 for VNNI, 4 for AVX2) forward to the generic
+//!   kernel.
 //!
 //! All `unsafe` code lives in `src/x86_64/`; off x86-64 the crate is `forbid(unsafe_code)` and
 //! [`variants`] is empty.
@@ -43,6 +47,20 @@ pub fn variants(features: &Features) -> Vec<(&'static str, KernelTable)> {
     {
         let _ = features;
         Vec::new()
+    }
+}
+
+/// Whether this process may run AMX instructions (the OS saves the tile state and Linux granted
+/// it; asked once, on the first call): the `avx512+vnni+bf16+amx` table needs it besides
+/// `Features::amxint8`. False off x86-64.
+pub fn amx_granted() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86_64::amx_granted()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -82,6 +100,10 @@ pub struct Peak {
     /// `vdpbf16ps` on zmm with AVX512_BF16 (bf16 multiply-adds ×2, 32 per instruction), per
     /// thread: the kernel of `PackLayout::Bf16Pairs16` weights.
     pub bf16_ops: Option<f64>,
+    /// AMX `tdpbssd` on full tiles (16 × 16 × 64 int8 multiply-adds per instruction), per
+    /// thread, where AMX-INT8 is present and granted: the `avx512+vnni+bf16+amx` table's
+    /// quantized tile.
+    pub amx_int8_ops: Option<f64>,
 }
 
 /// Measures [`Peak`] on the calling thread (about `iters` iterations of 12 independent chains;

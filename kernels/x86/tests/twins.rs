@@ -33,7 +33,13 @@ impl Rng {
 
 fn tables() -> Vec<(&'static str, KernelTable)> {
     let v = edge_kernels_x86::variants(&features());
-    for want in ["avx2", "avx512", "avx512+vnni", "avx512+vnni+bf16"] {
+    for want in [
+        "avx2",
+        "avx512",
+        "avx512+vnni",
+        "avx512+vnni+bf16",
+        "avx512+vnni+bf16+amx",
+    ] {
         if !v.iter().any(|(n, _)| *n == want) {
             eprintln!(
                 "skipped: this CPU has no {want} path ({})",
@@ -113,10 +119,10 @@ fn linear_matches_generic_bit_for_bit() {
         (3, 64, 20),
         (1, 32, 3),
         // 16 and 17 rows, and past the panel driver's few-rows path (8 register tiles) with a
-        // task's clamped last rows.
-        (16, 64, 33),
-        (17, 96, 16),
-        (150, 64, 40),
+        // task's clamped last rows; at least 256 features, where the AMX table takes its tile.
+        (16, 288, 33),
+        (17, 256, 16),
+        (150, 320, 40),
     ];
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     for (label, t) in tables() {
@@ -234,8 +240,8 @@ fn interleaved16x4_q8_0_matches_row_major_generic() {
         (70, 160, 5),
         (100, 96, 64),
         (2, 1024, 1040),
-        (16, 64, 32),
-        (161, 96, 49),
+        (16, 256, 32),
+        (161, 288, 49),
     ];
     let mut rng = Rng(0x51F1_5EED_0DD5_1234);
     for (label, t) in tables() {

@@ -333,8 +333,9 @@ struct GenArgs {
     #[arg(short = 't', long = "threads", default_value_t = 0)]
     threads: usize,
     /// Kernel table: `best` (default: the fastest this CPU has) or one of the labels `-v`
-    /// lists (`generic`, `avx2`, `avx512`, `avx512+vnni`, `avx512+vnni+bf16`, `neon`,
-    /// `neon+dotprod`, …). Every x86 table gives the generic table's bytes.
+    /// lists (`generic`, `avx2`, `avx512`, `avx512+vnni`, `avx512+vnni+bf16`,
+    /// `avx512+vnni+bf16+amx`, `neon`, `neon+dotprod`, …). Every x86 table gives the generic
+    /// table's bytes.
     #[arg(long = "kernels", default_value = "best")]
     kernels: String,
     /// Initial noise: safetensors with one f32 tensor `latents` [1, 4, H/8, W/8] (replaces the
@@ -690,6 +691,10 @@ fn table_labels() -> String {
 }
 
 /// Why this CPU lacks the known kernel table `label`, when the reason is its architecture.
+/// The kernel table whose quantized matmuls run on AMX tiles (`edgerun bench` rates them against
+/// the AMX peak).
+const AMX_TABLE: &str = "avx512+vnni+bf16+amx";
+
 fn arch_reason(label: &str) -> &'static str {
     match (label.starts_with("neon"), cfg!(target_arch = "aarch64")) {
         (true, false) => " (NEON tables need an aarch64 CPU)",
@@ -1343,11 +1348,15 @@ fn bench(a: BenchArgs) -> Result<()> {
         out!(
             "peak of one thread, measured now: f32 fused multiply-add {} (matmul, conv2d and \
              attention), f32 multiply then add {} (element-wise ops), int8 dot {}, bf16 dot {} \
-             (bf16 products); memory read, all threads: {}",
+             (bf16 products){}; memory read, all threads: {}",
             fmt_peak(pk.f32_fma_ops),
             fmt_peak(pk.f32_ops),
             fmt_peak(pk.int8_ops),
             fmt_peak(pk.bf16_ops),
+            pk.amx_int8_ops.map_or(String::new(), |v| format!(
+                ", AMX int8 tile {} (quantized matmuls of the {AMX_TABLE} table)",
+                fmt_peak(Some(v))
+            )),
             bw.map_or("n/a".to_string(), |b| format!("{:.1} GB/s", b / 1e9))
         );
         out!("(\"of peak\" below = achieved rate / (one thread's peak × {threads} threads))");
@@ -1485,6 +1494,9 @@ fn bench(a: BenchArgs) -> Result<()> {
             // attention on the fused f32 one, element-wise ops on the unfused one.
             let peak = match r.weights {
                 _ if r.bf16_products => pk.bf16_ops,
+                Some(d) if d.is_quantized() && label == AMX_TABLE => {
+                    pk.amx_int8_ops.or(pk.int8_ops)
+                }
                 Some(d) if d.is_quantized() => pk.int8_ops,
                 _ if matches!(r.op, "linear" | "conv2d" | "conv2d winograd" | "attention") => {
                     pk.f32_fma_ops.or(pk.f32_ops)

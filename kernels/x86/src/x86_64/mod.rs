@@ -4,6 +4,7 @@ mod attention;
 mod bf16dot;
 pub(crate) mod peak;
 mod qgemm;
+mod qgemm_amx;
 mod qgemm_avx2;
 mod tile;
 mod vmath;
@@ -20,6 +21,9 @@ enum QuantTile {
     Avx2,
     /// `vpdpbusd`, 6 rows × 32 columns ([`qgemm`]).
     Vnni,
+    /// AMX `tdpbssd`, 16 rows × 32 columns ([`qgemm_amx`]), for calls of at least 16 rows
+    /// and 256 features ([`qgemm_amx::pays`]); the VNNI tile for the others.
+    Amx,
 }
 
 /// What distinguishes the three x86 tables: the f32 tile, the attention step, and the panel
@@ -38,6 +42,7 @@ struct Avx2;
 struct Avx512;
 struct Avx512Vnni;
 struct Avx512Bf16;
+struct Avx512Amx;
 
 impl Isa for Avx2 {
     const SILU: Kernel<edge_kernels::UnaryFn> = Kernel {
@@ -86,6 +91,16 @@ impl Isa for Avx512Bf16 {
     const BF16: bool = true;
 }
 
+/// The AVX512_BF16 table with the AMX-INT8 tile for the quantized block types.
+impl Isa for Avx512Amx {
+    const SILU: Kernel<edge_kernels::UnaryFn> = Avx512::SILU;
+    const GELU: Kernel<edge_kernels::UnaryFn> = Avx512::GELU;
+    const TILE: edge_kernels::F32Tile = Avx512::TILE;
+    const ATTENTION: edge_kernels::AttentionOps = Avx512::ATTENTION;
+    const QUANT: QuantTile = QuantTile::Amx;
+    const BF16: bool = true;
+}
+
 /// `{avx2,avx512,avx512vnni}_linear_any`: `F32`/`F16`/`BF16` through the shared GEMM driver
 /// with `I`'s tile; row-major `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1` weights with at least one
 /// register tile of activation rows (4 for AVX2, 6 for VNNI; any for VNNI's `Interleaved16x4`
@@ -104,7 +119,10 @@ fn linear<I: Isa>(
         return bf16dot::linear(x, w, bias, out, m, k, n, scratch);
     }
     let panel = match I::QUANT {
-        QuantTile::Vnni if qgemm::handles::<qgemm::Vnni>(&w, m, k) => {
+        QuantTile::Amx if qgemm_amx::pays(m, k) && qgemm::handles::<qgemm_amx::Amx>(&w, m, k) => {
+            Some(qgemm::linear::<qgemm_amx::Amx> as PanelLinear)
+        }
+        QuantTile::Vnni | QuantTile::Amx if qgemm::handles::<qgemm::Vnni>(&w, m, k) => {
             Some(qgemm::linear::<qgemm::Vnni> as PanelLinear)
         }
         QuantTile::Avx2 if qgemm::handles::<qgemm_avx2::Avx2>(&w, m, k) => {
@@ -178,6 +196,7 @@ const LINEAR_AVX2: &str = "avx2_linear_any";
 const LINEAR_AVX512: &str = "avx512_linear_any";
 const LINEAR_AVX512_VNNI: &str = "avx512vnni_linear_any";
 const LINEAR_AVX512_BF16: &str = "avx512bf16_linear_any";
+const LINEAR_AVX512_AMX: &str = "amx_linear_any";
 
 /// AVX2 with FMA (the f32 tile) and F16C (its `F16` weight packing; every AVX2 CPU has it).
 fn avx2_table(f: &Features) -> Option<KernelTable> {
@@ -199,13 +218,75 @@ fn avx512_vnni_table(f: &Features) -> Option<KernelTable> {
 /// attention ops a plan marks `bf16_products`.
 fn avx512_bf16_table(f: &Features) -> Option<KernelTable> {
     (f.avx512f && f.avx512bw && f.avx512vnni && f.avx512bf16).then(|| {
-        let mut t = table::<Avx512Bf16>(LINEAR_AVX512_BF16, "avx512_conv2d_f32_6x64");
-        t.attention_bf16 = Kernel {
-            name: attention::AVX512_BF16.name,
-            run: attention_bf16_avx512,
-        };
-        t
+        with_bf16_attention(table::<Avx512Bf16>(
+            LINEAR_AVX512_BF16,
+            "avx512_conv2d_f32_6x64",
+        ))
     })
+}
+
+/// The AVX512_BF16 table with AMX-INT8 for the quantized block types (where Linux granted the
+/// tile data state: `Features::amxint8`).
+fn avx512_amx_table(f: &Features) -> Option<KernelTable> {
+    (f.avx512f && f.avx512bw && f.avx512vnni && f.avx512bf16 && f.amxint8 && amx_granted()).then(
+        || {
+            with_bf16_attention(table::<Avx512Amx>(
+                LINEAR_AVX512_AMX,
+                "avx512_conv2d_f32_6x64",
+            ))
+        },
+    )
+}
+
+/// Whether this process may run AMX instructions: the OS saves the tile configuration and
+/// data state (`XCR0` bits 17 and 18) and Linux granted the tile data to the process
+/// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, Linux 5.16+; without it the first
+/// tile instruction raises `SIGILL`). Asked once per process; false off Linux.
+pub(crate) fn amx_granted() -> bool {
+    static GRANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *GRANTED.get_or_init(|| {
+        let osxsave = std::arch::x86_64::__cpuid(1).ecx >> 27 & 1 == 1;
+        // SAFETY: `xgetbv` exists where cpuid reports OSXSAVE, checked first.
+        osxsave && unsafe { xcr0() } >> 17 & 3 == 3 && request_tile_data()
+    })
+}
+
+/// `XCR0`. Safety: the CPU reports OSXSAVE.
+#[target_feature(enable = "xsave")]
+unsafe fn xcr0() -> u64 {
+    // SAFETY: the caller checked OSXSAVE; register 0 always exists.
+    unsafe { std::arch::x86_64::_xgetbv(0) }
+}
+
+/// Asks Linux for the AMX tile data state; true when granted.
+#[cfg(target_os = "linux")]
+fn request_tile_data() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl(ARCH_REQ_XCOMP_PERM) takes a feature number and touches no memory of
+    // this process; a kernel without it answers EINVAL.
+    unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) == 0
+    }
+}
+
+/// Off Linux the permission is not asked for: no AMX table.
+#[cfg(not(target_os = "linux"))]
+fn request_tile_data() -> bool {
+    false
+}
+
+/// `t` with `vdpbf16ps` in the `attention_bf16` slot.
+fn with_bf16_attention(mut t: KernelTable) -> KernelTable {
+    t.attention_bf16 = Kernel {
+        name: attention::AVX512_BF16.name,
+        run: attention_bf16_avx512,
+    };
+    t
 }
 
 fn attention_bf16_avx512(
@@ -225,6 +306,7 @@ pub(crate) fn variants(f: &Features) -> Vec<(&'static str, KernelTable)> {
         ("avx512", avx512_table(f)),
         ("avx512+vnni", avx512_vnni_table(f)),
         ("avx512+vnni+bf16", avx512_bf16_table(f)),
+        ("avx512+vnni+bf16+amx", avx512_amx_table(f)),
     ]
     .into_iter()
     .filter_map(|(n, t)| t.map(|t| (n, t)))
@@ -244,21 +326,25 @@ pub(crate) fn linear_variant_name(
             DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1
         );
     let vnni = matches!(table.linear.name, LINEAR_AVX512_VNNI | LINEAR_AVX512_BF16);
+    let amx = table.linear.name == LINEAR_AVX512_AMX;
+    let q8_16x4 = layout == PackLayout::Interleaved16x4 && dtype == DType::Q8_0;
     match table.linear.name {
-        LINEAR_AVX512_BF16 if layout == PackLayout::Bf16Pairs16 => {
+        LINEAR_AVX512_BF16 | LINEAR_AVX512_AMX if layout == PackLayout::Bf16Pairs16 => {
             Some("avx512bf16_linear_pairs_6x64")
         }
         _ if layout == PackLayout::Bf16Pairs16 => Some("generic_linear_bf16_pairs"),
         LINEAR_AVX2 if plain => Some(tile::AVX2.name),
-        LINEAR_AVX512 | LINEAR_AVX512_VNNI | LINEAR_AVX512_BF16 if plain => Some(tile::AVX512.name),
+        LINEAR_AVX512 | LINEAR_AVX512_VNNI | LINEAR_AVX512_BF16 | LINEAR_AVX512_AMX if plain => {
+            Some(tile::AVX512.name)
+        }
+        _ if amx && (q32 || q8_16x4) => {
+            Some("amx_linear_q32_panel_16x32 (avx512vnni 6x32 below 16 rows or 256 features)")
+        }
         _ if vnni && q32 => Some("avx512vnni_linear_q32_panel_6x32"),
         LINEAR_AVX2 | LINEAR_AVX512 if q32 => Some("avx2_linear_q32_panel_4x8"),
-        _ if vnni && layout == PackLayout::Interleaved16x4 && dtype == DType::Q8_0 => {
-            Some("avx512vnni_linear_q8_0_in_place_6x32")
-        }
-        LINEAR_AVX2 | LINEAR_AVX512 | LINEAR_AVX512_VNNI | LINEAR_AVX512_BF16 => {
-            Some("generic_linear_f32")
-        }
+        _ if vnni && q8_16x4 => Some("avx512vnni_linear_q8_0_in_place_6x32"),
+        LINEAR_AVX2 | LINEAR_AVX512 | LINEAR_AVX512_VNNI | LINEAR_AVX512_BF16
+        | LINEAR_AVX512_AMX => Some("generic_linear_f32"),
         _ => None,
     }
 }

@@ -39,7 +39,58 @@ pub(crate) fn measure(features: &Features, iters: usize) -> Peak {
         // SAFETY: AVX-512F and AVX512_BF16 were detected.
         p.bf16_ops = Some(unsafe { bf16_dot(iters) });
     }
+    if features.amxint8 && super::amx_granted() {
+        // SAFETY: AMX-TILE and AMX-INT8 were detected and Linux granted the tile data.
+        p.amx_int8_ops = Some(unsafe { amx_int8_dot(iters) });
+    }
     p
+}
+
+/// AMX `tdpbssd` on full tiles (16 × 64 bytes): int8 multiply-adds ×2 per second on this
+/// thread, four independent accumulator tiles (16·16·64 multiply-adds per instruction).
+///
+/// # Safety
+/// AMX-TILE and AMX-INT8 present and the tile data granted to this process.
+unsafe fn amx_int8_dot(iters: usize) -> f64 {
+    #[repr(C, align(64))]
+    struct Config([u8; 64]);
+    let mut cfg = Config([0; 64]);
+    cfg.0[0] = 1;
+    for t in 0..8 {
+        cfg.0[16 + 2 * t] = 64;
+        cfg.0[48 + t] = 16;
+    }
+    let loops = (iters / 32).max(1);
+    // SAFETY: a valid palette-1 configuration (8 tiles of 16 rows × 64 bytes); the tile
+    // instructions touch no memory besides the configuration.
+    let s = unsafe {
+        std::arch::asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
+        std::arch::asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            "tilezero tmm4",
+            "tilezero tmm5",
+            "tilezero tmm6",
+            "tilezero tmm7",
+            options(nostack, nomem),
+        );
+        let t = Instant::now();
+        for _ in 0..loops {
+            std::arch::asm!(
+                "tdpbssd tmm0, tmm4, tmm6",
+                "tdpbssd tmm1, tmm4, tmm7",
+                "tdpbssd tmm2, tmm5, tmm6",
+                "tdpbssd tmm3, tmm5, tmm7",
+                options(nostack, nomem),
+            );
+        }
+        let s = t.elapsed().as_secs_f64();
+        std::arch::asm!("tilerelease", options(nostack, nomem));
+        s
+    };
+    (loops * 4 * 16 * 16 * 64 * 2) as f64 / s
 }
 
 /// `vdpbf16ps` on zmm: bf16 multiply-adds ×2 per second on this thread (32 per instruction).

@@ -38,17 +38,17 @@ use rayon::prelude::*;
 /// Columns per zmm group.
 const GROUP: usize = 16;
 /// Most activation rows of any [`Panel`]'s register tile.
-pub(crate) const MAX_R: usize = 6;
+pub(crate) const MAX_R: usize = 16;
 /// Most columns of one tile call (two groups of the widest [`Panel`]).
 pub(crate) const MAX_COLS: usize = 2 * GROUP;
 /// One tile call's results: `res[r][c]` for row `r < Panel::R` and column `c < 2·Panel::GROUP`.
 pub(crate) type TileSums = [[f32; MAX_COLS]; MAX_R];
 /// Bytes of one block of one 16-column group in the panel.
-const GROUP_BLOCK: usize = GROUP * QUANT_PANEL_BLOCK_BYTES;
+pub(crate) const GROUP_BLOCK: usize = GROUP * QUANT_PANEL_BLOCK_BYTES;
 /// Offsets inside a group block.
-const SCALE_AT: usize = 512;
-const CORR_AT: usize = 576;
-const MIN_AT: usize = 640;
+pub(crate) const SCALE_AT: usize = 512;
+pub(crate) const CORR_AT: usize = 576;
+pub(crate) const MIN_AT: usize = 640;
 /// Activation rows per register tile.
 const R: usize = 6;
 
@@ -203,7 +203,7 @@ impl Panel for Vnni {
             // SAFETY: AVX-512F/BW were detected before this kernel was put in a table; `dst`
             // holds `k / 32` blocks of ACT_BLOCK bytes for the `k` values of `x` (the
             // activation region of `quant_scratch_layout`).
-            unsafe { quantize_q8_0_wide(x, dst) };
+            unsafe { quantize_q8_0_wide::<0x80>(x, dst) };
             return;
         }
         widen_activation_row(w, x, dst, 0x80);
@@ -490,7 +490,7 @@ pub(crate) fn put_scales(out: &mut [u8], d: u16, s: Option<u16>) {
 /// AVX-512F and BW present; `dst.len() == src.len() / 32 · ACT_BLOCK`, `src.len()` a multiple
 /// of 32.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn quantize_q8_0_wide(src: &[f32], dst: &mut [u8]) {
+pub(crate) unsafe fn quantize_q8_0_wide<const FLIP: u8>(src: &[f32], dst: &mut [u8]) {
     assert!(src.len().is_multiple_of(32) && dst.len() == src.len() / 32 * ACT_BLOCK);
     let sign = _mm512_set1_epi32(i32::MIN);
     for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(ACT_BLOCK)) {
@@ -509,7 +509,7 @@ unsafe fn quantize_q8_0_wide(src: &[f32], dst: &mut [u8]) {
         let bad =
             _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(a0, inf) | _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(a1, inf);
         if bad != 0 {
-            widen_activation_row(DType::Q8_0, x, b, 0x80);
+            widen_activation_row(DType::Q8_0, x, b, FLIP);
             continue;
         }
         let amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
@@ -530,7 +530,7 @@ unsafe fn quantize_q8_0_wide(src: &[f32], dst: &mut [u8]) {
                 _mm512_and_si512(sign, _mm512_castps_si512(y)),
             ));
             let r = _mm512_mask_add_ps(t, up, t, step);
-            _mm512_xor_si512(_mm512_cvtps_epi32(r), _mm512_set1_epi32(0x80))
+            _mm512_xor_si512(_mm512_cvtps_epi32(r), _mm512_set1_epi32(i32::from(FLIP)))
         };
         let (q0, q1) = (round(v0), round(v1));
         // SAFETY: bytes `ACT_QUANTS_AT .. ACT_QUANTS_AT + 32 = ACT_BLOCK` of the block: two
@@ -878,15 +878,8 @@ unsafe fn qtile<const G: usize, const KIND: u8>(
                     _mm512_setzero_ps()
                 };
                 for g in 0..G {
-                    let f = _mm512_cvtepi32_ps(iacc[r][g]);
-                    let term = match KIND {
-                        0 => _mm512_mul_ps(f, _mm512_mul_ps(sc[g], da)),
-                        1 => _mm512_mul_ps(_mm512_mul_ps(f, sc[g]), da),
-                        _ => _mm512_add_ps(
-                            _mm512_mul_ps(_mm512_mul_ps(sc[g], da), f),
-                            _mm512_mul_ps(mn[g], sa),
-                        ),
-                    };
+                    let term =
+                        block_term::<KIND>(_mm512_cvtepi32_ps(iacc[r][g]), sc[g], mn[g], da, sa);
                     facc[r][g] = _mm512_add_ps(facc[r][g], term);
                 }
             }
@@ -897,5 +890,28 @@ unsafe fn qtile<const G: usize, const KIND: u8>(
             // SAFETY: `res[r]` holds 32 f32 and `g < G ≤ 2`.
             unsafe { _mm512_storeu_ps(res[r].as_mut_ptr().add(g * GROUP), facc[r][g]) };
         }
+    }
+}
+
+/// One block's f32 term for 16 columns, in the generic kernel's order ([`Scaling`]; `KIND` 0,
+/// 1, 2 in its declaration order): `f` the exact integer block sums as f32, `sc` the weights'
+/// scales, `mn` their minimums (`KIND` 2), `da` the activation block's scale and `sa` its sum
+/// (`KIND` 2), the last two broadcast.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn block_term<const KIND: u8>(
+    f: __m512,
+    sc: __m512,
+    mn: __m512,
+    da: __m512,
+    sa: __m512,
+) -> __m512 {
+    match KIND {
+        0 => _mm512_mul_ps(f, _mm512_mul_ps(sc, da)),
+        1 => _mm512_mul_ps(_mm512_mul_ps(f, sc), da),
+        _ => _mm512_add_ps(
+            _mm512_mul_ps(_mm512_mul_ps(sc, da), f),
+            _mm512_mul_ps(mn, sa),
+        ),
     }
 }
