@@ -790,28 +790,43 @@ fn tile(
     nb: usize,
     res: &mut TileSums,
 ) {
-    assert!(acts[..R].iter().all(|a| a.len() == nb * ablock) && qoff + 32 == ablock);
-    assert!(srcs.len() == 1 || srcs.len() == 2);
-    for s in srcs {
-        assert!(s.meta.len() >= nb * GROUP_BLOCK && s.qstride >= 512);
-        assert!(s.quants.len() >= (nb - 1) * s.qstride + 512);
-    }
+    check_tile_operands(&acts[..R], nb, ablock, srcs);
+    assert!(qoff + 32 == ablock);
     // SAFETY: the kernel table holds this kernel only when AVX-512F/BW and VNNI were detected
     // (`crate::x86_64::table`); every pointer offset below stays inside `acts[r]` (block `b`
     // of `nb`, bytes `qoff..qoff + 32`, the f32 scale at 0 and, for Q8_1, the sum at 4), inside
     // each group's quants (block `b < nb` at `b · qstride`, 512 bytes) and inside its meta
     // (block `b < nb`, bytes `0..GROUP_BLOCK`), as asserted above.
-    unsafe {
-        match (kind, srcs.len()) {
-            (Scaling::SumiTimesScales, 2) => qtile::<2, 0>(acts, ablock, qoff, srcs, nb, res),
-            (Scaling::SumiTimesScales, _) => qtile::<1, 0>(acts, ablock, qoff, srcs, nb, res),
-            (Scaling::SumiThenScales, 2) => qtile::<2, 1>(acts, ablock, qoff, srcs, nb, res),
-            (Scaling::SumiThenScales, _) => qtile::<1, 1>(acts, ablock, qoff, srcs, nb, res),
-            (Scaling::WithMin, 2) => qtile::<2, 2>(acts, ablock, qoff, srcs, nb, res),
-            (Scaling::WithMin, _) => qtile::<1, 2>(acts, ablock, qoff, srcs, nb, res),
-        }
+    unsafe { by_kind_and_groups!(qtile, kind, srcs.len(), (acts, ablock, qoff, srcs, nb, res)) }
+}
+
+/// What the 16-column tiles ([`Vnni`], `super::qgemm_amx::Amx`) read, asserted: `nb` widened
+/// activation blocks of `ablock` bytes per row, one or two groups, each with `nb` blocks of
+/// meta and quants.
+pub(crate) fn check_tile_operands(acts: &[&[u8]], nb: usize, ablock: usize, srcs: &[GroupSrc<'_>]) {
+    assert!(acts.iter().all(|a| a.len() == nb * ablock));
+    assert!(srcs.len() == 1 || srcs.len() == 2);
+    for s in srcs {
+        assert!(s.meta.len() >= nb * GROUP_BLOCK && s.qstride >= 512);
+        assert!(s.quants.len() >= (nb - 1) * s.qstride + 512);
     }
 }
+
+/// Calls `$tile::<G, KIND>($args)` for the number of groups (`G`: 1 or 2) and the [`Scaling`]
+/// (`KIND` 0, 1, 2 in declaration order): the tiles' const-generic instances.
+macro_rules! by_kind_and_groups {
+    ($tile:ident, $kind:expr, $groups:expr, ($($arg:expr),*)) => {
+        match ($kind, $groups) {
+            (Scaling::SumiTimesScales, 2) => $tile::<2, 0>($($arg),*),
+            (Scaling::SumiTimesScales, _) => $tile::<1, 0>($($arg),*),
+            (Scaling::SumiThenScales, 2) => $tile::<2, 1>($($arg),*),
+            (Scaling::SumiThenScales, _) => $tile::<1, 1>($($arg),*),
+            (Scaling::WithMin, 2) => $tile::<2, 2>($($arg),*),
+            (Scaling::WithMin, _) => $tile::<1, 2>($($arg),*),
+        }
+    };
+}
+pub(crate) use by_kind_and_groups;
 
 /// `G` groups of 16 columns × `R` rows; `KIND` 0, 1, 2 = [`Scaling`] in declaration order.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]

@@ -100,27 +100,15 @@ impl Panel for Amx {
         nb: usize,
         res: &mut TileSums,
     ) {
-        assert!(acts.iter().all(|a| a.len() == nb * ACT_BLOCK));
-        assert!(srcs.len() == 1 || srcs.len() == 2);
-        for s in srcs {
-            assert!(s.meta.len() >= nb * GROUP_BLOCK && s.qstride >= 512);
-            assert!(s.quants.len() >= (nb - 1) * s.qstride + 512);
-        }
+        super::qgemm::check_tile_operands(acts, nb, ACT_BLOCK, srcs);
         // SAFETY: the kernel table holds this tile only when AVX-512F/BW and AMX-INT8 were
-        // detected and Linux granted the tile data state (`edge_kernels::cpu`); every tile
+        // detected and Linux granted the tile data state (`super::amx_granted`); every tile
         // load and store below stays inside `acts[r]` (block `b < nb`, its 32 quants, for all
         // 16 rows: read with one stride only where the rows are that far apart, else copied),
         // inside each group's quants (block `b` at `b · qstride`, 512 bytes) and meta (block
         // `b`, `GROUP_BLOCK` bytes), and inside the local buffers, as asserted above.
         unsafe {
-            match (kind, srcs.len()) {
-                (Scaling::SumiTimesScales, 2) => amx_tile::<2, 0>(acts, srcs, nb, res),
-                (Scaling::SumiTimesScales, _) => amx_tile::<1, 0>(acts, srcs, nb, res),
-                (Scaling::SumiThenScales, 2) => amx_tile::<2, 1>(acts, srcs, nb, res),
-                (Scaling::SumiThenScales, _) => amx_tile::<1, 1>(acts, srcs, nb, res),
-                (Scaling::WithMin, 2) => amx_tile::<2, 2>(acts, srcs, nb, res),
-                (Scaling::WithMin, _) => amx_tile::<1, 2>(acts, srcs, nb, res),
-            }
+            super::qgemm::by_kind_and_groups!(amx_tile, kind, srcs.len(), (acts, srcs, nb, res))
         }
     }
 }
