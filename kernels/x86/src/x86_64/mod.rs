@@ -26,7 +26,7 @@ enum QuantTile {
     Amx,
 }
 
-/// What distinguishes the three x86 tables: the f32 tile, the attention step, and the panel
+/// What distinguishes the x86 tables: the f32 tile, the attention step, and the panel
 /// tile of the quantized 32-element block types.
 trait Isa {
     const SILU: Kernel<edge_kernels::UnaryFn>;
@@ -225,8 +225,8 @@ fn avx512_bf16_table(f: &Features) -> Option<KernelTable> {
     })
 }
 
-/// The AVX512_BF16 table with AMX-INT8 for the quantized block types (where Linux granted the
-/// tile data state: `Features::amxint8`).
+/// The AVX512_BF16 table with AMX-INT8 for the quantized block types, where cpuid reports
+/// AMX-INT8 (`Features::amxint8`) and this process may use it ([`amx_granted`]).
 fn avx512_amx_table(f: &Features) -> Option<KernelTable> {
     (f.avx512f && f.avx512bw && f.avx512vnni && f.avx512bf16 && f.amxint8 && amx_granted()).then(
         || {
