@@ -82,7 +82,7 @@ pub fn pack_keys(
         dst.fill(0.0);
     }
     for c in 0..nk {
-        let key = &kv_src[(j0 + c) * p.kv_stride + p.k_offset + h * hd..][..hd];
+        let key = p.key_row(kv_src, h, j0 + c);
         for (d, &v) in key.iter().enumerate() {
             dst[d * KEY_TILE + c] = v;
         }
@@ -103,7 +103,7 @@ pub fn pack_values(
 ) {
     let hd = p.head_dim;
     for (c, row) in dst[..nk * hd].chunks_exact_mut(hd).enumerate() {
-        row.copy_from_slice(&kv_src[(j0 + c) * p.kv_stride + p.v_offset + h * hd..][..hd]);
+        row.copy_from_slice(p.value_row(kv_src, h, j0 + c));
     }
 }
 
@@ -243,8 +243,7 @@ impl KeyTile<'_> {
     /// Key `j` of head `h`, `[head_dim]`.
     #[inline]
     pub fn key(&self, j: usize) -> &[f32] {
-        let p = self.p;
-        &self.kv_src[j * p.kv_stride + p.k_offset + self.h * p.head_dim..][..p.head_dim]
+        self.p.key_row(self.kv_src, self.h, j)
     }
 
     /// Value `j` (`j0 ≤ j < j0 + nk`) of head `h`, `[head_dim]`, from the packed tile.

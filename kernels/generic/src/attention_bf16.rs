@@ -113,7 +113,7 @@ pub fn pack_key_pairs(
         dst.fill(0.0);
     }
     for c in 0..nk {
-        let key = &kv_src[(j0 + c) * p.kv_stride + p.k_offset + h * hd..][..hd];
+        let key = p.key_row(kv_src, h, j0 + c);
         for s in 0..hp {
             dst[s * KEY_TILE + c] = f32::from_bits(pair(key[2 * s], at(key, 2 * s + 1)));
         }
@@ -132,7 +132,7 @@ pub fn pack_value_pairs(
     dst: &mut [f32],
 ) {
     let hd = p.head_dim;
-    let value = |c: usize| &kv_src[(j0 + c) * p.kv_stride + p.v_offset + h * hd..][..hd];
+    let value = |c: usize| p.value_row(kv_src, h, j0 + c);
     for (t, row) in dst[..nk.div_ceil(2) * hd].chunks_exact_mut(hd).enumerate() {
         let lo = value(2 * t);
         let hi = (2 * t + 1 < nk).then(|| value(2 * t + 1));

@@ -42,6 +42,20 @@ pub struct AttentionParams {
     pub masked_value: f32,
 }
 
+impl AttentionParams {
+    /// Key row `j` of head `h` in `kv_src`, `[head_dim]`.
+    #[inline]
+    pub fn key_row<'a>(&self, kv_src: &'a [f32], h: usize, j: usize) -> &'a [f32] {
+        &kv_src[j * self.kv_stride + self.k_offset + h * self.head_dim..][..self.head_dim]
+    }
+
+    /// Value row `j` of head `h` in `kv_src`, `[head_dim]`.
+    #[inline]
+    pub fn value_row<'a>(&self, kv_src: &'a [f32], h: usize, j: usize) -> &'a [f32] {
+        &kv_src[j * self.kv_stride + self.v_offset + h * self.head_dim..][..self.head_dim]
+    }
+}
+
 /// Geometry of one 2-D convolution (torch `nn.Conv2d`, groups = 1, dilation = 1) with
 /// zero padding that may differ per side (diffusers `Downsample2D` pads right 1, bottom 1 and
 /// then convolves with padding 0 and stride 2).

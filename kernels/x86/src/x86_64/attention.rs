@@ -60,7 +60,7 @@ fn pack_values_avx512(
 ) {
     let (hd, vs) = (p.head_dim, value_stride(p.head_dim));
     for (c, row) in dst[..nk * vs].chunks_exact_mut(vs).enumerate() {
-        row[..hd].copy_from_slice(&kv_src[(j0 + c) * p.kv_stride + p.v_offset + h * hd..][..hd]);
+        row[..hd].copy_from_slice(p.value_row(kv_src, h, j0 + c));
     }
 }
 
@@ -753,7 +753,7 @@ fn pack_value_pairs_avx512(
 ) {
     let hd = p.head_dim;
     assert!((1..=KEY_TILE).contains(&nk) && dst.len() >= nk.div_ceil(2) * hd);
-    let row = |c: usize| &kv_src[(j0 + c) * p.kv_stride + p.v_offset + h * hd..][..hd];
+    let row = |c: usize| p.value_row(kv_src, h, j0 + c);
     for t in 0..nk.div_ceil(2) {
         let lo = row(2 * t);
         let hi = (2 * t + 1 < nk).then(|| row(2 * t + 1));

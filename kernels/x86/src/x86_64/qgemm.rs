@@ -199,14 +199,7 @@ impl Panel for Vnni {
     const INTERLEAVED16X4: bool = true;
 
     fn quantize_row(w: DType, x: &[f32], dst: &mut [u8]) {
-        if quant::activation_type(w) == quant::ActFormat::Q8_0 {
-            // SAFETY: AVX-512F/BW were detected before this kernel was put in a table; `dst`
-            // holds `k / 32` blocks of ACT_BLOCK bytes for the `k` values of `x` (the
-            // activation region of `quant_scratch_layout`).
-            unsafe { quantize_q8_0_wide::<0x80>(x, dst) };
-            return;
-        }
-        widen_activation_row(w, x, dst, 0x80);
+        quantize_row_avx512::<0x80>(w, x, dst)
     }
 
     /// The slot's scales, corrections and minimums, and — unless the quants are read
@@ -443,6 +436,21 @@ pub(crate) fn linear<P: Panel>(
     }
 }
 
+/// One activation row quantized for the AVX-512 tiles (AVX-512F/BW present: they sit only in
+/// tables that require them): [`quantize_q8_0_wide`] for `Q8_0` activations,
+/// [`widen_activation_row`] otherwise, each quant XORed with `FLIP` (0x80 for `vpdpbusd`'s
+/// unsigned operand, 0 for AMX's signed one). `dst` holds `x.len() / 32` widened blocks.
+pub(crate) fn quantize_row_avx512<const FLIP: u8>(w: DType, x: &[f32], dst: &mut [u8]) {
+    if quant::activation_type(w) == quant::ActFormat::Q8_0 {
+        // SAFETY: AVX-512F/BW were detected before the calling tile was put in a table; `dst`
+        // holds `k / 32` blocks of ACT_BLOCK bytes for the `k` values of `x` (the activation
+        // region of `quant_scratch_layout`).
+        unsafe { quantize_q8_0_wide::<FLIP>(x, dst) };
+        return;
+    }
+    widen_activation_row(w, x, dst, FLIP);
+}
+
 /// Bytes of one widened activation block ([`edge_kernels::QUANT_ACT_BLOCK_BYTES`]): the
 /// block's f16 scale `d` widened to f32 at 0, its f16 sum `s` (`Q8_1`; 0 for `Q8_0`) widened at
 /// 4, then the 32 quants biased to unsigned (`q ^ 0x80`) at [`ACT_QUANTS_AT`]. Widening is
@@ -490,7 +498,7 @@ pub(crate) fn put_scales(out: &mut [u8], d: u16, s: Option<u16>) {
 /// AVX-512F and BW present; `dst.len() == src.len() / 32 · ACT_BLOCK`, `src.len()` a multiple
 /// of 32.
 #[target_feature(enable = "avx512f,avx512bw")]
-pub(crate) unsafe fn quantize_q8_0_wide<const FLIP: u8>(src: &[f32], dst: &mut [u8]) {
+unsafe fn quantize_q8_0_wide<const FLIP: u8>(src: &[f32], dst: &mut [u8]) {
     assert!(src.len().is_multiple_of(32) && dst.len() == src.len() / 32 * ACT_BLOCK);
     let sign = _mm512_set1_epi32(i32::MIN);
     for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(ACT_BLOCK)) {

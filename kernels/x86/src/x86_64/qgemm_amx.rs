@@ -55,13 +55,7 @@ impl Panel for Amx {
 
     /// The generic quants, signed (`tdpbssd` multiplies signed by signed).
     fn quantize_row(w: DType, x: &[f32], dst: &mut [u8]) {
-        if edge_kernels::quant::activation_type(w) == edge_kernels::quant::ActFormat::Q8_0 {
-            // SAFETY: AVX-512F/BW were detected before this tile was put in a table; `dst`
-            // holds `k / 32` widened blocks for the `k` values of `x`.
-            unsafe { super::qgemm::quantize_q8_0_wide::<0>(x, dst) };
-            return;
-        }
-        super::qgemm::widen_activation_row(w, x, dst, 0);
+        super::qgemm::quantize_row_avx512::<0>(w, x, dst)
     }
 
     fn prepare_group(
