@@ -60,7 +60,9 @@ fn time(mut f: impl FnMut()) -> f64 {
 }
 
 fn bench_linear(tables: &[(&str, KernelTable)], dtype: DType, m: usize, k: usize, n: usize) {
-    if !wanted(&format!("linear {}", dtype.name())) {
+    if !wanted(&format!("linear {}", dtype.name()))
+        || std::env::var("KBENCH_M").is_ok_and(|v| v != m.to_string())
+    {
         return;
     }
     let x = values(m * k, 1);

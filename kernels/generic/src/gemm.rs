@@ -26,6 +26,7 @@
 use std::sync::Mutex;
 
 use rayon::prelude::*;
+use zerocopy::IntoBytes;
 
 /// Input features per cache block: a packed panel block is `KC · cols` f32 (at most 32 KiB, so
 /// that it stays in a 48 KiB L1 data cache while a task's row tiles pass over it; 256 measured
@@ -86,6 +87,14 @@ pub fn pack_panel(
     }
 }
 
+/// [`F32Tile::prefetch`]'s signature: `prefetch(bytes)` asks the core to bring `bytes` into its
+/// L1 data cache (a software prefetch: no wait, no fault, no effect on any result).
+pub type PrefetchFn = fn(bytes: &[u8]);
+
+/// The portable [`PrefetchFn`]: does nothing (the generic kernels leave prefetching to the
+/// hardware).
+pub fn no_prefetch(_bytes: &[u8]) {}
+
 /// Input features per packing task of the f32 `linear` (at most what one [`PackFn`] call
 /// packs).
 pub const PACK_FEATURES: usize = 256;
@@ -117,6 +126,11 @@ pub struct F32Tile {
     /// the whole tiles of a block over in one call instead of one at a time (a one-row tile
     /// has few independent accumulators; same bits either way).
     pub any_rows: bool,
+    /// Software prefetch ([`no_prefetch`] or a SIMD twin's): while a tile call runs, the driver
+    /// prefetches the rows of `x` that the next call reads (each call's `rows × KC` slice starts
+    /// short new streams that the hardware prefetchers pick up too late: BENCHMARKS.md,
+    /// "prefetch").
+    pub prefetch: PrefetchFn,
 }
 
 impl F32Tile {
@@ -162,6 +176,7 @@ pub const GENERIC_TILE: F32Tile = F32Tile {
     run: generic_tile,
     pack: pack_panel,
     any_rows: false,
+    prefetch: no_prefetch,
 };
 
 fn generic_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {
@@ -385,8 +400,21 @@ fn rows_into(
             res.fill(0.0);
             run_block(tile, x, b0, rows, k, panels, c0, cn, res);
             for (r, dst) in block.iter_mut().enumerate() {
-                for (c, o) in dst[c0..c0 + cn].iter_mut().enumerate() {
-                    *o = bias.apply(res[r * COL_BLOCK + c], b0 + r, c0 + c);
+                let (sums, dst) = (&res[r * COL_BLOCK..][..cn], &mut dst[c0..c0 + cn]);
+                // `bias.apply` per element, with the match hoisted so the loops vectorize.
+                match bias {
+                    Bias::None => dst.copy_from_slice(sums),
+                    Bias::PerCol(b) => {
+                        for ((o, &s), &bj) in dst.iter_mut().zip(sums).zip(&b[c0..c0 + cn]) {
+                            *o = s + bj;
+                        }
+                    }
+                    Bias::PerRow(b) => {
+                        let bi = b[b0 + r];
+                        for (o, &s) in dst.iter_mut().zip(sums) {
+                            *o = s + bi;
+                        }
+                    }
                 }
             }
         }
@@ -425,6 +453,19 @@ pub(crate) fn run_block(
                 };
                 let xs: [&[f32]; MAX_TILE_ROWS] =
                     std::array::from_fn(|r| &x[(i0 + r0 + r.min(nr - 1)) * k + k0..][..kc]);
+                // The rows of the next call: the next tile's, or the first tile's of the next
+                // feature block.
+                let (n0, nk0) = if r0 + nr < rows {
+                    (r0 + nr, k0)
+                } else {
+                    (0, k0 + KC)
+                };
+                if nk0 < k {
+                    for r in n0..(n0 + tr).min(rows) {
+                        let next = &x[(i0 + r) * k + nk0..][..KC.min(k - nk0)];
+                        (tile.prefetch)(next.as_bytes());
+                    }
+                }
                 let acc = &mut res[r0 * COL_BLOCK + p0..];
                 (tile.run)(&xs[..nr], panel, kc, acc, COL_BLOCK);
                 r0 += nr;

@@ -21,6 +21,7 @@ pub(crate) const AVX2: F32Tile = F32Tile {
     run: avx2_tile,
     pack: pack_avx2,
     any_rows: true,
+    prefetch,
 };
 
 /// AVX-512: 6 rows × 64 columns (24 zmm accumulators, 4 weight vectors, 1 broadcast).
@@ -31,7 +32,18 @@ pub(crate) const AVX512: F32Tile = F32Tile {
     run: avx512_tile,
     pack: pack_avx512,
     any_rows: false,
+    prefetch,
 };
+
+/// [`edge_kernels::PrefetchFn`] on x86-64: one `prefetcht0` per 64-byte line of `bytes`, so the
+/// driver's next row tile finds its rows of `x` in L1 (BENCHMARKS.md, "prefetch").
+fn prefetch(bytes: &[u8]) {
+    for line in bytes.chunks(64) {
+        // SAFETY: `prefetcht0` (SSE, part of x86-64) only hints the cache: it never faults, and
+        // the address lies inside `bytes`.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr() as *const i8) };
+    }
+}
 
 fn avx2_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {
     AVX2.check_args(xs, panel, kc, acc, ld);
