@@ -33,6 +33,8 @@ use std::arch::x86_64::*;
 use edge_kernels::{quant, quant_panel_cols, WeightRef, QUANT_PANEL_BLOCK_BYTES};
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use rayon::prelude::*;
 
 /// Columns per zmm group.
@@ -353,51 +355,63 @@ pub(crate) fn linear<P: Panel>(
         .zip(x.par_chunks(k))
         .for_each(|(dst, src)| P::quantize_row(w.dtype, src, dst));
     let acts = &*acts;
+    if m <= 8 * rt {
+        // Few rows (a prompt's tokens): each worker owns a slot of two groups in the panel
+        // scratch and takes the next pair of column groups not yet taken, packs it and runs
+        // every row tile over it, so the panel is used while it is in cache, the work splits
+        // evenly and a call forks once (a fork-join per panel of columns cost the T5 encode
+        // its threads' wake-ups: BENCHMARKS.md, "one fork per call"). Each pair's columns are
+        // written by the worker that took it alone; which worker that is changes no bit.
+        let pair_bytes = 2 * nb * group_block;
+        let pairs = n.div_ceil(2 * group);
+        let slots = (panel.len() / pair_bytes)
+            .min(rayon::current_num_threads())
+            .min(pairs);
+        assert!(slots > 0, "qgemm: scratch holds no pair of column groups");
+        let next = AtomicUsize::new(0);
+        let dst = OutPtr(out.as_mut_ptr());
+        panel[..slots * pair_bytes]
+            .par_chunks_exact_mut(pair_bytes)
+            .for_each(|slot| loop {
+                let pi = next.fetch_add(1, Ordering::Relaxed);
+                if pi >= pairs {
+                    break;
+                }
+                let j0 = pi * 2 * group;
+                let pair = (n - j0).div_ceil(group).min(2);
+                let valid = (n - j0).min(pair * group);
+                let pg = &mut slot[..pair * nb * group_block];
+                for (g, gdst) in pg.chunks_mut(nb * group_block).enumerate() {
+                    P::prepare_group(w, wrow, bb, n, j0 + g * group, true, gdst);
+                }
+                let pg = &*pg;
+                let srcs: [GroupSrc<'_>; 2] =
+                    std::array::from_fn(|g| P::group_src(&w, n, pg, g.min(pair - 1), j0, nb, true));
+                let mut res: TileSums = [[0f32; MAX_COLS]; MAX_R];
+                for r0 in (0..m).step_by(rt) {
+                    let ap: [&[u8]; MAX_R] = std::array::from_fn(|r| {
+                        let i = (r0 + r).min(m - 1);
+                        &acts[i * arow..(i + 1) * arow]
+                    });
+                    P::tile(w.dtype, kind, &ap, &srcs[..pair], nb, &mut res);
+                    for (r, row) in res.iter().enumerate().take(rt.min(m - r0)) {
+                        let b = bias.map(|b| &b[j0..j0 + valid]);
+                        // SAFETY: `(r0 + r)·n + j0 + valid ≤ m·n = out.len()` (`r0 + r < m`,
+                        // `j0 + valid ≤ n`), and the columns `j0 .. j0 + valid` belong to the
+                        // worker that took this pair alone (each pair is taken once), so no
+                        // two workers write the same element and nothing reads `out`.
+                        unsafe { dst.write_sums::<P>((r0 + r) * n + j0, row, b, valid) };
+                    }
+                }
+            });
+        return;
+    }
     let rows_per_task = (m / 8).next_multiple_of(rt).clamp(rt, 10 * rt);
     let pcols = quant_panel_cols(k);
     for p0 in (0..n).step_by(pcols) {
         let ncols = pcols.min(n - p0);
         let groups = ncols.div_ceil(group);
         let panel = &mut panel[..groups * nb * group_block];
-        if m <= 8 * rt {
-            // Few rows (a prompt's tokens): one task per pair of column groups packs them and
-            // runs every row tile over them, so the work splits evenly over the threads and
-            // the panel is used while it is in cache. Each task writes only its own columns.
-            let dst = OutPtr(out.as_mut_ptr());
-            panel
-                .par_chunks_mut(2 * nb * group_block)
-                .enumerate()
-                .for_each(|(pi, pg)| {
-                    let g0 = 2 * pi;
-                    for (g, gdst) in pg.chunks_mut(nb * group_block).enumerate() {
-                        P::prepare_group(w, wrow, bb, n, p0 + (g0 + g) * group, true, gdst);
-                    }
-                    let pg = &*pg;
-                    let pair = pg.len() / (nb * group_block);
-                    let srcs: [GroupSrc<'_>; 2] = std::array::from_fn(|g| {
-                        P::group_src(&w, n, pg, g.min(pair - 1), p0 + g0 * group, nb, true)
-                    });
-                    let valid = (ncols - g0 * group).min(pair * group);
-                    let j0 = p0 + g0 * group;
-                    let mut res: TileSums = [[0f32; MAX_COLS]; MAX_R];
-                    for r0 in (0..m).step_by(rt) {
-                        let ap: [&[u8]; MAX_R] = std::array::from_fn(|r| {
-                            let i = (r0 + r).min(m - 1);
-                            &acts[i * arow..(i + 1) * arow]
-                        });
-                        P::tile(w.dtype, kind, &ap, &srcs[..pair], nb, &mut res);
-                        for (r, row) in res.iter().enumerate().take(rt.min(m - r0)) {
-                            let b = bias.map(|b| &b[j0..j0 + valid]);
-                            // SAFETY: `(r0 + r)·n + j0 + valid ≤ m·n = out.len()` (`r0 + r < m`,
-                            // `j0 + valid ≤ p0 + ncols ≤ n`), and the columns `j0 .. j0 + valid`
-                            // belong to this task alone (one task per pair of groups), so no
-                            // two tasks write the same element and nothing reads `out`.
-                            unsafe { dst.write_sums::<P>((r0 + r) * n + j0, row, b, valid) };
-                        }
-                    }
-                });
-            continue;
-        }
         panel
             .par_chunks_mut(nb * group_block)
             .enumerate()
