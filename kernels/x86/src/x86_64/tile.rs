@@ -24,14 +24,16 @@ pub(crate) const AVX2: F32Tile = F32Tile {
     prefetch,
 };
 
-/// AVX-512: 6 rows × 64 columns (24 zmm accumulators, 4 weight vectors, 1 broadcast).
+/// AVX-512: 6 rows × 64 columns (24 zmm accumulators, 4 weight vectors, 1 broadcast); the
+/// rows left after a block's whole tiles go in one call of 2 to 5 rows (`any_rows`: a 1-row
+/// call has 4 independent accumulators, fewer than the `vfmadd` latency hides).
 pub(crate) const AVX512: F32Tile = F32Tile {
     name: "avx512_f32_6x64",
     rows: 6,
     cols: 64,
     run: avx512_tile,
     pack: pack_avx512,
-    any_rows: false,
+    any_rows: true,
     prefetch,
 };
 
@@ -111,10 +113,13 @@ fn avx512_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usi
     // `edge_kernels::cpu::features()` reported AVX-512F. Every slice is as long as asserted
     // above and the accesses stay below those lengths.
     unsafe {
-        if xs.len() == 6 {
-            avx512_rc::<6>(xs, panel, kc, acc, ld)
-        } else {
-            avx512_rc::<1>(xs, panel, kc, acc, ld)
+        match xs.len() {
+            6 => avx512_rc::<6>(xs, panel, kc, acc, ld),
+            5 => avx512_rc::<5>(xs, panel, kc, acc, ld),
+            4 => avx512_rc::<4>(xs, panel, kc, acc, ld),
+            3 => avx512_rc::<3>(xs, panel, kc, acc, ld),
+            2 => avx512_rc::<2>(xs, panel, kc, acc, ld),
+            _ => avx512_rc::<1>(xs, panel, kc, acc, ld),
         }
     }
 }
