@@ -47,21 +47,26 @@ fn prefetch(bytes: &[u8]) {
     }
 }
 
+/// Calls `$rc::<R>($args)` for `R` = `$rows`, 1 to 6 (the tiles' const-generic row counts).
+macro_rules! by_rows {
+    ($rc:ident, $rows:expr, ($($arg:expr),*)) => {
+        match $rows {
+            6 => $rc::<6>($($arg),*),
+            5 => $rc::<5>($($arg),*),
+            4 => $rc::<4>($($arg),*),
+            3 => $rc::<3>($($arg),*),
+            2 => $rc::<2>($($arg),*),
+            _ => $rc::<1>($($arg),*),
+        }
+    };
+}
+
 fn avx2_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {
     AVX2.check_args(xs, panel, kc, acc, ld);
     // SAFETY: AVX2 and FMA are the features these functions enable; this tile is put in a kernel
     // table only by `crate::x86_64` after `edge_kernels::cpu::features()` reported both. Every
     // slice is as long as `F32Tile::check_args` asserted and the accesses stay below those lengths.
-    unsafe {
-        match xs.len() {
-            6 => avx2_rc::<6>(xs, panel, kc, acc, ld),
-            5 => avx2_rc::<5>(xs, panel, kc, acc, ld),
-            4 => avx2_rc::<4>(xs, panel, kc, acc, ld),
-            3 => avx2_rc::<3>(xs, panel, kc, acc, ld),
-            2 => avx2_rc::<2>(xs, panel, kc, acc, ld),
-            _ => avx2_rc::<1>(xs, panel, kc, acc, ld),
-        }
-    }
+    unsafe { by_rows!(avx2_rc, xs.len(), (xs, panel, kc, acc, ld)) }
 }
 
 /// # Safety
@@ -112,16 +117,7 @@ fn avx512_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usi
     // of the foundation); this tile is put in a kernel table only by `crate::x86_64` after
     // `edge_kernels::cpu::features()` reported AVX-512F. Every slice is as long as asserted
     // above and the accesses stay below those lengths.
-    unsafe {
-        match xs.len() {
-            6 => avx512_rc::<6>(xs, panel, kc, acc, ld),
-            5 => avx512_rc::<5>(xs, panel, kc, acc, ld),
-            4 => avx512_rc::<4>(xs, panel, kc, acc, ld),
-            3 => avx512_rc::<3>(xs, panel, kc, acc, ld),
-            2 => avx512_rc::<2>(xs, panel, kc, acc, ld),
-            _ => avx512_rc::<1>(xs, panel, kc, acc, ld),
-        }
-    }
+    unsafe { by_rows!(avx512_rc, xs.len(), (xs, panel, kc, acc, ld)) }
 }
 
 /// # Safety
