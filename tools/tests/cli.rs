@@ -987,7 +987,8 @@ fn bench_profiles_every_stage() {
         "denoiser NFE with the prompt's mask (",
         "vae decode",
         "TextEncoder",
-        "Denoiser",
+        // The op table of the denoiser sums the timed NFEs, and says so.
+        "ms in ops (summed over the 2 NFEs timed above)",
         "VaeDecoder",
         "linear",
         "attention",

@@ -529,7 +529,10 @@ fn start_threads(requested: usize) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let max = (4 * cores).max(8);
     let n = if requested > max {
-        say!("warning: -t {requested}: this machine has {cores} cores; using {max} threads");
+        say!(
+            "warning: -t {requested}: this machine has {cores} cores, and more than {max} threads \
+             (4 per core, at least 8) only slow the run; using {max}"
+        );
         max
     } else {
         requested
@@ -1474,7 +1477,15 @@ fn bench(a: BenchArgs) -> Result<()> {
             continue;
         }
         let total: f64 = rows.iter().map(|r| r.time.as_secs_f64()).sum();
-        out!("\n{kind:?}: {:.1} ms in ops", total * 1e3);
+        // The denoiser's table sums its timed NFEs; every other stage ran once.
+        let runs = if kind == StageKind::Denoiser && a.reps > 1 {
+            format!("summed over the {} NFEs timed above", a.reps)
+        } else if kind == StageKind::Denoiser {
+            "the NFE timed above".to_string()
+        } else {
+            "one run".to_string()
+        };
+        out!("\n{kind:?}: {:.1} ms in ops ({runs})", total * 1e3);
         out!(
             "  {:<20} {:>7} {:>10} {:>7} {:>11} {:>9} {:>10}",
             "op",
