@@ -209,12 +209,24 @@ pub(crate) enum Bias<'a> {
 }
 
 impl Bias<'_> {
+    /// `dst[c] = sums[c] + bias` for output row `i` and columns `jj = c0 + c` (`sums` and `dst`
+    /// of one length): the driver's last step, one ordinary addition per element, the `match`
+    /// outside the element loops so that they vectorize.
     #[inline(always)]
-    fn apply(&self, s: f32, i: usize, jj: usize) -> f32 {
+    fn write_row(&self, sums: &[f32], i: usize, c0: usize, dst: &mut [f32]) {
         match self {
-            Bias::None => s,
-            Bias::PerCol(b) => s + b[jj],
-            Bias::PerRow(b) => s + b[i],
+            Bias::None => dst.copy_from_slice(sums),
+            Bias::PerCol(b) => {
+                for ((o, &s), &bj) in dst.iter_mut().zip(sums).zip(&b[c0..c0 + sums.len()]) {
+                    *o = s + bj;
+                }
+            }
+            Bias::PerRow(b) => {
+                let bi = b[i];
+                for (o, &s) in dst.iter_mut().zip(sums) {
+                    *o = s + bi;
+                }
+            }
         }
     }
 }
@@ -267,9 +279,7 @@ pub(crate) fn gemm(
                     let c0 = cb * COL_BLOCK;
                     let mut res = [0f32; COL_BLOCK];
                     run_block(tile, x, i, 1, k, panels, c0, cols.len(), &mut res);
-                    for (c, o) in cols.iter_mut().enumerate() {
-                        *o = bias.apply(res[c], i, c0 + c);
-                    }
+                    bias.write_row(&res[..cols.len()], i, c0, cols);
                 });
         }
         return;
@@ -405,22 +415,8 @@ fn rows_into(
             res.fill(0.0);
             run_block(tile, x, b0, rows, k, panels, c0, cn, res);
             for (r, dst) in block.iter_mut().enumerate() {
-                let (sums, dst) = (&res[r * COL_BLOCK..][..cn], &mut dst[c0..c0 + cn]);
-                // `bias.apply` per element, with the match hoisted so the loops vectorize.
-                match bias {
-                    Bias::None => dst.copy_from_slice(sums),
-                    Bias::PerCol(b) => {
-                        for ((o, &s), &bj) in dst.iter_mut().zip(sums).zip(&b[c0..c0 + cn]) {
-                            *o = s + bj;
-                        }
-                    }
-                    Bias::PerRow(b) => {
-                        let bi = b[b0 + r];
-                        for (o, &s) in dst.iter_mut().zip(sums) {
-                            *o = s + bi;
-                        }
-                    }
-                }
+                let sums = &res[r * COL_BLOCK..][..cn];
+                bias.write_row(sums, b0 + r, c0, &mut dst[c0..c0 + cn]);
             }
         }
     }

@@ -29,12 +29,11 @@
 //!   [`quant::block32_values`].
 
 use std::arch::x86_64::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use edge_kernels::{quant, quant_panel_cols, WeightRef, QUANT_PANEL_BLOCK_BYTES};
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use rayon::prelude::*;
 
 /// Columns per zmm group.
