@@ -8,7 +8,9 @@
 //!   `B` tile of 8 rows × 64 bytes;
 //! - the activation rows are quantized as the generic kernel does and kept signed (no `+128`
 //!   bias: `tdpbssd` multiplies signed by signed, so the VNNI tile's corrections `−128·Σw` are
-//!   not needed), the `A` tile being the 16 rows' 32 quants of the block;
+//!   not needed), the `A` tile being the 16 rows' 32 quants of the block; a row holds its
+//!   blocks' widened scales first and then all its quants ([`split_row`]), so that a block's
+//!   32 quants never straddle a cache line;
 //! - `C = 0; tdpbssd C, A, B` gives the 16 × 16 block sums `Σ q·w`, exact in i32 (|sum| ≤
 //!   32·128·127; integer addition is associative, so AMX's internal order cannot change a bit);
 //! - `C` is stored to a 1 KiB buffer and each row's 16 sums are converted, scaled and added to
@@ -24,6 +26,8 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
+use std::mem::MaybeUninit;
+
 use super::qgemm::{
     GroupSrc, Panel, Scaling, TileSums, Vnni, ACT_BLOCK, ACT_QUANTS_AT, GROUP_BLOCK, MAX_R, MIN_AT,
     SCALE_AT,
@@ -37,9 +41,37 @@ const R: usize = 16;
 /// one: at least one full tile of rows and 8 blocks per call (the tile configuration and the
 /// two-block pipeline's start cost more than the VNNI tile's few blocks; `kbench 2 "linear
 /// q8_0"`: 16 × 192 × 768 and 300 × 64 × 64 ran 0.85–0.9× the VNNI speed on AMX, the shapes
-/// with `k` ≥ 1152 1.1–1.3×).
+/// with `k` ≥ 1152 1.1–1.3×), and at most [`MAX_SPLIT_BLOCKS`] blocks (the bound of
+/// [`split_row`]'s stack buffer; longer rows take the VNNI tile).
 pub(crate) fn pays(m: usize, k: usize) -> bool {
-    m >= R && k >= 256
+    m >= R && k >= 256 && k / 32 <= MAX_SPLIT_BLOCKS
+}
+
+/// Most blocks per activation row that [`split_row`] rearranges (`k` ≤ 32768).
+const MAX_SPLIT_BLOCKS: usize = 1024;
+
+/// Rearranges an activation row of `nb` widened blocks ([`super::qgemm::ACT_BLOCK`] bytes:
+/// 8 bytes of f32 scale and sum, then 32 quants) into the AMX tile's order: the `nb` 8-byte
+/// heads first, then the `nb` blocks of 32 quants (block `b`'s quants at `8·nb + 32·b`). With
+/// rows starting on 32-byte boundaries (the arena's 64-byte scratch; `k` a multiple of 128,
+/// every PixArt and T5 width), a block's quants then lie in one cache line: a `tileloadd` row
+/// across two lines cost 16 instead of 6 cycles (probed on the Xeon with AMX: BENCHMARKS.md,
+/// fourteenth session). Data movement only.
+fn split_row(row: &mut [u8]) {
+    let nb = row.len() / ACT_BLOCK;
+    assert!(nb <= MAX_SPLIT_BLOCKS && row.len() == nb * ACT_BLOCK);
+    let mut heads = [0u8; 8 * MAX_SPLIT_BLOCKS];
+    for (b, h) in heads.chunks_exact_mut(8).take(nb).enumerate() {
+        h.copy_from_slice(&row[b * ACT_BLOCK..][..8]);
+    }
+    // Highest block first: block `b`'s quants move up from `40·b + 8` to `8·nb + 32·b` (at or
+    // above `40·b`, as `b < nb`): over its own bytes and those of the blocks above it, whose
+    // quants have moved already (to bytes past `8·nb + 32·b + 32`).
+    for b in (0..nb).rev() {
+        let from = b * ACT_BLOCK + ACT_QUANTS_AT;
+        row.copy_within(from..from + 32, 8 * nb + 32 * b);
+    }
+    row[..8 * nb].copy_from_slice(&heads[..8 * nb]);
 }
 /// Columns per group: one `C` tile's 16 i32 lanes.
 const GROUP: usize = 16;
@@ -53,9 +85,11 @@ impl Panel for Amx {
     const R: usize = R;
     const INTERLEAVED16X4: bool = true;
 
-    /// The generic quants, signed (`tdpbssd` multiplies signed by signed).
+    /// The generic quants, signed (`tdpbssd` multiplies signed by signed), heads first and
+    /// then quants ([`split_row`]).
     fn quantize_row(w: DType, x: &[f32], dst: &mut [u8]) {
-        super::qgemm::quantize_row_avx512::<0>(w, x, dst)
+        super::qgemm::quantize_row_avx512::<0>(w, x, dst);
+        split_row(dst);
     }
 
     fn prepare_group(
@@ -97,8 +131,9 @@ impl Panel for Amx {
         super::qgemm::check_tile_operands(acts, nb, ACT_BLOCK, srcs);
         // SAFETY: the kernel table holds this tile only when AVX-512F/BW and AMX-INT8 were
         // detected and Linux granted the tile data state (`super::amx_granted`); every tile
-        // load and store below stays inside `acts[r]` (block `b < nb`, its 32 quants, for all
-        // 16 rows: read with one stride only where the rows are that far apart, else copied),
+        // load and store below stays inside `acts[r]` (`nb · ACT_BLOCK` bytes: block `b < nb`'s
+        // 32 quants at `8·nb + 32·b` ([`split_row`]), for all 16 rows: read with one stride only
+        // where the rows are that far apart, else copied; its head at `8·b`),
         // inside each group's quants (block `b` at `b · qstride`, 512 bytes) and meta (block
         // `b`, `GROUP_BLOCK` bytes), and inside the local buffers, as asserted above.
         unsafe {
@@ -139,6 +174,9 @@ const fn tile_config() -> TileConfig {
 }
 
 static CONFIG: TileConfig = tile_config();
+
+/// One accumulator set's integer sums as stored: per group, 16 rows × 16 i32.
+type SetSums = [[[i32; GROUP]; R]; 2];
 
 /// 64-byte aligned scratch of the tile call.
 #[repr(C, align(64))]
@@ -200,11 +238,12 @@ unsafe fn issue<const P: usize, const G: usize>(a: *const u8, sa: usize, quants:
 
 /// Stores accumulator set `P`'s `G` tiles to `out[g]` (16 rows × 16 i32 each).
 ///
-/// Safety: the tiles are configured and hold a block's sums ([`issue`]).
+/// Safety: the tiles are configured and hold a block's sums ([`issue`]); `out` is writable for
+/// two `[[i32; 16]; 16]` (it may be uninitialised).
 #[inline(always)]
-unsafe fn store<const P: usize, const G: usize>(out: &mut [[[i32; GROUP]; R]; 2]) {
-    let o0 = out[0].as_mut_ptr();
-    let o1 = out[1].as_mut_ptr();
+unsafe fn store<const P: usize, const G: usize>(out: *mut [[i32; GROUP]; R]) {
+    let o0 = out as *mut i32;
+    let o1 = out.wrapping_add(1) as *mut i32;
     // SAFETY: each store writes 16 rows of 64 bytes, 64 bytes apart: one `[[i32; 16]; 16]`.
     unsafe {
         match (P, G) {
@@ -248,25 +287,31 @@ unsafe fn amx_tile<const G: usize, const KIND: u8>(
     let stride = (acts[1].as_ptr() as usize).wrapping_sub(a0 as usize);
     let strided = (0..R)
         .all(|r| acts[r].as_ptr() as usize == (a0 as usize).wrapping_add(r.wrapping_mul(stride)));
-    let mut abuf = Aligned([[0u8; R * 32]; 2]);
-    let mut cbuf = Aligned([[[[0i32; GROUP]; R]; 2]; 2]);
+    // Written before they are read (a copied block's rows before its `tileloadd`, a set's sums
+    // by `tilestored` before the scaling loads them), so not initialised: zeroing 5 KiB per
+    // call cost about 1 % of a Q8_0 NFE.
+    let mut abuf: MaybeUninit<Aligned<[[u8; R * 32]; 2]>> = MaybeUninit::uninit();
+    let mut cbuf: MaybeUninit<Aligned<[SetSums; 2]>> = MaybeUninit::uninit();
+    let abuf = abuf.as_mut_ptr() as *mut [u8; R * 32];
+    let cbuf = cbuf.as_mut_ptr() as *mut SetSums;
+    let qa = 8 * nb;
     let qp: [*const u8; G] = std::array::from_fn(|g| srcs[g].quants.as_ptr());
     let qs: [usize; G] = std::array::from_fn(|g| srcs[g].qstride);
     let mp: [*const u8; G] = std::array::from_fn(|g| srcs[g].meta.as_ptr());
     let mut facc = [[_mm512_setzero_ps(); G]; R];
     // Issues block `b`'s sums into set `b mod 2`: its 16 activation rows (strided or copied)
     // and its quants per group.
-    let mut issue_block = |b: usize| {
+    let issue_block = |b: usize| {
         // SAFETY: block `b < nb` of every row and group, as `Amx::tile` asserted; the tiles
         // are configured (below, before the first call); 16 rows of 32 bytes at `sa` lie
         // inside their rows, which are exactly that far apart, or in `abuf`.
         unsafe {
             let (a, sa) = if strided {
-                (a0.add(b * ACT_BLOCK + ACT_QUANTS_AT), stride)
+                (a0.add(qa + 32 * b), stride)
             } else {
-                let dst = abuf.0[b % 2].as_mut_ptr();
+                let dst = abuf.add(b % 2) as *mut u8;
                 for (r, a) in acts.iter().enumerate() {
-                    let src = a.as_ptr().add(b * ACT_BLOCK + ACT_QUANTS_AT);
+                    let src = a.as_ptr().add(qa + 32 * b);
                     std::ptr::copy_nonoverlapping(src, dst.add(r * 32), 32);
                 }
                 (dst as *const u8, 32)
@@ -279,13 +324,13 @@ unsafe fn amx_tile<const G: usize, const KIND: u8>(
             }
         }
     };
-    let store_block = |b: usize, cbuf: &mut [[[[i32; GROUP]; R]; 2]; 2]| {
-        // SAFETY: set `b mod 2` holds block `b`'s sums (issued before).
+    let store_block = |b: usize| {
+        // SAFETY: set `b mod 2` holds block `b`'s sums (issued before); `cbuf` has two slots.
         unsafe {
             if b.is_multiple_of(2) {
-                store::<0, G>(&mut cbuf[0])
+                store::<0, G>(cbuf as *mut [[i32; GROUP]; R])
             } else {
-                store::<1, G>(&mut cbuf[1])
+                store::<1, G>(cbuf.add(1) as *mut [[i32; GROUP]; R])
             }
         }
     };
@@ -298,15 +343,17 @@ unsafe fn amx_tile<const G: usize, const KIND: u8>(
     if nb > 1 {
         issue_block(1);
     }
-    store_block(0, &mut cbuf.0);
+    store_block(0);
     for b in 0..nb {
         if b + 2 < nb {
             issue_block(b + 2);
         }
         if b + 1 < nb {
-            store_block(b + 1, &mut cbuf.0);
+            store_block(b + 1);
         }
-        let sums_at = &cbuf.0[b % 2];
+        // SAFETY: slot `b mod 2` holds block `b`'s sums, stored by `tilestored` (above, or in
+        // the step before).
+        let sums_at = unsafe { &*cbuf.add(b % 2) };
         // SAFETY: block `b < nb` of every row and group's meta, as asserted in `Amx::tile`.
         unsafe {
             let blk: [*const u8; G] = std::array::from_fn(|g| mp[g].add(b * GROUP_BLOCK));
@@ -319,7 +366,7 @@ unsafe fn amx_tile<const G: usize, const KIND: u8>(
                 }
             }
             for r in 0..R {
-                let ab = acts[r].as_ptr().add(b * ACT_BLOCK);
+                let ab = acts[r].as_ptr().add(8 * b);
                 let da = _mm512_set1_ps((ab as *const f32).read_unaligned());
                 let sa = if KIND == 2 {
                     _mm512_set1_ps((ab.add(4) as *const f32).read_unaligned())
