@@ -9,6 +9,10 @@ pub use crate::params::{AttentionParams, MAX_HEAD_DIM};
 pub const KEY_TILE: usize = 64;
 /// Query rows per task (they share each key/value tile while it is in cache).
 pub const QUERY_TILE: usize = 4;
+/// The widest head of the compact task state ([`BlockState`]`<SMALL_HEAD_DIM>`, every head of
+/// PixArt's DiT and T5): its rows take a quarter of the memory of [`MAX_HEAD_DIM`]'s, so a task
+/// holds four times as many rows ([`SMALL_TASK_ROWS`]) in the same stack.
+pub const SMALL_HEAD_DIM: usize = 128;
 
 /// `generic_attention_f32`: for every head `h` and query row `i`,
 /// `s_j = scale·(q·k_j) + bias[h, i, j] + (1 − key_mask[j])·masked_value`,
@@ -51,6 +55,9 @@ pub struct AttentionOps {
     /// The step for rows `0..b.nq` of the block; row `r`'s state is `acc[r][..head_dim]`,
     /// `run_max[r]`, `run_sum[r]`; the tile's keys come packed ([`pack_keys`]).
     pub block_tile: BlockTileFn,
+    /// The same step on the compact state, for heads of at most [`SMALL_HEAD_DIM`] channels
+    /// (the same function instantiated for the smaller `acc` rows).
+    pub block_tile_small: BlockTileFn<SMALL_HEAD_DIM>,
     /// Packs a key tile exactly as [`pack_keys`] does (data movement only), or, for the bf16
     /// step, as [`crate::attention_bf16::pack_key_pairs`].
     pub pack_keys: PackKeysFn,
@@ -62,8 +69,10 @@ pub struct AttentionOps {
 pub type PackKeysFn =
     fn(p: &AttentionParams, kv_src: &[f32], h: usize, j0: usize, nk: usize, dst: &mut [f32]);
 
-/// [`AttentionOps::block_tile`]'s signature: `(block, packed keys, state)`.
-pub type BlockTileFn = fn(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState);
+/// [`AttentionOps::block_tile`]'s signature: `(block, packed keys, state)`, the state's rows
+/// `D` f32 long (`head_dim ≤ D`).
+pub type BlockTileFn<const D: usize = MAX_HEAD_DIM> =
+    fn(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>);
 
 /// Packs keys `j0 .. j0 + nk` of head `h` side by side: `dst[d·KEY_TILE + c]` is channel `d` of
 /// key `j0 + c` for `d < head_dim`, `c < nk`; lanes `nk..KEY_TILE` are zero. `dst` holds at
@@ -137,13 +146,14 @@ pub struct QueryBlock<'a> {
 
 impl<'a> QueryBlock<'a> {
     /// Asserts what an [`AttentionOps::block_tile`] may rely on: `1 ≤ nq ≤ QUERY_TILE`,
-    /// `1 ≤ nk ≤ KEY_TILE`, `head_dim ≤ MAX_HEAD_DIM`, `keys` holding `head_dim · KEY_TILE` f32,
-    /// and `values` the tile's `nk · head_dim` (query, bias and mask rows are reached through
-    /// bounds-checked slices). SIMD steps call it before their unchecked loads.
-    pub fn check_step(&self, keys: &[f32]) {
+    /// `1 ≤ nk ≤ KEY_TILE`, `head_dim ≤ D` (the state's row length), `keys` holding
+    /// `head_dim · KEY_TILE` f32, and `values` the tile's `nk · head_dim` (query, bias and mask
+    /// rows are reached through bounds-checked slices). SIMD steps call it before their
+    /// unchecked loads.
+    pub fn check_step<const D: usize>(&self, keys: &[f32], _st: &BlockState<D>) {
         let hd = self.p.head_dim;
         assert!((1..=QUERY_TILE).contains(&self.nq) && (1..=KEY_TILE).contains(&self.nk));
-        assert!(hd <= MAX_HEAD_DIM && keys.len() >= hd * KEY_TILE);
+        assert!(hd <= D && keys.len() >= hd * KEY_TILE);
         assert!(
             self.values.len() >= self.nk * hd,
             "attention: packed values shorter than the tile"
@@ -168,12 +178,13 @@ impl<'a> QueryBlock<'a> {
     }
 }
 
-/// The running state of the block's rows and its score scratch.
+/// The running state of the block's rows and its score scratch, for heads of at most `D`
+/// channels ([`MAX_HEAD_DIM`], or [`SMALL_HEAD_DIM`] for the compact state).
 #[derive(Debug)]
-pub struct BlockState {
+pub struct BlockState<const D: usize = MAX_HEAD_DIM> {
     /// Per row, `Σ_j w_j · v_j` so far (first `head_dim` elements), rescaled to the row's
     /// current maximum.
-    pub acc: [[f32; MAX_HEAD_DIM]; QUERY_TILE],
+    pub acc: [[f32; D]; QUERY_TILE],
     /// Per row, the largest score so far (−∞ before the first tile).
     pub run_max: [f32; QUERY_TILE],
     /// Per row, `Σ_j w_j` so far.
@@ -182,7 +193,7 @@ pub struct BlockState {
     pub scores: [[f32; KEY_TILE]; QUERY_TILE],
 }
 
-impl BlockState {
+impl<const D: usize> BlockState<D> {
     /// Back to the state before the first key tile (the first `head_dim` accumulators of every
     /// row are zeroed).
     pub fn reset(&mut self, head_dim: usize) {
@@ -196,7 +207,7 @@ impl BlockState {
     /// A state before the first key tile.
     pub fn new() -> Self {
         BlockState {
-            acc: [[0.0; MAX_HEAD_DIM]; QUERY_TILE],
+            acc: [[0.0; D]; QUERY_TILE],
             run_max: [f32::NEG_INFINITY; QUERY_TILE],
             run_sum: [0.0; QUERY_TILE],
             scores: [[0.0; KEY_TILE]; QUERY_TILE],
@@ -284,17 +295,18 @@ pub struct RowState<'a> {
 pub const GENERIC_ATTENTION: AttentionOps = AttentionOps {
     name: "generic_attention_f32",
     block_tile: generic_block_tile,
+    block_tile_small: generic_block_tile,
     pack_keys,
     pack_values,
 };
 
-impl Default for BlockState {
+impl<const D: usize> Default for BlockState<D> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-fn generic_block_tile(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
+fn generic_block_tile<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {
     for r in 0..b.nq {
         let t = b.row(r);
         let (mut row, scores) = st.row(r, b.p.head_dim);
@@ -398,11 +410,18 @@ pub fn attention_with(
     if p.lq == 0 || width == 0 {
         return;
     }
-    // A task takes up to 128 query rows and walks the heads outermost; per head, each key tile
-    // is packed once and met by the task's blocks of QUERY_TILE rows while it is in cache.
-    let task_rows = (p.lq / 8)
-        .next_multiple_of(QUERY_TILE)
-        .clamp(QUERY_TILE, TASK_ROWS);
+    // A task takes a share of the query rows (one per thread, at most what its state holds:
+    // TASK_ROWS, or SMALL_TASK_ROWS for heads of at most SMALL_HEAD_DIM channels) and walks
+    // the heads outermost; per head, each key tile is packed once and met by the task's blocks
+    // of QUERY_TILE rows while it is in cache. Every row's arithmetic is the same in any task,
+    // so the split changes no bit; fewer, larger tasks pack each tile fewer times (`kbench 2
+    // attention`, 8 tasks of 128 rows → 2 of 512: BENCHMARKS.md, fourteenth session).
+    let small = p.head_dim <= SMALL_HEAD_DIM;
+    let most = if small { SMALL_TASK_ROWS } else { TASK_ROWS };
+    let task_rows =
+        p.lq.div_ceil(rayon::current_num_threads().max(1))
+            .next_multiple_of(QUERY_TILE)
+            .clamp(QUERY_TILE, most);
     let keys = visited_keys(p.lk, key_mask);
     out.par_chunks_mut(task_rows * width)
         .enumerate()
@@ -416,7 +435,15 @@ pub fn attention_with(
                 bias,
                 keys,
             };
-            attend_task(&at, t * task_rows, rows)
+            if small {
+                attend_task::<SMALL_HEAD_DIM, { SMALL_TASK_ROWS / QUERY_TILE }>(
+                    &at,
+                    t * task_rows,
+                    rows,
+                )
+            } else {
+                attend_task::<MAX_HEAD_DIM, { TASK_ROWS / QUERY_TILE }>(&at, t * task_rows, rows)
+            }
         });
 }
 
@@ -452,10 +479,15 @@ struct Attend<'a> {
 #[repr(C, align(64))]
 struct Aligned64<T>(T);
 
-/// One task of [`attention_with`]: every head of the query rows `i_first ..` that `rows`
-/// (`[n, heads·head_dim]`) holds. Its state (the online-softmax state of up to [`TASK_ROWS`]
-/// rows and one packed key and value tile, about 570 KiB) lives on the task's stack.
-fn attend_task(at: &Attend<'_>, i_first: usize, rows: &mut [f32]) {
+/// One task of [`attention_with`]: every head (of at most `D` channels) of the query rows
+/// `i_first ..` that `rows` (`[n, heads·head_dim]`, `n ≤ 4·NB`) holds. Its state (the
+/// online-softmax state of `NB` blocks of rows and one packed key and value tile: about
+/// 570 KiB for `D = MAX_HEAD_DIM`, `NB = 32`, and 465 KiB for `D = SMALL_HEAD_DIM`, `NB = 128`)
+/// lives on the task's stack.
+fn attend_task<const D: usize, const NB: usize>(at: &Attend<'_>, i_first: usize, rows: &mut [f32])
+where
+    BlockState<D>: Step,
+{
     let &Attend {
         ops,
         p,
@@ -468,11 +500,11 @@ fn attend_task(at: &Attend<'_>, i_first: usize, rows: &mut [f32]) {
     let width = p.heads * p.head_dim;
     let nrows = rows.len() / width;
     let nblocks = nrows.div_ceil(QUERY_TILE);
-    let mut states: [BlockState; TASK_ROWS / QUERY_TILE] =
-        std::array::from_fn(|_| BlockState::new());
-    let mut keys = Aligned64([0f32; MAX_HEAD_DIM * KEY_TILE]);
-    let mut values = Aligned64([0f32; MAX_HEAD_DIM * KEY_TILE]);
-    let (keys, values) = (&mut keys.0, &mut values.0);
+    assert!(nblocks <= NB && p.head_dim <= D);
+    let mut states: [BlockState<D>; NB] = std::array::from_fn(|_| BlockState::new());
+    let mut keys = Aligned64([[0f32; KEY_TILE]; D]);
+    let mut values = Aligned64([[0f32; KEY_TILE]; D]);
+    let (keys, values) = (keys.0.as_flattened_mut(), values.0.as_flattened_mut());
     for h in 0..p.heads {
         for st in &mut states[..nblocks] {
             st.reset(p.head_dim);
@@ -495,7 +527,7 @@ fn attend_task(at: &Attend<'_>, i_first: usize, rows: &mut [f32]) {
                     nk,
                     values,
                 };
-                (ops.block_tile)(&b, &keys[..p.head_dim * KEY_TILE], st);
+                st.step(ops, &b, &keys[..p.head_dim * KEY_TILE]);
             }
         }
         for (bi, st) in states[..nblocks].iter().enumerate() {
@@ -540,10 +572,90 @@ pub fn touch_worker_stacks() {
             bias: None,
             keys: 1,
         };
-        attend_task(&at, 0, &mut out);
+        // Both task frames (the compact state's and the full one's), so that whichever is
+        // deeper is resident.
+        attend_task::<SMALL_HEAD_DIM, { SMALL_TASK_ROWS / QUERY_TILE }>(&at, 0, &mut out);
+        attend_task::<MAX_HEAD_DIM, { TASK_ROWS / QUERY_TILE }>(&at, 0, &mut out);
         std::hint::black_box(out);
     });
 }
 
 /// Most query rows per task of [`attention_with`].
 const TASK_ROWS: usize = 128;
+/// Most query rows per task of [`attention_with`] for heads of at most [`SMALL_HEAD_DIM`]
+/// channels.
+const SMALL_TASK_ROWS: usize = 512;
+
+/// The step of [`AttentionOps`] for a state's row length.
+trait Step {
+    fn step(&mut self, ops: &AttentionOps, b: &QueryBlock<'_>, keys: &[f32]);
+}
+
+impl Step for BlockState<MAX_HEAD_DIM> {
+    fn step(&mut self, ops: &AttentionOps, b: &QueryBlock<'_>, keys: &[f32]) {
+        (ops.block_tile)(b, keys, self)
+    }
+}
+
+impl Step for BlockState<SMALL_HEAD_DIM> {
+    fn step(&mut self, ops: &AttentionOps, b: &QueryBlock<'_>, keys: &[f32]) {
+        (ops.block_tile_small)(b, keys, self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The compact state's task ([`SMALL_HEAD_DIM`]) and the full one give the same bits for a
+    /// head that both hold (the driver picks the compact one; the twins are compared with the
+    /// generic step on it, so this pins it to the full state's arithmetic).
+    #[test]
+    fn compact_and_full_task_states_agree() {
+        let (lq, lk, heads, hd) = (45, 100, 2, 72);
+        let d = heads * hd;
+        let p = AttentionParams {
+            lq,
+            lk,
+            heads,
+            head_dim: hd,
+            scale: 0.125,
+            q_stride: d,
+            q_offset: 0,
+            kv_stride: 2 * d,
+            k_offset: 0,
+            v_offset: d,
+            masked_value: -10000.0,
+        };
+        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+        };
+        let q: Vec<f32> = (0..lq * d).map(|_| next()).collect();
+        let kv: Vec<f32> = (0..lk * 2 * d).map(|_| next()).collect();
+        let mask: Vec<f32> = (0..lk).map(|j| f32::from(j % 7 != 3)).collect();
+        let at = Attend {
+            ops: &GENERIC_ATTENTION,
+            p: &p,
+            q_src: &q,
+            kv_src: &kv,
+            key_mask: Some(&mask),
+            bias: None,
+            keys: visited_keys(lk, Some(&mask)),
+        };
+        let mut small = vec![f32::NAN; lq * d];
+        let mut full = vec![f32::NAN; lq * d];
+        attend_task::<SMALL_HEAD_DIM, { SMALL_TASK_ROWS / QUERY_TILE }>(&at, 0, &mut small);
+        for (t, rows) in full.chunks_mut(TASK_ROWS * d).enumerate() {
+            attend_task::<MAX_HEAD_DIM, { TASK_ROWS / QUERY_TILE }>(&at, t * TASK_ROWS, rows);
+        }
+        assert!(small.iter().all(|x| x.is_finite()));
+        assert!(small
+            .iter()
+            .zip(&full)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+}

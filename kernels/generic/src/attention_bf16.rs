@@ -37,6 +37,7 @@ use crate::params::AttentionParams;
 pub const GENERIC_ATTENTION_BF16: AttentionOps = AttentionOps {
     name: "generic_attention_bf16_pairs",
     block_tile: generic_block_tile_bf16,
+    block_tile_small: generic_block_tile_bf16,
     pack_keys: pack_key_pairs,
     pack_values: pack_value_pairs,
 };
@@ -142,8 +143,12 @@ pub fn pack_value_pairs(
     }
 }
 
-fn generic_block_tile_bf16(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
-    b.check_step(keys);
+fn generic_block_tile_bf16<const D: usize>(
+    b: &QueryBlock<'_>,
+    keys: &[f32],
+    st: &mut BlockState<D>,
+) {
+    b.check_step(keys, st);
     for r in 0..b.nq {
         let t = b.row(r);
         let (mut row, scores) = st.row(r, b.p.head_dim);
@@ -257,7 +262,7 @@ mod tests {
             let run = |bf16: bool| {
                 let mut keys = vec![0f32; hd * KEY_TILE];
                 let mut vals = vec![0f32; lk * hd];
-                let mut st = BlockState::new();
+                let mut st: BlockState = BlockState::new();
                 st.reset(hd);
                 if bf16 {
                     pack_key_pairs(&p, &kv, 0, 0, lk, &mut keys);

@@ -42,7 +42,7 @@ pub use attention::{
     attention, attention_with, generic_row_tile, pack_keys, pack_values, softmax_step, tile_max,
     tile_sum, touch_worker_stacks, visited_keys, AttentionOps, AttentionParams, BlockState,
     BlockTileFn, KeyTile, PackKeysFn, QueryBlock, RowState, GENERIC_ATTENTION, KEY_TILE,
-    MAX_HEAD_DIM, QUERY_TILE, SUM_LANES,
+    MAX_HEAD_DIM, QUERY_TILE, SMALL_HEAD_DIM, SUM_LANES,
 };
 pub use attention_bf16::{attention_bf16, GENERIC_ATTENTION_BF16};
 pub use call::{Axes, Call};

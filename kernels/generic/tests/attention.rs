@@ -209,6 +209,17 @@ fn identical_for_any_thread_count() {
     assert_thread_invariant("attention", || run(&p, &q, &kv, Some(&mask), None));
 }
 
+/// More query rows than one task of the compact state holds (512) on one thread, and uneven
+/// shares on 2 and 3: every split gives the same bits.
+#[test]
+fn identical_for_any_thread_count_past_one_task() {
+    let mut rng = Rng::new(47);
+    let p = cross_params(1100, 70, 2, 12);
+    let q = rng.vec(1100 * 24, 2.0);
+    let kv = rng.vec(70 * 48, 2.0);
+    assert_thread_invariant("attention", || run(&p, &q, &kv, None, None));
+}
+
 #[test]
 #[should_panic(expected = "head_dim")]
 fn rejects_too_large_head_dim() {

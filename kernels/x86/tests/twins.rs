@@ -540,6 +540,7 @@ fn attention_matches_generic_bit_for_bit() {
         (6, 130, 1, 72, true, false),
         (4, 64, 2, 33, false, false),
         (7, 67, 1, 130, true, false),
+        (5, 70, 2, 128, true, true),
         (8, 20, 1, 512, false, false),
         (45, 100, 2, 72, true, false),
         (70, 300, 3, 24, false, true),

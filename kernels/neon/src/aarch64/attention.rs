@@ -22,12 +22,13 @@ use super::elementwise::exp4;
 pub(super) const NEON: AttentionOps = AttentionOps {
     name: "neon_attention_f32_4q",
     block_tile,
+    block_tile_small: block_tile,
     pack_keys: edge_kernels::pack_keys,
     pack_values: edge_kernels::pack_values,
 };
 
-fn block_tile(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
-    b.check_step(keys);
+fn block_tile<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {
+    b.check_step(keys, st);
     // SAFETY: Advanced SIMD is part of every aarch64 target; the packed keys hold
     // `hd · KEY_TILE` f32 and the packed values the tile's `nk · hd` (both checked by
     // `QueryBlock::check_step`); query rows are bounds-checked slices and the
@@ -38,7 +39,7 @@ fn block_tile(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
 /// # Safety
 /// As checked by [`block_tile`].
 #[target_feature(enable = "neon")]
-unsafe fn block(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
+unsafe fn block<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {
     let (p, hd, nq, nk) = (b.p, b.p.head_dim, b.nq, b.nk);
     let qs: [&[f32]; QUERY_TILE] = std::array::from_fn(|r| {
         let i = b.i0 + r.min(nq - 1);

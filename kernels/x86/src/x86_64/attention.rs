@@ -18,6 +18,7 @@ use super::vmath::{exp16, exp8, mask, transpose16, transpose8};
 pub(crate) const AVX2: AttentionOps = AttentionOps {
     name: "avx2_attention_f32_4q",
     block_tile: block_tile_avx2,
+    block_tile_small: block_tile_avx2,
     pack_keys: pack_keys_avx2,
     pack_values: edge_kernels::pack_values,
 };
@@ -27,6 +28,7 @@ pub(crate) const AVX2: AttentionOps = AttentionOps {
 pub(crate) const AVX512_BF16: AttentionOps = AttentionOps {
     name: "avx512bf16_attention_pairs_4q",
     block_tile: block_tile_bf16,
+    block_tile_small: block_tile_bf16,
     pack_keys: pack_key_pairs_avx512,
     pack_values: pack_value_pairs_avx512,
 };
@@ -36,6 +38,7 @@ pub(crate) const AVX512_BF16: AttentionOps = AttentionOps {
 pub(crate) const AVX512: AttentionOps = AttentionOps {
     name: "avx512_attention_f32_4q",
     block_tile: block_tile_avx512,
+    block_tile_small: block_tile_avx512,
     pack_keys: pack_keys_avx512,
     pack_values: pack_values_avx512,
 };
@@ -187,8 +190,8 @@ unsafe fn pack_keys_avx2_impl(
     }
 }
 
-fn block_tile_avx2(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
-    b.check_step(keys);
+fn block_tile_avx2<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {
+    b.check_step(keys, st);
     // SAFETY: AVX2 and FMA were detected before this step was put in a table
     // (`crate::x86_64::avx2_table`); the packed keys hold `hd · KEY_TILE` f32 and the packed
     // values the tile's `nk · hd` f32 (both checked by `QueryBlock::check_step`), query, bias
@@ -254,7 +257,7 @@ unsafe fn scores16_avx2(
 /// `acc[r] = fma(w[r][j], v[j], acc[r])` over 16-channel groups with each value chunk loaded
 /// once for all rows (keys in increasing order per element).
 #[target_feature(enable = "avx2,fma")]
-unsafe fn block_avx2(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
+unsafe fn block_avx2<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {
     let (p, hd, nq, nk) = (b.p, b.p.head_dim, b.nq, b.nk);
     let qs: [&[f32]; QUERY_TILE] = std::array::from_fn(|r| {
         let i = b.i0 + r.min(nq - 1);
@@ -331,7 +334,7 @@ unsafe fn block_avx2(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
         // `tile_sum`'s 16 lanes: keys `16c .. 16c + 8` into `lo`, `16c + 8 .. 16c + 16` into
         // `hi` (zeros past the keys add nothing: the weights are never −0).
         let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let weights = |c: usize, st: &mut BlockState| {
+        let weights = |c: usize, st: &mut BlockState<D>| {
             let m = _mm256_castsi256_ps(mask8(nk - 8 * c));
             // SAFETY: `8c + 8 ≤ KEY_TILE`, inside the row's score array.
             unsafe {
@@ -365,12 +368,12 @@ unsafe fn block_avx2(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
         // registers, 16 or 8 lanes, need none).
         unsafe {
             match (nq, lanes) {
-                (4, 16) => acc_group_avx2::<4, 2, false>(st, &corr, vp, nk, hd, d0, lanes),
-                (4, 8) => acc_group_avx2::<4, 1, false>(st, &corr, vp, nk, hd, d0, lanes),
-                (4, _) => acc_group_avx2::<4, 2, true>(st, &corr, vp, nk, hd, d0, lanes),
-                (3, _) => acc_group_avx2::<3, 2, true>(st, &corr, vp, nk, hd, d0, lanes),
-                (2, _) => acc_group_avx2::<2, 2, true>(st, &corr, vp, nk, hd, d0, lanes),
-                _ => acc_group_avx2::<1, 2, true>(st, &corr, vp, nk, hd, d0, lanes),
+                (4, 16) => acc_group_avx2::<4, 2, false, D>(st, &corr, vp, nk, hd, d0, lanes),
+                (4, 8) => acc_group_avx2::<4, 1, false, D>(st, &corr, vp, nk, hd, d0, lanes),
+                (4, _) => acc_group_avx2::<4, 2, true, D>(st, &corr, vp, nk, hd, d0, lanes),
+                (3, _) => acc_group_avx2::<3, 2, true, D>(st, &corr, vp, nk, hd, d0, lanes),
+                (2, _) => acc_group_avx2::<2, 2, true, D>(st, &corr, vp, nk, hd, d0, lanes),
+                _ => acc_group_avx2::<1, 2, true, D>(st, &corr, vp, nk, hd, d0, lanes),
             }
         }
     }
@@ -384,8 +387,8 @@ unsafe fn block_avx2(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
 /// AVX2 and FMA present; `vp` points at `nk` rows of `hd ≥ d0 + lanes` readable f32.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn acc_group_avx2<const NQ: usize, const NC: usize, const MASKED: bool>(
-    st: &mut BlockState,
+unsafe fn acc_group_avx2<const NQ: usize, const NC: usize, const MASKED: bool, const D: usize>(
+    st: &mut BlockState<D>,
     corr: &[f32; QUERY_TILE],
     vp: *const f32,
     nk: usize,
@@ -438,8 +441,8 @@ unsafe fn acc_group_avx2<const NQ: usize, const NC: usize, const MASKED: bool>(
     }
 }
 
-fn block_tile_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
-    b.check_step(keys);
+fn block_tile_avx512<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {
+    b.check_step(keys, st);
     // SAFETY: AVX-512F was detected before this step was put in a table
     // (`crate::x86_64::avx512_table`); the packed keys hold `hd · KEY_TILE` f32 (asserted), the
     // packed values hold the tile's `nk · hd` f32 (both checked by `QueryBlock::check_step`),
@@ -490,7 +493,7 @@ unsafe fn scores_avx512<const NC: usize>(
 /// 16-lane chunks of the head with each value chunk loaded once for all rows (keys still in
 /// increasing order per element, so every row's sums are the generic ones).
 #[target_feature(enable = "avx512f")]
-unsafe fn block_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
+unsafe fn block_avx512<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {
     let (p, hd, nq, nk) = (b.p, b.p.head_dim, b.nq, b.nk);
     let qs: [&[f32]; QUERY_TILE] = std::array::from_fn(|r| {
         let i = b.i0 + r.min(nq - 1);
@@ -522,14 +525,14 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
         // `hd`.
         unsafe {
             match (nq, lanes.div_ceil(16)) {
-                (4, 5) => acc_group::<4, 5>(st, &corr, vp, nk, vs, d0, lanes),
-                (4, 4) => acc_group::<4, 4>(st, &corr, vp, nk, vs, d0, lanes),
-                (4, 3) => acc_group::<4, 3>(st, &corr, vp, nk, vs, d0, lanes),
-                (4, 2) => acc_group::<4, 2>(st, &corr, vp, nk, vs, d0, lanes),
-                (4, _) => acc_group::<4, 1>(st, &corr, vp, nk, vs, d0, lanes),
-                (3, _) => acc_group::<3, 5>(st, &corr, vp, nk, vs, d0, lanes),
-                (2, _) => acc_group::<2, 5>(st, &corr, vp, nk, vs, d0, lanes),
-                _ => acc_group::<1, 5>(st, &corr, vp, nk, vs, d0, lanes),
+                (4, 5) => acc_group::<4, 5, D>(st, &corr, vp, nk, vs, d0, lanes),
+                (4, 4) => acc_group::<4, 4, D>(st, &corr, vp, nk, vs, d0, lanes),
+                (4, 3) => acc_group::<4, 3, D>(st, &corr, vp, nk, vs, d0, lanes),
+                (4, 2) => acc_group::<4, 2, D>(st, &corr, vp, nk, vs, d0, lanes),
+                (4, _) => acc_group::<4, 1, D>(st, &corr, vp, nk, vs, d0, lanes),
+                (3, _) => acc_group::<3, 5, D>(st, &corr, vp, nk, vs, d0, lanes),
+                (2, _) => acc_group::<2, 5, D>(st, &corr, vp, nk, vs, d0, lanes),
+                _ => acc_group::<1, 5, D>(st, &corr, vp, nk, vs, d0, lanes),
             }
         }
     }
@@ -543,10 +546,10 @@ unsafe fn block_avx512(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
 /// AVX-512F present.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn softmax_avx512(
+unsafe fn softmax_avx512<const D: usize>(
     b: &QueryBlock<'_>,
     dots: &[[f32; KEY_TILE]; QUERY_TILE],
-    st: &mut BlockState,
+    st: &mut BlockState<D>,
 ) -> [f32; QUERY_TILE] {
     let (p, nq, nk) = (b.p, b.nq, b.nk);
     // Each row's dot products are read (by the first loop) before its weights are written.
@@ -650,8 +653,8 @@ const GROUP_LANES: usize = 80;
 /// least `d0 + lanes` readable f32.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn acc_group<const NQ: usize, const NC: usize>(
-    st: &mut BlockState,
+unsafe fn acc_group<const NQ: usize, const NC: usize, const D: usize>(
+    st: &mut BlockState<D>,
     corr: &[f32; QUERY_TILE],
     vp: *const f32,
     nk: usize,
@@ -840,8 +843,8 @@ fn pairs16(lo: __m512, hi: __m512) -> __m512i {
     }
 }
 
-fn block_tile_bf16(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
-    b.check_step(keys);
+fn block_tile_bf16<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {
+    b.check_step(keys, st);
     // SAFETY: AVX-512F/BW and AVX512_BF16 were detected before this step was put in a table
     // (`crate::x86_64::avx512_bf16_table`); the packed keys hold `hd · KEY_TILE` slots (of which
     // `⌈hd/2⌉ · KEY_TILE` are pairs) and the packed values `⌈nk/2⌉ · hd` pairs (within the
@@ -854,7 +857,7 @@ fn block_tile_bf16(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
 /// shared softmax, the weights rounded to pairs and `vdpbf16ps` for the values (channels in
 /// lanes, one per key pair in order), after `acc ·= c` and the flush of subnormals.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn block_bf16(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
+unsafe fn block_bf16<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {
     let (p, hd, nq, nk) = (b.p, b.p.head_dim, b.nq, b.nk);
     let hp = hd.div_ceil(2);
     // The query rows' pairs, `Q_ROW` apart; only the first `hp` of each row are written (and
@@ -904,14 +907,14 @@ unsafe fn block_bf16(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState) {
         // accumulators `MAX_HEAD_DIM ≥ hd`; the masks stay below `hd`.
         unsafe {
             match (nq, lanes.div_ceil(16)) {
-                (4, 5) => acc_group_bf16::<4, 5>(st, &corr, wp, vp, np, hd, d0, lanes),
-                (4, 4) => acc_group_bf16::<4, 4>(st, &corr, wp, vp, np, hd, d0, lanes),
-                (4, 3) => acc_group_bf16::<4, 3>(st, &corr, wp, vp, np, hd, d0, lanes),
-                (4, 2) => acc_group_bf16::<4, 2>(st, &corr, wp, vp, np, hd, d0, lanes),
-                (4, _) => acc_group_bf16::<4, 1>(st, &corr, wp, vp, np, hd, d0, lanes),
-                (3, _) => acc_group_bf16::<3, 5>(st, &corr, wp, vp, np, hd, d0, lanes),
-                (2, _) => acc_group_bf16::<2, 5>(st, &corr, wp, vp, np, hd, d0, lanes),
-                _ => acc_group_bf16::<1, 5>(st, &corr, wp, vp, np, hd, d0, lanes),
+                (4, 5) => acc_group_bf16::<4, 5, D>(st, &corr, wp, vp, np, hd, d0, lanes),
+                (4, 4) => acc_group_bf16::<4, 4, D>(st, &corr, wp, vp, np, hd, d0, lanes),
+                (4, 3) => acc_group_bf16::<4, 3, D>(st, &corr, wp, vp, np, hd, d0, lanes),
+                (4, 2) => acc_group_bf16::<4, 2, D>(st, &corr, wp, vp, np, hd, d0, lanes),
+                (4, _) => acc_group_bf16::<4, 1, D>(st, &corr, wp, vp, np, hd, d0, lanes),
+                (3, _) => acc_group_bf16::<3, 5, D>(st, &corr, wp, vp, np, hd, d0, lanes),
+                (2, _) => acc_group_bf16::<2, 5, D>(st, &corr, wp, vp, np, hd, d0, lanes),
+                _ => acc_group_bf16::<1, 5, D>(st, &corr, wp, vp, np, hd, d0, lanes),
             }
         }
     }
@@ -983,8 +986,8 @@ unsafe fn scores_bf16<const NC: usize>(
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn acc_group_bf16<const NQ: usize, const NC: usize>(
-    st: &mut BlockState,
+unsafe fn acc_group_bf16<const NQ: usize, const NC: usize, const D: usize>(
+    st: &mut BlockState<D>,
     corr: &[f32; QUERY_TILE],
     wp: *const u32,
     vp: *const i32,
