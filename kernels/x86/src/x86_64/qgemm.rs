@@ -215,13 +215,7 @@ impl Panel for Vnni {
         in_place: bool,
         dst: &mut [u8],
     ) {
-        let nb = dst.len() / GROUP_BLOCK;
-        match plan_group(&w, n, j0, nb) {
-            // SAFETY: AVX-512F/BW/VNNI were detected before this kernel was put in a table;
-            // `src` holds `nb` plan group blocks and `dst` `nb` slots.
-            Some(src) => unsafe { meta_group_q8_0(src, dst, !in_place) },
-            None => pack_group(w, wrow, bb, n, j0, dst),
-        }
+        prepare_group_slot::<true>(w, wrow, bb, n, j0, in_place, dst)
     }
 
     /// Quants read `in_place` from the plan's [`PackLayout::Interleaved16x4`] weights for whole
@@ -270,6 +264,28 @@ impl Panel for Vnni {
         res: &mut TileSums,
     ) {
         tile(kind, acts, ACT_BLOCK, ACT_QUANTS_AT, srcs, nb, res)
+    }
+}
+
+/// [`Vnni::prepare_group`], and with `CORR = false` the same slot without the corrections
+/// `−128 · Σ w` of [`PackLayout::Interleaved16x4`] groups (the AMX tile multiplies signed by
+/// signed and never reads them; their `vpdpbusd` sums took a third of the slot's preparation).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn prepare_group_slot<const CORR: bool>(
+    w: WeightRef<'_>,
+    wrow: usize,
+    bb: usize,
+    n: usize,
+    j0: usize,
+    in_place: bool,
+    dst: &mut [u8],
+) {
+    let nb = dst.len() / GROUP_BLOCK;
+    match plan_group(&w, n, j0, nb) {
+        // SAFETY: AVX-512F/BW/VNNI were detected before this kernel was put in a table; `src`
+        // holds `nb` plan group blocks and `dst` `nb` slots.
+        Some(src) => unsafe { meta_group_q8_0::<CORR>(src, dst, !in_place) },
+        None => pack_group(w, wrow, bb, n, j0, dst),
     }
 }
 
@@ -764,15 +780,16 @@ unsafe fn pack_group_q8_0(bytes: &[u8], wrow: usize, n: usize, j0: usize, dst: &
 
 /// The scratch slot of a group of [`PackLayout::Interleaved16x4`] weights (`src`: `nb` plan
 /// group blocks of 16 f16 scales and eight 64-byte quant steps): per block the 16 scales
-/// widened with `vcvtph2ps` (exact), the corrections `−128 · Σ w` of each column (`vpdpbusd`
-/// of the steps with bytes of 1) and, with `copy`, the quant steps themselves: the same bytes
-/// [`pack_group_q8_0`] writes, without its transposition.
+/// widened with `vcvtph2ps` (exact), with `CORR` the corrections `−128 · Σ w` of each column
+/// (`vpdpbusd` of the steps with bytes of 1; without, those bytes are not written) and, with
+/// `copy`, the quant steps themselves: the same bytes [`pack_group_q8_0`] writes, without its
+/// transposition.
 ///
 /// # Safety
 /// AVX-512F, BW and VNNI must be present; `src.len() == nb · PLAN_GROUP_BLOCK` and
 /// `dst.len() == nb · GROUP_BLOCK`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn meta_group_q8_0(src: &[u8], dst: &mut [u8], copy: bool) {
+unsafe fn meta_group_q8_0<const CORR: bool>(src: &[u8], dst: &mut [u8], copy: bool) {
     let nb = dst.len() / GROUP_BLOCK;
     assert!(src.len() == nb * PLAN_GROUP_BLOCK && dst.len() == nb * GROUP_BLOCK);
     let ones = _mm512_set1_epi8(1);
@@ -783,18 +800,20 @@ unsafe fn meta_group_q8_0(src: &[u8], dst: &mut [u8], copy: bool) {
         // SAFETY: `blk` holds PLAN_GROUP_BLOCK bytes (32 of scales, 8 steps of 64 quants) and
         // `gb` GROUP_BLOCK; the stores lie at SCALE_AT, CORR_AT, MIN_AT < GROUP_BLOCK.
         unsafe {
-            let mut sum = _mm512_setzero_si512();
-            for s in 0..8 {
-                let words = _mm512_loadu_si512(blk.as_ptr().add(32 + 64 * s) as *const __m512i);
-                sum = _mm512_dpbusd_epi32(sum, ones, words);
+            if CORR {
+                let mut sum = _mm512_setzero_si512();
+                for s in 0..8 {
+                    let words = _mm512_loadu_si512(blk.as_ptr().add(32 + 64 * s) as *const __m512i);
+                    sum = _mm512_dpbusd_epi32(sum, ones, words);
+                }
+                let corr = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(sum));
+                _mm512_storeu_si512(gb.as_mut_ptr().add(CORR_AT) as *mut __m512i, corr);
             }
             if copy {
                 std::ptr::copy_nonoverlapping(blk.as_ptr().add(32), gb.as_mut_ptr(), 512);
             }
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.as_ptr() as *const __m256i));
-            let corr = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(sum));
             _mm512_storeu_ps(gb.as_mut_ptr().add(SCALE_AT) as *mut f32, d);
-            _mm512_storeu_si512(gb.as_mut_ptr().add(CORR_AT) as *mut __m512i, corr);
             _mm512_storeu_ps(gb.as_mut_ptr().add(MIN_AT) as *mut f32, _mm512_setzero_ps());
         }
     }

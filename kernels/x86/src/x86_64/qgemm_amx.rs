@@ -101,7 +101,8 @@ impl Panel for Amx {
         in_place: bool,
         dst: &mut [u8],
     ) {
-        Vnni::prepare_group(w, wrow, bb, n, j0, in_place, dst)
+        // The corrections are for `vpdpbusd`'s unsigned activations: not computed.
+        super::qgemm::prepare_group_slot::<false>(w, wrow, bb, n, j0, in_place, dst)
     }
 
     fn group_src<'a>(
@@ -269,6 +270,20 @@ unsafe fn store<const P: usize, const G: usize>(out: *mut [[i32; GROUP]; R]) {
     }
 }
 
+/// Copies the 32 bytes at `at` of each of the 16 rows to `dst` (16 × 32 bytes): the `A` tile
+/// of a call whose rows are not evenly spaced (a task's clamped last rows). Out of line, so
+/// that the block loop of [`amx_tile`] stays small enough to be inlined whole.
+///
+/// Safety: every row holds `at + 32` bytes; `dst` is writable for 512 bytes.
+#[cold]
+#[inline(never)]
+unsafe fn copy_rows(acts: &[&[u8]; MAX_R], at: usize, dst: *mut u8) {
+    for (r, a) in acts.iter().take(R).enumerate() {
+        // SAFETY: as the caller guarantees.
+        unsafe { std::ptr::copy_nonoverlapping(a.as_ptr().add(at), dst.add(r * 32), 32) };
+    }
+}
+
 /// `G` groups of 16 columns × 16 rows; `KIND` 0, 1, 2 = [`Scaling`] in declaration order.
 /// Block `b + 1`'s integer sums are issued before block `b`'s are stored and scaled, into the
 /// other accumulator set, so the matrix unit works while the vector unit scales.
@@ -310,10 +325,7 @@ unsafe fn amx_tile<const G: usize, const KIND: u8>(
                 (a0.add(qa + 32 * b), stride)
             } else {
                 let dst = abuf.add(b % 2) as *mut u8;
-                for (r, a) in acts.iter().enumerate() {
-                    let src = a.as_ptr().add(qa + 32 * b);
-                    std::ptr::copy_nonoverlapping(src, dst.add(r * 32), 32);
-                }
+                copy_rows(acts, qa + 32 * b, dst);
                 (dst as *const u8, 32)
             };
             let quants = std::array::from_fn(|g| qp[g].add(b * qs[g]));
