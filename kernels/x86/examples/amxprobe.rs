@@ -1,0 +1,202 @@
+//! What the AMX-INT8 tile of `qgemm_amx` costs on this CPU, instruction by instruction, and
+//! whether its tile instructions overlap the vector epilogue that scales each block's sums.
+//!
+//! `cargo run --release -p edge-kernels-x86 --example amxprobe` (Linux on x86-64 with AMX-INT8;
+//! elsewhere it says so and exits). Prints, per loop body, the best of 30 runs of 20 000
+//! iterations in time-stamp-counter ticks per iteration (`rdtsc`: a fixed-rate clock, not core
+//! cycles). The tiles are configured as the quantized tile's (`C` 16 × 64 bytes, `A` 16 × 32,
+//! `B` 8 × 64); "epi16" is 16 zmm of that tile's epilogue (`vcvtdq2ps`, two `vmulps`, `vaddps`
+//! on sums loaded from memory, accumulators in registers). A body "X + epi16" costing about X's
+//! ticks plus epi16's means the two do not overlap. Results: BENCHMARKS.md, fourteenth session.
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod probe {
+    use std::arch::asm;
+    use std::arch::x86_64::*;
+
+    /// Tile configuration: palette 1, `tmm0..3` 16 × 64 bytes (`C`), `tmm4`, `tmm5` 16 × 32
+    /// (`A`), `tmm6`, `tmm7` 8 × 64 (`B`).
+    #[repr(C, align(64))]
+    struct Config([u8; 64]);
+
+    /// 64-byte aligned operands.
+    #[repr(C, align(64))]
+    struct Buf([u8; 32768]);
+
+    fn config() -> Config {
+        let mut c = [0u8; 64];
+        c[0] = 1;
+        let tiles = [(0, 16, 64), (1, 16, 64), (2, 16, 64), (3, 16, 64)]
+            .into_iter()
+            .chain([(4, 16, 32), (5, 16, 32), (6, 8, 64), (7, 8, 64)]);
+        for (t, rows, colsb) in tiles {
+            c[16 + 2 * t] = colsb;
+            c[48 + t] = rows;
+        }
+        Config(c)
+    }
+
+    /// Best of 30 runs of `n` calls of `body`, in ticks per call.
+    fn ticks(n: u32, mut body: impl FnMut()) -> f64 {
+        let mut best = u64::MAX;
+        for _ in 0..30 {
+            // SAFETY: `rdtsc` has no preconditions on x86-64.
+            let t = unsafe { _rdtsc() };
+            for _ in 0..n {
+                body();
+            }
+            // SAFETY: as above.
+            best = best.min(unsafe { _rdtsc() } - t);
+        }
+        best as f64 / f64::from(n)
+    }
+
+    /// Runs the probes.
+    pub fn run() {
+        let f = __cpuid_count;
+        let amx = f(7, 0).edx >> 25 & 1 == 1 && f(7, 0).ebx >> 16 & 1 == 1;
+        // SAFETY: arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18) only asks
+        // Linux for the tile data state; it reads and writes no memory of ours.
+        let granted = amx && unsafe { libc::syscall(libc::SYS_arch_prctl, 0x1023, 18) } == 0;
+        if !granted {
+            println!("amxprobe: this CPU has no AMX-INT8 and AVX-512F, or Linux did not grant the tile state");
+            return;
+        }
+        // SAFETY: AMX-INT8 and AVX-512F are present (checked above: cpuid leaf 7 EDX bit 25,
+        // EBX bit 16) and the tile state was granted.
+        unsafe { probe() }
+    }
+
+    /// Runs one `asm!` template of tile instructions; every operand register points into a
+    /// live 32 KiB buffer with room for the 16 rows it touches.
+    macro_rules! tile {
+        ($($t:tt)*) => {
+            // SAFETY: the tiles are configured (`ldtilecfg` in `probe`) with the shapes each
+            // instruction needs, and every address is inside `a`, `b` or `c` (`probe`).
+            unsafe { asm!($($t)*) }
+        };
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn probe() {
+        let cfg = config();
+        let (a, b) = (Box::new(Buf([1; 32768])), Box::new(Buf([2; 32768])));
+        let mut c = Box::new(Buf([0; 32768]));
+        let (ap, bp, cp) = (a.0.as_ptr(), b.0.as_ptr(), c.0.as_mut_ptr());
+        tile!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr());
+        tile!("tileloadd tmm4, [{a} + {s}*1]", "tileloadd tmm5, [{a} + {s}*1]",
+            "tileloadd tmm6, [{b} + {s2}*1]", "tileloadd tmm7, [{b} + {s2}*1]",
+            a = in(reg) ap, b = in(reg) bp, s = in(reg) 32usize, s2 = in(reg) 64usize);
+        let n = 20_000;
+        let mut acc = [_mm512_setzero_ps(); 16];
+        let sc = _mm512_set1_ps(1.0001);
+        let mut off = 0usize;
+        // Sums at `c + 8192 ..`, scales at `c + 16384` (zeros: no subnormal slow path).
+        let mut epi16 = || {
+            off = (off + 1024) & 4095;
+            // SAFETY: 16 rows of 64 bytes from `c + 8192 + off` (≤ 12288 + 1024) and 16 f32 at
+            // `c + 16384`, all inside the 32 KiB of `c`; AVX-512F is enabled here.
+            unsafe {
+                let base = std::hint::black_box(cp.add(8192 + off));
+                let dp = cp.add(16384) as *const f32;
+                let s = _mm512_mul_ps(sc, _mm512_loadu_ps(std::hint::black_box(dp)));
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let sums = _mm512_load_si512(base.add(64 * i) as *const __m512i);
+                    let d = _mm512_set1_ps(*dp.add(i));
+                    let term = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(s, d));
+                    *a = _mm512_add_ps(*a, term);
+                }
+            }
+        };
+        let mut rows: Vec<(&str, f64)> = Vec::new();
+        rows.push(("epi16", ticks(n, &mut epi16)));
+        rows.push((
+            "tdpbssd (K = 32), dependent",
+            ticks(n, || tile!("tdpbssd tmm0, tmm4, tmm6")),
+        ));
+        let two_dp = || tile!("tdpbssd tmm0, tmm4, tmm6", "tdpbssd tmm1, tmm4, tmm7");
+        rows.push(("2 tdpbssd, independent", ticks(n, two_dp)));
+        rows.push((
+            "2 tdpbssd + epi16",
+            ticks(n, || {
+                two_dp();
+                epi16()
+            }),
+        ));
+        let two_st = || {
+            tile!("tilestored [{c} + {s}*1], tmm2", "tilestored [{c1} + {s}*1], tmm3",
+                c = in(reg) cp, c1 = in(reg) cp.wrapping_add(1024), s = in(reg) 64usize)
+        };
+        rows.push(("2 tilestored", ticks(n, two_st)));
+        rows.push((
+            "2 tilestored + epi16",
+            ticks(n, || {
+                two_st();
+                epi16()
+            }),
+        ));
+        let loads = || {
+            tile!("tileloadd tmm4, [{a} + {s}*1]", "tileloadd tmm6, [{b} + {s2}*1]",
+                "tileloadd tmm7, [{b1} + {s2}*1]", a = in(reg) ap, b = in(reg) bp,
+                b1 = in(reg) bp.wrapping_add(512), s = in(reg) 32usize, s2 = in(reg) 64usize)
+        };
+        rows.push(("tileloadd A + 2 B, aligned", ticks(n, loads)));
+        rows.push((
+            "tileloadd A + 2 B + epi16",
+            ticks(n, || {
+                loads();
+                epi16()
+            }),
+        ));
+        let two_zero = || tile!("tilezero tmm0", "tilezero tmm1");
+        rows.push(("2 tilezero", ticks(n, two_zero)));
+        rows.push((
+            "2 tilezero + epi16",
+            ticks(n, || {
+                two_zero();
+                epi16()
+            }),
+        ));
+        rows.push((
+            "tileloadd A, rows 32 bytes apart, aligned",
+            ticks(
+                n,
+                || tile!("tileloadd tmm4, [{a} + {s}*1]", a = in(reg) ap, s = in(reg) 32usize),
+            ),
+        ));
+        rows.push((
+            "tileloadd A, rows across two lines (offset 48)",
+            ticks(n, || {
+                tile!("tileloadd tmm4, [{a} + {s}*1]", a = in(reg) ap.wrapping_add(48),
+                s = in(reg) 32usize)
+            }),
+        ));
+        rows.push((
+            "tileloadd B, aligned",
+            ticks(
+                n,
+                || tile!("tileloadd tmm6, [{b} + {s}*1]", b = in(reg) bp, s = in(reg) 64usize),
+            ),
+        ));
+        rows.push((
+            "tileloadd B, rows across two lines (offset 32)",
+            ticks(n, || {
+                tile!("tileloadd tmm6, [{b} + {s}*1]", b = in(reg) bp.wrapping_add(32),
+                s = in(reg) 64usize)
+            }),
+        ));
+        tile!("tilerelease");
+        let sum: f32 = acc.iter().map(|&v| _mm512_reduce_add_ps(v)).sum();
+        std::hint::black_box(sum);
+        for (what, t) in rows {
+            println!("{what:<48} {t:7.1} ticks");
+        }
+    }
+}
+
+fn main() {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    probe::run();
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    println!("amxprobe: x86-64 Linux only");
+}
