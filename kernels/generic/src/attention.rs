@@ -482,7 +482,7 @@ struct Aligned64<T>(T);
 /// One task of [`attention_with`]: every head (of at most `D` channels) of the query rows
 /// `i_first ..` that `rows` (`[n, heads·head_dim]`, `n ≤ 4·NB`) holds. Its state (the
 /// online-softmax state of `NB` blocks of rows and one packed key and value tile: about
-/// 570 KiB for `D = MAX_HEAD_DIM`, `NB = 32`, and 465 KiB for `D = SMALL_HEAD_DIM`, `NB = 128`)
+/// 545 KiB for `D = MAX_HEAD_DIM`, `NB = 32`, and 452 KiB for `D = SMALL_HEAD_DIM`, `NB = 128`)
 /// lives on the task's stack.
 fn attend_task<const D: usize, const NB: usize>(at: &Attend<'_>, i_first: usize, rows: &mut [f32])
 where
