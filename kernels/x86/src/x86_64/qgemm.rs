@@ -200,7 +200,7 @@ impl Panel for Vnni {
     const INTERLEAVED16X4: bool = true;
 
     fn quantize_row(w: DType, x: &[f32], dst: &mut [u8]) {
-        quantize_row_avx512::<0x80>(w, x, dst)
+        quantize_row_avx512::<0x80, false>(w, x, dst)
     }
 
     /// The slot's scales, corrections and minimums, and — unless the quants are read
@@ -468,16 +468,37 @@ pub(crate) fn linear<P: Panel>(
 /// One activation row quantized for the AVX-512 tiles (AVX-512F/BW present: they sit only in
 /// tables that require them): [`quantize_q8_0_wide`] for `Q8_0` activations,
 /// [`widen_activation_row`] otherwise, each quant XORed with `FLIP` (0x80 for `vpdpbusd`'s
-/// unsigned operand, 0 for AMX's signed one). `dst` holds `x.len() / 32` widened blocks.
-pub(crate) fn quantize_row_avx512<const FLIP: u8>(w: DType, x: &[f32], dst: &mut [u8]) {
+/// unsigned operand, 0 for AMX's signed one), in the [`act_offsets`] layout `SPLIT`. `dst`
+/// holds `x.len() / 32` widened blocks.
+pub(crate) fn quantize_row_avx512<const FLIP: u8, const SPLIT: bool>(
+    w: DType,
+    x: &[f32],
+    dst: &mut [u8],
+) {
     if quant::activation_type(w) == quant::ActFormat::Q8_0 {
         // SAFETY: AVX-512F/BW were detected before the calling tile was put in a table; `dst`
         // holds `k / 32` blocks of ACT_BLOCK bytes for the `k` values of `x` (the activation
         // region of `quant_scratch_layout`).
-        unsafe { quantize_q8_0_wide::<FLIP>(x, dst) };
+        unsafe { quantize_q8_0_wide::<FLIP, SPLIT>(x, dst) };
         return;
     }
-    widen_activation_row(w, x, dst, FLIP);
+    widen_activation_row::<SPLIT>(w, x, dst, FLIP);
+}
+
+/// Where a widened activation row of `nb` blocks keeps block `b`'s head (its f32 scale and
+/// sum, 8 bytes) and its 32 quants: interleaved, [`ACT_BLOCK`] bytes per block, head then
+/// quants (the VNNI and AVX2 tiles), or `SPLIT`, every head and then every block's quants
+/// (the AMX tile: with rows starting on 32-byte boundaries — the arena's 64-byte scratch and
+/// `k` a multiple of 128, every PixArt and T5 width — a block's quants then never cross a cache
+/// line, and a `tileloadd` row across two lines costs 16 instead of 6 ticks: `amxprobe`).
+/// Returns the two byte offsets.
+#[inline]
+pub(crate) fn act_offsets<const SPLIT: bool>(nb: usize, b: usize) -> (usize, usize) {
+    if SPLIT {
+        (8 * b, 8 * nb + 32 * b)
+    } else {
+        (b * ACT_BLOCK, b * ACT_BLOCK + ACT_QUANTS_AT)
+    }
 }
 
 /// Bytes of one widened activation block ([`edge_kernels::QUANT_ACT_BLOCK_BYTES`]): the
@@ -491,19 +512,36 @@ pub(crate) const ACT_QUANTS_AT: usize = 8;
 
 /// One row of `x` quantized as the generic [`quant::quantize_activation_row`] does for weights
 /// of type `w` (ggml's `Q8_0` or `Q8_1` blocks), block by block, and stored widened
-/// ([`ACT_BLOCK`] bytes per block) in `dst`, each quant XORed with `flip` (0x80: biased to
-/// unsigned for `vpdpbusd`; 0: signed).
-pub(crate) fn widen_activation_row(w: DType, x: &[f32], dst: &mut [u8], flip: u8) {
+/// ([`ACT_BLOCK`] bytes per block, in the [`act_offsets`] layout `SPLIT`) in `dst`, each quant
+/// XORed with `flip` (0x80: biased to unsigned for `vpdpbusd`; 0: signed).
+pub(crate) fn widen_activation_row<const SPLIT: bool>(
+    w: DType,
+    x: &[f32],
+    dst: &mut [u8],
+    flip: u8,
+) {
+    assert!(dst.len() == x.len() / 32 * ACT_BLOCK);
+    let nb = x.len() / 32;
+    for (b, v) in x.chunks_exact(32).enumerate() {
+        widen_block(w, v, dst, act_offsets::<SPLIT>(nb, b), flip);
+    }
+}
+
+/// [`widen_activation_row`] for one block `v` of 32 values: its head at `at.0` and its quants at
+/// `at.1` in `dst`.
+fn widen_block(w: DType, v: &[f32], dst: &mut [u8], at: (usize, usize), flip: u8) {
     let ggml = quant::activation_row_bytes(w, 32);
-    assert!((34..=36).contains(&ggml) && dst.len() == x.len() / 32 * ACT_BLOCK);
+    assert!((34..=36).contains(&ggml));
     let mut blk = [0u8; 36];
-    for (v, out) in x.chunks_exact(32).zip(dst.chunks_exact_mut(ACT_BLOCK)) {
-        quant::quantize_activation_row(w, v, &mut blk[..ggml]);
-        let s = (ggml == 36).then(|| u16::from_le_bytes([blk[2], blk[3]]));
-        put_scales(out, u16::from_le_bytes([blk[0], blk[1]]), s);
-        for (o, &q) in out[ACT_QUANTS_AT..].iter_mut().zip(&blk[ggml - 32..ggml]) {
-            *o = q ^ flip;
-        }
+    quant::quantize_activation_row(w, v, &mut blk[..ggml]);
+    let s = (ggml == 36).then(|| u16::from_le_bytes([blk[2], blk[3]]));
+    put_scales(
+        &mut dst[at.0..at.0 + 8],
+        u16::from_le_bytes([blk[0], blk[1]]),
+        s,
+    );
+    for (o, &q) in dst[at.1..at.1 + 32].iter_mut().zip(&blk[ggml - 32..ggml]) {
+        *o = q ^ flip;
     }
 }
 
@@ -527,10 +565,12 @@ pub(crate) fn put_scales(out: &mut [u8], d: u16, s: Option<u16>) {
 /// AVX-512F and BW present; `dst.len() == src.len() / 32 · ACT_BLOCK`, `src.len()` a multiple
 /// of 32.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn quantize_q8_0_wide<const FLIP: u8>(src: &[f32], dst: &mut [u8]) {
+unsafe fn quantize_q8_0_wide<const FLIP: u8, const SPLIT: bool>(src: &[f32], dst: &mut [u8]) {
     assert!(src.len().is_multiple_of(32) && dst.len() == src.len() / 32 * ACT_BLOCK);
+    let nb = src.len() / 32;
     let sign = _mm512_set1_epi32(i32::MIN);
-    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(ACT_BLOCK)) {
+    for (bi, x) in src.chunks_exact(32).enumerate() {
+        let (head, quants) = act_offsets::<SPLIT>(nb, bi);
         // SAFETY: `x` holds 32 f32.
         let (v0, v1) = unsafe {
             (
@@ -546,13 +586,13 @@ unsafe fn quantize_q8_0_wide<const FLIP: u8>(src: &[f32], dst: &mut [u8]) {
         let bad =
             _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(a0, inf) | _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(a1, inf);
         if bad != 0 {
-            widen_activation_row(DType::Q8_0, x, b, FLIP);
+            widen_block(DType::Q8_0, x, dst, (head, quants), FLIP);
             continue;
         }
         let amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        put_scales(b, quant::fp32_to_fp16(d), None);
+        put_scales(&mut dst[head..head + 8], quant::fp32_to_fp16(d), None);
         let idv = _mm512_set1_ps(id);
         let half = _mm512_set1_ps(0.5);
         let one = _mm512_set1_epi32(1f32.to_bits() as i32);
@@ -570,15 +610,12 @@ unsafe fn quantize_q8_0_wide<const FLIP: u8>(src: &[f32], dst: &mut [u8]) {
             _mm512_xor_si512(_mm512_cvtps_epi32(r), _mm512_set1_epi32(i32::from(FLIP)))
         };
         let (q0, q1) = (round(v0), round(v1));
-        // SAFETY: bytes `ACT_QUANTS_AT .. ACT_QUANTS_AT + 32 = ACT_BLOCK` of the block: two
-        // stores of 16 bytes.
+        let q = &mut dst[quants..quants + 32];
+        // SAFETY: the block's 32 quant bytes (`q`, bounds-checked above): two stores of 16.
         unsafe {
+            _mm_storeu_si128(q.as_mut_ptr() as *mut __m128i, _mm512_cvtepi32_epi8(q0));
             _mm_storeu_si128(
-                b.as_mut_ptr().add(ACT_QUANTS_AT) as *mut __m128i,
-                _mm512_cvtepi32_epi8(q0),
-            );
-            _mm_storeu_si128(
-                b.as_mut_ptr().add(ACT_QUANTS_AT + 16) as *mut __m128i,
+                q.as_mut_ptr().add(16) as *mut __m128i,
                 _mm512_cvtepi32_epi8(q1),
             );
         }

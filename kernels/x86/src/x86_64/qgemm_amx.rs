@@ -9,8 +9,8 @@
 //! - the activation rows are quantized as the generic kernel does and kept signed (no `+128`
 //!   bias: `tdpbssd` multiplies signed by signed, so the VNNI tile's corrections `−128·Σw` are
 //!   not needed), the `A` tile being the 16 rows' 32 quants of the block; a row holds its
-//!   blocks' widened scales first and then all its quants ([`split_row`]), so that a block's
-//!   32 quants never straddle a cache line;
+//!   blocks' widened scales first and then all its quants (`qgemm::act_offsets`' split layout),
+//!   so that a block's 32 quants never straddle a cache line;
 //! - `C = 0; tdpbssd C, A, B` gives the 16 × 16 block sums `Σ q·w`, exact in i32 (|sum| ≤
 //!   32·128·127; integer addition is associative, so AMX's internal order cannot change a bit);
 //! - `C` is stored to a 1 KiB buffer and each row's 16 sums are converted, scaled and added to
@@ -29,8 +29,7 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use super::qgemm::{
-    GroupSrc, Panel, Scaling, TileSums, Vnni, ACT_BLOCK, ACT_QUANTS_AT, GROUP_BLOCK, MAX_R, MIN_AT,
-    SCALE_AT,
+    GroupSrc, Panel, Scaling, TileSums, Vnni, ACT_BLOCK, GROUP_BLOCK, MAX_R, MIN_AT, SCALE_AT,
 };
 use edge_kernels::WeightRef;
 use edge_schema::DType;
@@ -41,38 +40,11 @@ const R: usize = 16;
 /// one: at least one full tile of rows and 8 blocks per call (the tile configuration and the
 /// two-block pipeline's start cost more than the VNNI tile's few blocks; `kbench 2 "linear
 /// q8_0"`: 16 × 192 × 768 and 300 × 64 × 64 ran 0.85–0.9× the VNNI speed on AMX, the shapes
-/// with `k` ≥ 1152 1.1–1.3×), and at most [`MAX_SPLIT_BLOCKS`] blocks (the bound of
-/// [`split_row`]'s stack buffer; longer rows take the VNNI tile).
+/// with `k` ≥ 1152 1.1–1.3×).
 pub(crate) fn pays(m: usize, k: usize) -> bool {
-    m >= R && k >= 256 && k / 32 <= MAX_SPLIT_BLOCKS
+    m >= R && k >= 256
 }
 
-/// Most blocks per activation row that [`split_row`] rearranges (`k` ≤ 32768).
-const MAX_SPLIT_BLOCKS: usize = 1024;
-
-/// Rearranges an activation row of `nb` widened blocks ([`super::qgemm::ACT_BLOCK`] bytes:
-/// 8 bytes of f32 scale and sum, then 32 quants) into the AMX tile's order: the `nb` 8-byte
-/// heads first, then the `nb` blocks of 32 quants (block `b`'s quants at `8·nb + 32·b`). With
-/// rows starting on 32-byte boundaries (the arena's 64-byte scratch; `k` a multiple of 128,
-/// every PixArt and T5 width), a block's quants then lie in one cache line: a `tileloadd` row
-/// across two lines cost 16 instead of 6 cycles (probed on the Xeon with AMX: BENCHMARKS.md,
-/// fourteenth session). Data movement only.
-fn split_row(row: &mut [u8]) {
-    let nb = row.len() / ACT_BLOCK;
-    assert!(nb <= MAX_SPLIT_BLOCKS && row.len() == nb * ACT_BLOCK);
-    let mut heads = [0u8; 8 * MAX_SPLIT_BLOCKS];
-    for (b, h) in heads.chunks_exact_mut(8).take(nb).enumerate() {
-        h.copy_from_slice(&row[b * ACT_BLOCK..][..8]);
-    }
-    // Highest block first: block `b`'s quants move up from `40·b + 8` to `8·nb + 32·b` (at or
-    // above `40·b`, as `b < nb`): over its own bytes and those of the blocks above it, whose
-    // quants have moved already (to bytes past `8·nb + 32·b + 32`).
-    for b in (0..nb).rev() {
-        let from = b * ACT_BLOCK + ACT_QUANTS_AT;
-        row.copy_within(from..from + 32, 8 * nb + 32 * b);
-    }
-    row[..8 * nb].copy_from_slice(&heads[..8 * nb]);
-}
 /// Columns per group: one `C` tile's 16 i32 lanes.
 const GROUP: usize = 16;
 
@@ -85,11 +57,10 @@ impl Panel for Amx {
     const R: usize = R;
     const INTERLEAVED16X4: bool = true;
 
-    /// The generic quants, signed (`tdpbssd` multiplies signed by signed), heads first and
-    /// then quants ([`split_row`]).
+    /// The generic quants, signed (`tdpbssd` multiplies signed by signed), every block's head
+    /// first and then every block's quants (`act_offsets`' split layout).
     fn quantize_row(w: DType, x: &[f32], dst: &mut [u8]) {
-        super::qgemm::quantize_row_avx512::<0>(w, x, dst);
-        split_row(dst);
+        super::qgemm::quantize_row_avx512::<0, true>(w, x, dst)
     }
 
     fn prepare_group(
@@ -133,7 +104,7 @@ impl Panel for Amx {
         // SAFETY: the kernel table holds this tile only when AVX-512F/BW and AMX-INT8 were
         // detected and Linux granted the tile data state (`super::amx_granted`); every tile
         // load and store below stays inside `acts[r]` (`nb · ACT_BLOCK` bytes: block `b < nb`'s
-        // 32 quants at `8·nb + 32·b` ([`split_row`]), for all 16 rows: read with one stride only
+        // 32 quants at `8·nb + 32·b` (`act_offsets::<true>`), for all 16 rows: read with one stride only
         // where the rows are that far apart, else copied; its head at `8·b`),
         // inside each group's quants (block `b` at `b · qstride`, 512 bytes) and meta (block
         // `b`, `GROUP_BLOCK` bytes), and inside the local buffers, as asserted above.
@@ -309,6 +280,7 @@ unsafe fn amx_tile<const G: usize, const KIND: u8>(
     let mut cbuf: MaybeUninit<Aligned<[SetSums; 2]>> = MaybeUninit::uninit();
     let abuf = abuf.as_mut_ptr() as *mut [u8; R * 32];
     let cbuf = cbuf.as_mut_ptr() as *mut SetSums;
+    // Block `b`'s quants at `qa + 32·b`, its head at `8·b` (`act_offsets::<true>`).
     let qa = 8 * nb;
     let qp: [*const u8; G] = std::array::from_fn(|g| srcs[g].quants.as_ptr());
     let qs: [usize; G] = std::array::from_fn(|g| srcs[g].qstride);

@@ -68,7 +68,7 @@ impl Panel for Avx2 {
             unsafe { quantize_q8_0(x, dst) };
             return;
         }
-        widen_activation_row(w, x, dst, 0);
+        widen_activation_row::<false>(w, x, dst, 0);
     }
 
     fn prepare_group(
@@ -319,7 +319,7 @@ unsafe fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
         let d = amax / 127.0;
         let d16 = quant::fp32_to_fp16(d);
         if bad != 0 || d16 & 0x7FFF == 0 {
-            widen_activation_row(DType::Q8_0, x, b, 0);
+            widen_activation_row::<false>(DType::Q8_0, x, b, 0);
             continue;
         }
         let id = 1.0 / d;
