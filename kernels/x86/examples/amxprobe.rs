@@ -51,6 +51,26 @@ mod probe {
         best as f64 / f64::from(n)
     }
 
+    /// A row: `body`'s ticks.
+    fn one(rows: &mut Vec<(String, f64)>, n: u32, what: &str, body: impl FnMut()) {
+        rows.push((what.into(), ticks(n, body)));
+    }
+
+    /// Two rows: `body` alone, then `body` followed by the epilogue `epi`.
+    fn with_epilogue(
+        rows: &mut Vec<(String, f64)>,
+        n: u32,
+        what: &str,
+        body: impl Fn(),
+        epi: &mut impl FnMut(),
+    ) {
+        one(rows, n, what, &body);
+        one(rows, n, &format!("{what} + epi16"), || {
+            body();
+            epi()
+        });
+    }
+
     /// Runs the probes.
     pub fn run() {
         let f = __cpuid_count;
@@ -108,83 +128,56 @@ mod probe {
                 }
             }
         };
-        let mut rows: Vec<(&str, f64)> = Vec::new();
-        rows.push(("epi16", ticks(n, &mut epi16)));
-        rows.push((
-            "tdpbssd (K = 32), dependent",
-            ticks(n, || tile!("tdpbssd tmm0, tmm4, tmm6")),
-        ));
-        let two_dp = || tile!("tdpbssd tmm0, tmm4, tmm6", "tdpbssd tmm1, tmm4, tmm7");
-        rows.push(("2 tdpbssd, independent", ticks(n, two_dp)));
-        rows.push((
-            "2 tdpbssd + epi16",
-            ticks(n, || {
-                two_dp();
-                epi16()
-            }),
-        ));
-        let two_st = || {
+        let mut rows: Vec<(String, f64)> = vec![("epi16".into(), ticks(n, &mut epi16))];
+        let r = &mut rows;
+        one(r, n, "tdpbssd (K = 32), dependent", || {
+            tile!("tdpbssd tmm0, tmm4, tmm6")
+        });
+        let body = || tile!("tdpbssd tmm0, tmm4, tmm6", "tdpbssd tmm1, tmm4, tmm7");
+        with_epilogue(r, n, "2 tdpbssd, independent", body, &mut epi16);
+        let body = || {
             tile!("tilestored [{c} + {s}*1], tmm2", "tilestored [{c1} + {s}*1], tmm3",
                 c = in(reg) cp, c1 = in(reg) cp.wrapping_add(1024), s = in(reg) 64usize)
         };
-        rows.push(("2 tilestored", ticks(n, two_st)));
-        rows.push((
-            "2 tilestored + epi16",
-            ticks(n, || {
-                two_st();
-                epi16()
-            }),
-        ));
-        let loads = || {
+        with_epilogue(r, n, "2 tilestored", body, &mut epi16);
+        let body = || {
             tile!("tileloadd tmm4, [{a} + {s}*1]", "tileloadd tmm6, [{b} + {s2}*1]",
                 "tileloadd tmm7, [{b1} + {s2}*1]", a = in(reg) ap, b = in(reg) bp,
                 b1 = in(reg) bp.wrapping_add(512), s = in(reg) 32usize, s2 = in(reg) 64usize)
         };
-        rows.push(("tileloadd A + 2 B, aligned", ticks(n, loads)));
-        rows.push((
-            "tileloadd A + 2 B + epi16",
-            ticks(n, || {
-                loads();
-                epi16()
-            }),
-        ));
-        let two_zero = || tile!("tilezero tmm0", "tilezero tmm1");
-        rows.push(("2 tilezero", ticks(n, two_zero)));
-        rows.push((
-            "2 tilezero + epi16",
-            ticks(n, || {
-                two_zero();
-                epi16()
-            }),
-        ));
-        rows.push((
+        with_epilogue(r, n, "tileloadd A + 2 B, aligned", body, &mut epi16);
+        let body = || tile!("tilezero tmm0", "tilezero tmm1");
+        with_epilogue(r, n, "2 tilezero", body, &mut epi16);
+        one(
+            r,
+            n,
             "tileloadd A, rows 32 bytes apart, aligned",
-            ticks(
-                n,
-                || tile!("tileloadd tmm4, [{a} + {s}*1]", a = in(reg) ap, s = in(reg) 32usize),
-            ),
-        ));
-        rows.push((
+            || tile!("tileloadd tmm4, [{a} + {s}*1]", a = in(reg) ap, s = in(reg) 32usize),
+        );
+        one(
+            r,
+            n,
             "tileloadd A, rows across two lines (offset 48)",
-            ticks(n, || {
+            || {
                 tile!("tileloadd tmm4, [{a} + {s}*1]", a = in(reg) ap.wrapping_add(48),
                 s = in(reg) 32usize)
-            }),
-        ));
-        rows.push((
+            },
+        );
+        one(
+            r,
+            n,
             "tileloadd B, aligned",
-            ticks(
-                n,
-                || tile!("tileloadd tmm6, [{b} + {s}*1]", b = in(reg) bp, s = in(reg) 64usize),
-            ),
-        ));
-        rows.push((
+            || tile!("tileloadd tmm6, [{b} + {s}*1]", b = in(reg) bp, s = in(reg) 64usize),
+        );
+        one(
+            r,
+            n,
             "tileloadd B, rows across two lines (offset 32)",
-            ticks(n, || {
+            || {
                 tile!("tileloadd tmm6, [{b} + {s}*1]", b = in(reg) bp.wrapping_add(32),
                 s = in(reg) 64usize)
-            }),
-        ));
+            },
+        );
         tile!("tilerelease");
         let sum: f32 = acc.iter().map(|&v| _mm512_reduce_add_ps(v)).sum();
         std::hint::black_box(sum);
