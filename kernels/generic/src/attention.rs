@@ -436,13 +436,9 @@ pub fn attention_with(
                 keys,
             };
             if small {
-                attend_task::<SMALL_HEAD_DIM, { SMALL_TASK_ROWS / QUERY_TILE }>(
-                    &at,
-                    t * task_rows,
-                    rows,
-                )
+                attend_small(&at, t * task_rows, rows)
             } else {
-                attend_task::<MAX_HEAD_DIM, { TASK_ROWS / QUERY_TILE }>(&at, t * task_rows, rows)
+                attend_full(&at, t * task_rows, rows)
             }
         });
 }
@@ -483,11 +479,13 @@ struct Aligned64<T>(T);
 /// `i_first ..` that `rows` (`[n, heads·head_dim]`, `n ≤ 4·NB`) holds. Its state (the
 /// online-softmax state of `NB` blocks of rows and one packed key and value tile: about
 /// 545 KiB for `D = MAX_HEAD_DIM`, `NB = 32`, and 452 KiB for `D = SMALL_HEAD_DIM`, `NB = 128`)
-/// lives on the task's stack.
-fn attend_task<const D: usize, const NB: usize>(at: &Attend<'_>, i_first: usize, rows: &mut [f32])
-where
-    BlockState<D>: Step,
-{
+/// lives on the task's stack. `step` is the ops' step for that state.
+fn attend_task<const D: usize, const NB: usize>(
+    at: &Attend<'_>,
+    step: BlockTileFn<D>,
+    i_first: usize,
+    rows: &mut [f32],
+) {
     let &Attend {
         ops,
         p,
@@ -527,7 +525,7 @@ where
                     nk,
                     values,
                 };
-                st.step(ops, &b, &keys[..p.head_dim * KEY_TILE]);
+                step(&b, &keys[..p.head_dim * KEY_TILE], st);
             }
         }
         for (bi, st) in states[..nblocks].iter().enumerate() {
@@ -574,8 +572,8 @@ pub fn touch_worker_stacks() {
         };
         // Both task frames (the compact state's and the full one's), so that whichever is
         // deeper is resident.
-        attend_task::<SMALL_HEAD_DIM, { SMALL_TASK_ROWS / QUERY_TILE }>(&at, 0, &mut out);
-        attend_task::<MAX_HEAD_DIM, { TASK_ROWS / QUERY_TILE }>(&at, 0, &mut out);
+        attend_small(&at, 0, &mut out);
+        attend_full(&at, 0, &mut out);
         std::hint::black_box(out);
     });
 }
@@ -586,21 +584,15 @@ const TASK_ROWS: usize = 128;
 /// channels.
 const SMALL_TASK_ROWS: usize = 512;
 
-/// The step of [`AttentionOps`] for a state's row length.
-trait Step {
-    fn step(&mut self, ops: &AttentionOps, b: &QueryBlock<'_>, keys: &[f32]);
+/// [`attend_task`] with the compact state ([`SMALL_HEAD_DIM`], [`SMALL_TASK_ROWS`]).
+fn attend_small(at: &Attend<'_>, i_first: usize, rows: &mut [f32]) {
+    let step = at.ops.block_tile_small;
+    attend_task::<SMALL_HEAD_DIM, { SMALL_TASK_ROWS / QUERY_TILE }>(at, step, i_first, rows)
 }
 
-impl Step for BlockState<MAX_HEAD_DIM> {
-    fn step(&mut self, ops: &AttentionOps, b: &QueryBlock<'_>, keys: &[f32]) {
-        (ops.block_tile)(b, keys, self)
-    }
-}
-
-impl Step for BlockState<SMALL_HEAD_DIM> {
-    fn step(&mut self, ops: &AttentionOps, b: &QueryBlock<'_>, keys: &[f32]) {
-        (ops.block_tile_small)(b, keys, self)
-    }
+/// [`attend_task`] with the full state ([`MAX_HEAD_DIM`], [`TASK_ROWS`]).
+fn attend_full(at: &Attend<'_>, i_first: usize, rows: &mut [f32]) {
+    attend_task::<MAX_HEAD_DIM, { TASK_ROWS / QUERY_TILE }>(at, at.ops.block_tile, i_first, rows)
 }
 
 #[cfg(test)]
@@ -648,9 +640,9 @@ mod tests {
         };
         let mut small = vec![f32::NAN; lq * d];
         let mut full = vec![f32::NAN; lq * d];
-        attend_task::<SMALL_HEAD_DIM, { SMALL_TASK_ROWS / QUERY_TILE }>(&at, 0, &mut small);
+        attend_small(&at, 0, &mut small);
         for (t, rows) in full.chunks_mut(TASK_ROWS * d).enumerate() {
-            attend_task::<MAX_HEAD_DIM, { TASK_ROWS / QUERY_TILE }>(&at, t * TASK_ROWS, rows);
+            attend_full(&at, t * TASK_ROWS, rows);
         }
         assert!(small.iter().all(|x| x.is_finite()));
         assert!(small
