@@ -564,6 +564,8 @@ pub(crate) fn put_scales(out: &mut [u8], d: u16, s: Option<u16>) {
 /// # Safety
 /// AVX-512F and BW present; `dst.len() == src.len() / 32 · ACT_BLOCK`, `src.len()` a multiple
 /// of 32.
+const PF_AHEAD: usize = 256;
+
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn quantize_q8_0_wide<const FLIP: u8, const SPLIT: bool>(src: &[f32], dst: &mut [u8]) {
     assert!(src.len().is_multiple_of(32) && dst.len() == src.len() / 32 * ACT_BLOCK);
@@ -571,6 +573,9 @@ unsafe fn quantize_q8_0_wide<const FLIP: u8, const SPLIT: bool>(src: &[f32], dst
     let sign = _mm512_set1_epi32(i32::MIN);
     for (bi, x) in src.chunks_exact(32).enumerate() {
         let (head, quants) = act_offsets::<SPLIT>(nb, bi);
+        let ahead = x.as_ptr().wrapping_add(PF_AHEAD) as *const i8;
+        _mm_prefetch::<_MM_HINT_T0>(ahead);
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
         // SAFETY: `x` holds 32 f32.
         let (v0, v1) = unsafe {
             (
