@@ -320,7 +320,7 @@ impl Graph {
                 node.output.0,
                 out.shape,
                 out.name,
-                node.op.name(),
+                node.op.label(),
                 ins.join(", ")
             );
         }
@@ -337,12 +337,10 @@ mod tests {
         let mut g = Graph::new("t");
         let x = g.input("x", &[5, 8], DType::F32);
         let w = g.weight("w", &[3, 8], WeightKind::Matrix).unwrap();
-        let y = g.op("y", Op::Linear { has_bias: false }, &[x, w]).unwrap();
+        let y = g.op("y", Op::linear(false), &[x, w]).unwrap();
         assert_eq!(g.shape(y), &[5, 3]);
         let w2 = g.weight("w2", &[3, 7], WeightKind::Matrix).unwrap();
-        let err = g
-            .op("bad", Op::Linear { has_bias: false }, &[x, w2])
-            .unwrap_err();
+        let err = g.op("bad", Op::linear(false), &[x, w2]).unwrap_err();
         assert!(err.to_string().contains("bad"), "{err}");
     }
 

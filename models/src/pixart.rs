@@ -12,7 +12,7 @@ use edge_graph::schema::DType;
 use edge_graph::{Graph, ValueId, WeightKind};
 
 use crate::config::PixArtConfig;
-use crate::util::{conv2d, linear, linear_fused};
+use crate::util::{conv2d, linear, linear_fused, linear_gelu};
 use crate::ModelError;
 
 const MODEL: &str = "PixArtTransformer2DModel";
@@ -238,8 +238,15 @@ fn caption_projection(
     let d = cfg.inner_dim();
     Ok(match cfg.caption_channels {
         Some(cc) => {
-            let h = linear(g, context, "caption_projection.linear_1", d, cc, true)?;
-            let h = g.op("caption_projection.act", Op::GeluTanh, &[h])?;
+            let h = linear_gelu(
+                g,
+                context,
+                "caption_projection.linear_1",
+                "caption_projection.linear_1+act",
+                d,
+                cc,
+                true,
+            )?;
             linear(g, h, "caption_projection.linear_2", d, d, true)?
         }
         None => context,
@@ -462,8 +469,15 @@ fn build(
             },
             &[h, m],
         )?;
-        let h = linear(&mut g, h, &format!("{b}.ff.net.0.proj"), 4 * d, d, true)?;
-        let h = g.op(&format!("{b}.ff.net.0.act"), Op::GeluTanh, &[h])?;
+        let h = linear_gelu(
+            &mut g,
+            h,
+            &format!("{b}.ff.net.0.proj"),
+            &format!("{b}.ff.net.0.proj+act"),
+            4 * d,
+            d,
+            true,
+        )?;
         let h = linear(&mut g, h, &format!("{b}.ff.net.2"), d, 4 * d, true)?;
         x = g.op(
             &format!("{b}.ff.residual"),

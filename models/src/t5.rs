@@ -11,7 +11,7 @@ use edge_graph::schema::DType;
 use edge_graph::{Graph, WeightKind};
 
 use crate::config::T5Config;
-use crate::util::{linear, linear_fused};
+use crate::util::{linear, linear_fused, linear_gelu};
 use crate::ModelError;
 
 const MODEL: &str = "T5EncoderModel";
@@ -112,8 +112,15 @@ pub fn build_t5_encoder(cfg: &T5Config, seq_len: usize) -> Result<Graph, ModelEr
             Op::RmsNorm { eps },
             &[x, nw],
         )?;
-        let gate = linear(&mut g, h, &format!("{ff}.wi_0"), cfg.d_ff, d, false)?;
-        let gate = g.op(&format!("{ff}.act"), Op::GeluTanh, &[gate])?;
+        let gate = linear_gelu(
+            &mut g,
+            h,
+            &format!("{ff}.wi_0"),
+            &format!("{ff}.wi_0+act"),
+            cfg.d_ff,
+            d,
+            false,
+        )?;
         let lin = linear(&mut g, h, &format!("{ff}.wi_1"), cfg.d_ff, d, false)?;
         let prod = g.op(&format!("{ff}.gated"), Op::Mul, &[gate, lin])?;
         let out = linear(&mut g, prod, &format!("{ff}.wo"), d, cfg.d_ff, false)?;

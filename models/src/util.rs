@@ -1,7 +1,7 @@
 //! Small layer helpers shared by the builders: each declares its checkpoint weights
 //! (`{prefix}.weight`, `{prefix}.bias`) and appends one node named after the layer.
 
-use edge_graph::schema::op::Op;
+use edge_graph::schema::op::{Epilogue, Op};
 use edge_graph::{Graph, Result, ValueId, WeightKind};
 
 /// `nn.Linear`: `x [.., inp]` → `[.., out]` with weight `{prefix}.weight [out, inp]` and,
@@ -17,6 +17,33 @@ pub(crate) fn linear(
     linear_fused(g, x, prefix, &[prefix.to_string()], out, inp, bias)
 }
 
+/// `nn.Linear` followed by GELU with the tanh approximation (`gelu_new`, torch
+/// `approximate="tanh"`), as one node with the GELU fused into the product's epilogue
+/// ([`Epilogue::GeluTanh`]): the weights of [`linear`], the node called `name`. The planner
+/// always fuses the pair: the kernels apply the GELU to each block of outputs while it is in
+/// cache, with the bits of [`Op::GeluTanh`] run on its own, and the product's output needs no
+/// arena slot of its own.
+pub(crate) fn linear_gelu(
+    g: &mut Graph,
+    x: ValueId,
+    prefix: &str,
+    name: &str,
+    out: usize,
+    inp: usize,
+    bias: bool,
+) -> Result<ValueId> {
+    linear_with(
+        g,
+        x,
+        name,
+        &[prefix.to_string()],
+        out,
+        inp,
+        bias,
+        Epilogue::GeluTanh,
+    )
+}
+
 /// Several `nn.Linear` layers over the same input fused into one: weights
 /// `{p}.weight [out_each, inp]` (and biases) concatenated by rows in the order of `prefixes`;
 /// output `[.., prefixes.len() · out_each]`. The node is called `name`.
@@ -29,15 +56,37 @@ pub(crate) fn linear_fused(
     inp: usize,
     bias: bool,
 ) -> Result<ValueId> {
+    linear_with(g, x, name, prefixes, out_each, inp, bias, Epilogue::None)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn linear_with(
+    g: &mut Graph,
+    x: ValueId,
+    name: &str,
+    prefixes: &[String],
+    out_each: usize,
+    inp: usize,
+    bias: bool,
+    epilogue: Epilogue,
+) -> Result<ValueId> {
     let rows = out_each * prefixes.len();
     let ws: Vec<String> = prefixes.iter().map(|p| format!("{p}.weight")).collect();
     let w = g.weight_concat(&ws, &[rows, inp], WeightKind::Matrix)?;
     if bias {
         let bs: Vec<String> = prefixes.iter().map(|p| format!("{p}.bias")).collect();
         let b = g.weight_concat(&bs, &[rows], WeightKind::Vector)?;
-        g.op(name, Op::Linear { has_bias: true }, &[x, w, b])
+        let op = Op::Linear {
+            has_bias: true,
+            epilogue,
+        };
+        g.op(name, op, &[x, w, b])
     } else {
-        g.op(name, Op::Linear { has_bias: false }, &[x, w])
+        let op = Op::Linear {
+            has_bias: false,
+            epilogue,
+        };
+        g.op(name, op, &[x, w])
     }
 }
 

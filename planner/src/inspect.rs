@@ -222,6 +222,20 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
             );
         }
     }
+    // Element-wise ops fused into the products' epilogues (the model builders fuse each GELU
+    // into the `linear` it follows).
+    let (mut fused, mut linears) = (0usize, 0usize);
+    for step in meta.stages.iter().flat_map(|st| &st.steps) {
+        if let edge_schema::op::Op::Linear { epilogue, .. } = step.op {
+            linears += 1;
+            fused += usize::from(epilogue != edge_schema::op::Epilogue::None);
+        }
+    }
+    let _ = writeln!(
+        s,
+        "fused epilogues: gelu_tanh in {fused} of {linears} linear steps (applied to each block \
+         of outputs while it is in cache; the bits of the op run on its own)"
+    );
     // The products of the attention steps, bf16 where `--attention-products bf16` marked them.
     let (mut bf16_steps, mut attention_steps) = (0usize, 0usize);
     for step in meta.stages.iter().flat_map(|st| &st.steps) {

@@ -109,13 +109,14 @@ fn winograd(stage: &Stage, step: &Step) -> Option<Conv2dParams> {
 impl Profile {
     /// Charges one step that took `time`. Winograd convolutions are a row of their own,
     /// `conv2d winograd`, their work the multiply-adds they do (16 per 2×2 output tile and
-    /// channel pair, not the direct form's 36).
+    /// channel pair, not the direct form's 36); so are products with a fused epilogue,
+    /// `linear+gelu_tanh` (their work the product's, their time the epilogue's too).
     ///
     /// `tensors` are the plan's (for the layout of a step's weight).
     pub fn record(&mut self, stage: &Stage, step: &Step, tensors: &[TensorEntry], time: Duration) {
         let name = match winograd(stage, step) {
             Some(_) => "conv2d winograd",
-            None => step.op.name(),
+            None => step.op.label(),
         };
         let weights: Option<DType> = match step.op {
             Op::Linear { .. } | Op::Conv2d { .. } => {

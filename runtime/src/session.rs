@@ -7,7 +7,7 @@
 //! is refused, never read).
 
 use edge_kernels::{Call, KernelTable, WeightRef};
-use edge_schema::op::Op;
+use edge_schema::op::{Epilogue, Op};
 use edge_schema::plan::{ArenaSlice, PackLayout, Stage, Storage};
 use edge_schema::DType;
 use zerocopy::{FromBytes, IntoBytes};
@@ -703,10 +703,15 @@ impl<'p> Session<'p> {
                 k: kdim,
                 n,
                 bias,
+                epilogue,
                 ..
             } => {
                 let b = if bias { Some(f(2)?) } else { None };
-                (k.linear.run)(f(0)?, w(1)?, b, out, m, kdim, n, scratch);
+                let e = match epilogue {
+                    Epilogue::None => None,
+                    Epilogue::GeluTanh => Some(k.gelu_tanh_in_place.run),
+                };
+                (k.linear.run)(f(0)?, w(1)?, b, out, m, kdim, n, scratch, e);
             }
             &Call::RmsNorm { rows, dim, eps } => {
                 (k.rms_norm.run)(f(0)?, rows, dim, eps, f(1)?, out);

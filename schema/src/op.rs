@@ -14,9 +14,12 @@ use crate::dtype::DType;
 pub enum Op {
     /// Row gather: inputs `[table [v, d] (weight), ids [l] (I32)]` → `[l, d]`.
     Embedding,
-    /// `x · wᵀ + bias`: inputs `[x [m, k], w [n, k], bias [n]?]` → `[m, n]`.
-    /// `x` may have more leading axes; they are flattened into `m`.
-    Linear { has_bias: bool },
+    /// `epilogue(x · wᵀ + bias)`: inputs `[x [m, k], w [n, k], bias [n]?]` → `[m, n]`.
+    /// `x` may have more leading axes; they are flattened into `m`. The [`Epilogue`] is an
+    /// element-wise op the planner fused into the product (decided when the plan is built):
+    /// the kernel applies it to each block of outputs as it finishes them, with the bits of
+    /// the op run on its own.
+    Linear { has_bias: bool, epilogue: Epilogue },
     /// T5LayerNorm: inputs `[x [m, d], weight [d]]` → `x · rsqrt(mean(x²) + eps) · weight`.
     RmsNorm { eps: f32 },
     /// LayerNorm over the last axis: inputs `[x [m, d], weight [d]?, bias [d]?]` (both or none).
@@ -107,7 +110,48 @@ pub enum Op {
     },
 }
 
+/// An element-wise op fused into the end of a [`Op::Linear`] (a GEMM epilogue).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Epilogue {
+    /// The product (and bias) alone.
+    #[default]
+    None,
+    /// [`Op::GeluTanh`] of each output element (the feed-forward of a PixArt block, T5 v1.1's
+    /// gated-GELU gate, PixArt's caption projection).
+    GeluTanh,
+}
+
+impl Epilogue {
+    /// The fused op's name (`gelu_tanh`), `None` for [`Epilogue::None`].
+    pub fn op_name(self) -> Option<&'static str> {
+        match self {
+            Epilogue::None => None,
+            Epilogue::GeluTanh => Some("gelu_tanh"),
+        }
+    }
+}
+
 impl Op {
+    /// A plain product (no bias, no epilogue): `Op::Linear { has_bias, epilogue: None }`.
+    pub fn linear(has_bias: bool) -> Op {
+        Op::Linear {
+            has_bias,
+            epilogue: Epilogue::None,
+        }
+    }
+
+    /// [`Op::name`], with a fused epilogue named after it (`linear+gelu_tanh`): for dumps and
+    /// profiles, where a fused product is a kind of its own.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Op::Linear {
+                epilogue: Epilogue::GeluTanh,
+                ..
+            } => "linear+gelu_tanh",
+            op => op.name(),
+        }
+    }
+
     /// A short name for dumps and errors.
     pub fn name(&self) -> &'static str {
         match self {
@@ -143,7 +187,7 @@ impl Op {
     pub fn arity(&self) -> (usize, usize) {
         match self {
             Op::Embedding => (2, 2),
-            Op::Linear { has_bias } => {
+            Op::Linear { has_bias, .. } => {
                 let n = 2 + usize::from(*has_bias);
                 (n, n)
             }
@@ -264,7 +308,7 @@ impl Op {
                 }
                 vec![ids[0], t[1]]
             }
-            Op::Linear { has_bias } => {
+            Op::Linear { has_bias, .. } => {
                 let x = f32_in(0)?;
                 let (w, wd) = inputs[1];
                 if w.len() != 2 || w[1] != last(x) {

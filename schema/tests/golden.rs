@@ -5,7 +5,7 @@
 #![cfg(feature = "write")]
 
 use edge_schema::header::{Header, FORMAT_VERSION, MAGIC};
-use edge_schema::op::Op;
+use edge_schema::op::{Epilogue, Op};
 use edge_schema::plan::*;
 use edge_schema::scheduler::*;
 use edge_schema::tokenizer::*;
@@ -213,6 +213,15 @@ fn meta() -> PlanMeta {
                         len: 128,
                     }),
                 },
+                Step {
+                    op: Op::Linear {
+                        has_bias: false,
+                        epilogue: Epilogue::GeluTanh,
+                    },
+                    inputs: vec![0, 1],
+                    outputs: vec![0],
+                    scratch: None,
+                },
             ],
             segments: vec![Segment {
                 first_step: 0,
@@ -292,7 +301,7 @@ fn metadata_bytes_are_frozen() {
     let digest = blake3::hash(&bytes).to_hex().to_string();
     assert_eq!(
         (FORMAT_VERSION, bytes.len(), digest.as_str()),
-        (12, GOLDEN_LEN, GOLDEN_DIGEST),
+        (13, GOLDEN_LEN, GOLDEN_DIGEST),
         "the postcard encoding of PlanMeta changed: bump FORMAT_VERSION and update the golden values"
     );
     assert_eq!(PlanMeta::decode(&bytes).unwrap(), meta());
@@ -317,5 +326,5 @@ fn header_layout_is_frozen() {
     assert_eq!(&b[224..256], &[0x44; 32]);
 }
 
-const GOLDEN_LEN: usize = 588;
-const GOLDEN_DIGEST: &str = "94abd113a2083aa33cf3f8e684c61f7763c0fad16eef35cabc3135c73b19245f";
+const GOLDEN_LEN: usize = 597;
+const GOLDEN_DIGEST: &str = "c0098703bdb1d39620941ad2a95b5fdc493c736e7de689b4338aaa749955f3d7";

@@ -13,12 +13,13 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use edge_graph::schema::op::Op;
+use edge_graph::schema::op::{Epilogue, Op};
+use edge_graph::schema::DType;
 use edge_graph::{Graph, Source};
 use edge_models::{
-    build_pixart_denoiser, build_t5_encoder, build_tiny_decoder, build_tiny_encoder,
-    build_vae_decoder, build_vae_encoder, pos_embed_2d, MicroConditions, ModelError, PixArtConfig,
-    T5Config, TinyVaeConfig, VaeConfig,
+    build_pixart_cross_kv, build_pixart_denoiser, build_pixart_denoiser_cached, build_t5_encoder,
+    build_tiny_decoder, build_tiny_encoder, build_vae_decoder, build_vae_encoder, pos_embed_2d,
+    MicroConditions, ModelError, PixArtConfig, T5Config, TinyVaeConfig, VaeConfig,
 };
 use safetensors::{Dtype, SafeTensors};
 
@@ -438,7 +439,7 @@ fn eval_node(op: &Op, ins: &[&Tensor], out_shape: &[usize]) -> Tensor {
                 out[i * d..(i + 1) * d].copy_from_slice(&ins[0].data[r * d..(r + 1) * d]);
             }
         }
-        Op::Linear { has_bias } => {
+        Op::Linear { has_bias, epilogue } => {
             let (m, k) = rows(ins[0]);
             let n = ins[1].shape[0];
             for i in 0..m {
@@ -453,7 +454,10 @@ fn eval_node(op: &Op, ins: &[&Tensor], out_shape: &[usize]) -> Tensor {
                     if *has_bias {
                         s += f64::from(ins[2].data[j]);
                     }
-                    out[i * n + j] = s as f32;
+                    out[i * n + j] = match epilogue {
+                        Epilogue::None => s as f32,
+                        Epilogue::GeluTanh => gelu_tanh(s as f32),
+                    };
                 }
             }
         }
@@ -1007,4 +1011,47 @@ fn weights_of(g: &Graph) -> Vec<String> {
         })
         .flatten()
         .collect()
+}
+
+/// Every GELU of the builders is fused into the product before it (`Epilogue::GeluTanh`; the
+/// graphs above reproduce transformers and diffusers with it): one per T5 block (the gate of
+/// the gated-GELU feed-forward), one per PixArt block (the feed-forward's first product) and the
+/// caption projection's, which the cross-K/V graph holds; no `gelu_tanh` node is left.
+#[test]
+fn every_gelu_is_fused_into_the_product_before_it() {
+    let fused = |g: &Graph| {
+        assert!(
+            !g.nodes.iter().any(|n| n.op == Op::GeluTanh),
+            "{}: a gelu_tanh node is left",
+            g.name
+        );
+        g.nodes
+            .iter()
+            .filter(|n| {
+                matches!(
+                    n.op,
+                    Op::Linear {
+                        epilogue: Epilogue::GeluTanh,
+                        ..
+                    }
+                )
+            })
+            .count()
+    };
+    let dir = repo_path("tests/fixtures/pixart-sigma-tiny");
+    let t5 = T5Config::from_json(&read_json(&dir.join("text_encoder/config.json"))).unwrap();
+    assert_eq!(fused(&build_t5_encoder(&t5, 300).unwrap()), t5.num_layers);
+    let cfg = PixArtConfig::from_json(&read_json(&dir.join("transformer/config.json"))).unwrap();
+    let caption = usize::from(cfg.caption_channels.is_some());
+    assert_eq!(caption, 1);
+    let g = build_pixart_denoiser(&cfg, 8, 8, 300, None).unwrap();
+    assert_eq!(fused(&g), cfg.num_layers + caption);
+    assert!(
+        g.dump().contains("= linear+gelu_tanh(%"),
+        "the dump names the fusion"
+    );
+    let cached = build_pixart_denoiser_cached(&cfg, 8, 8, 300, None, DType::F32).unwrap();
+    assert_eq!(fused(&cached), cfg.num_layers);
+    let kv = build_pixart_cross_kv(&cfg, 300, DType::F32).unwrap();
+    assert_eq!(fused(&kv), caption);
 }

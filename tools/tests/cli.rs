@@ -2027,6 +2027,18 @@ fn attention_products_are_chosen_at_compile_time() {
     let o = run(EDGEPLAN, &["inspect", s(demo_plan())]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("attention products: f32"), "{text}");
+    // The GELUs fused into the products before them: some, not all, of the linear steps.
+    let fused: Vec<usize> = text
+        .lines()
+        .find_map(|l| l.strip_prefix("fused epilogues: gelu_tanh in "))
+        .unwrap_or_else(|| panic!("no fused-epilogue line: {text}"))
+        .split(' ')
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(
+        fused.len() == 2 && 0 < fused[0] && fused[0] < fused[1],
+        "{text}"
+    );
     let png = t.path().join("out.png");
     let o = generate(&plan, &png, &["--quiet"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

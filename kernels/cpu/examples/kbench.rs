@@ -90,6 +90,7 @@ fn bench_linear(tables: &[(&str, KernelTable)], dtype: DType, m: usize, k: usize
                 k,
                 n,
                 scratch.bytes_mut(),
+                None,
             )
         });
         if base == 0.0 {
@@ -141,6 +142,7 @@ fn bench_bf16_pairs(tables: &[(&str, KernelTable)], m: usize, k: usize, n: usize
                 k,
                 n,
                 scratch.bytes_mut(),
+                None,
             )
         });
         let gflops = 2.0 * (m * k * n) as f64 / s / 1e9;

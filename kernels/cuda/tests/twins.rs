@@ -74,6 +74,7 @@ fn generic_linear(
         k,
         n,
         &mut scratch,
+        None,
     );
     want
 }
@@ -303,7 +304,7 @@ fn plain_and_q8_0_linear_give_the_generic_bits() -> Result<(), String> {
         let mut want = vec![0f32; m * n];
         let mut scratch = vec![0u8; edge_kernels::linear_scratch_bytes(DType::Q8_0, m, k)];
         let wr = WeightRef::row_major(DType::Q8_0, &wq);
-        edge_kernels::linear(&x, wr, Some(&bias), &mut want, m, k, n, &mut scratch);
+        edge_kernels::linear(&x, wr, Some(&bias), &mut want, m, k, n, &mut scratch, None);
         same_bits(
             &format!("edge_linear_q8_0 {m}x{k}x{n}"),
             &g.download(&out)?[..m * n],

@@ -10,7 +10,7 @@
 //! schema verifier's shape checks passed; it still refuses (never panics on) a shape that is
 //! too short for the op, naming the op.
 
-use edge_schema::op::Op;
+use edge_schema::op::{Epilogue, Op};
 use edge_schema::DType;
 
 use crate::{AttentionParams, Conv2dParams, MAX_RANK};
@@ -54,13 +54,14 @@ pub enum Call {
         rows: usize,
         dim: usize,
     },
-    /// `out[m, n] = x[m, k] · wᵀ (+ bias)`, `w` `[n, k]` of type `weight`.
+    /// `out[m, n] = epilogue(x[m, k] · wᵀ (+ bias))`, `w` `[n, k]` of type `weight`.
     Linear {
         m: usize,
         k: usize,
         n: usize,
         weight: DType,
         bias: bool,
+        epilogue: Epilogue,
     },
     /// RMS norm of `rows` rows of `dim`.
     RmsNorm {
@@ -216,7 +217,7 @@ impl Call {
                     dim: last(table),
                 }
             }
-            Op::Linear { has_bias } => {
+            Op::Linear { has_bias, epilogue } => {
                 let (x, _) = input(0)?;
                 let (w, weight) = input(1)?;
                 let (m, k) = rows_of(x)?;
@@ -226,6 +227,7 @@ impl Call {
                     n: dim(w, 0)?,
                     weight,
                     bias: *has_bias,
+                    epilogue: *epilogue,
                 }
             }
             Op::RmsNorm { eps } => {
@@ -435,7 +437,10 @@ mod tests {
         let x: &[u64] = &[2, 3, 64];
         let w: &[u64] = &[10, 64];
         let c = Call::decode(
-            &Op::Linear { has_bias: false },
+            &Op::Linear {
+                has_bias: false,
+                epilogue: Epilogue::GeluTanh,
+            },
             &[(x, DType::F32), (w, DType::Q8_0)],
             &[2, 3, 10],
         )
@@ -447,7 +452,8 @@ mod tests {
                 k: 64,
                 n: 10,
                 weight: DType::Q8_0,
-                bias: false
+                bias: false,
+                epilogue: Epilogue::GeluTanh,
             }
         );
         assert_eq!(

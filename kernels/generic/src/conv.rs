@@ -138,7 +138,19 @@ fn direct(
                 im2col_panel(p, x, j0 + pi * tc, (nb - pi * tc).min(tc), 0, panel, tc);
             }
         };
-        return gemm_column_tasks(tile, wf, p.cout, kk, npix, pt, slots, fill, |_, _| b, out);
+        return gemm_column_tasks(
+            tile,
+            wf,
+            p.cout,
+            kk,
+            npix,
+            pt,
+            slots,
+            fill,
+            |_, _| b,
+            None,
+            out,
+        );
     }
     let col = f32_view_mut(&mut colbuf[..p.col_tile_bytes()], "conv2d scratch");
     for p0 in (0..npix).step_by(pt) {
@@ -151,7 +163,7 @@ fn direct(
                 .enumerate()
                 .for_each(|(ei, rows)| im2col_panel(p, x, pix0, nl, ei * IM2COL_ELEMS, rows, tc));
         }
-        gemm(tile, wf, p.cout, kk, panels, np, p0, npix, b, out);
+        gemm(tile, wf, p.cout, kk, panels, np, p0, npix, b, None, out);
     }
 }
 

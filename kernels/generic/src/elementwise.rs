@@ -88,6 +88,15 @@ pub fn gelu_tanh(x: &[f32], out: &mut [f32]) {
     map_unary(x, out, "gelu_tanh", gelu_tanh_f32);
 }
 
+/// `generic_gelu_tanh_f32_in_place`: [`gelu_tanh`] of `x` written over `x`, on the calling
+/// thread (a fused GEMM epilogue, [`crate::EpilogueFn`]: the `linear` kernels call it on
+/// blocks of outputs they just wrote). The same bits as [`gelu_tanh`] element by element.
+pub fn gelu_tanh_in_place(x: &mut [f32]) {
+    for v in x {
+        *v = gelu_tanh_f32(*v);
+    }
+}
+
 /// `generic_scale_f32`: `out = x · factor`.
 pub fn scale(x: &[f32], factor: f32, out: &mut [f32]) {
     map_unary(x, out, "scale", |v| v * factor);

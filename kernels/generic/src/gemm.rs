@@ -28,6 +28,8 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 use zerocopy::IntoBytes;
 
+use crate::table::EpilogueFn;
+
 /// Input features per cache block: a packed panel block is `KC · cols` f32 (at most 32 KiB, so
 /// that it stays in a 48 KiB L1 data cache while a task's row tiles pass over it; 256 measured
 /// 9–18 % slower on the VAE convolutions and the f32 linear of `kbench`, 64 no faster).
@@ -246,7 +248,9 @@ pub(crate) const COL_BLOCK: usize = MAX_TILE_COLS;
 /// `k × cols` f32 (panel `p`, feature `t`, column `c` at `(p·k + t)·cols + c`; lanes past `nb`
 /// are read but their sums are dropped). `out` is `[m, n]` and only columns `j0..j0 + nb` are
 /// written. Parallel over row blocks of `out`, or over column blocks when `m < 8`; the split
-/// depends on the shapes only.
+/// depends on the shapes only. `epilogue` (a fused element-wise op) runs in place on each
+/// output row's block of at most [`COL_BLOCK`] columns once its sums and bias are written,
+/// while they are in cache.
 pub(crate) fn gemm(
     tile: &F32Tile,
     x: &[f32],
@@ -257,6 +261,7 @@ pub(crate) fn gemm(
     j0: usize,
     n: usize,
     bias: Bias<'_>,
+    epilogue: Option<EpilogueFn>,
     out: &mut [f32],
 ) {
     tile.check();
@@ -280,6 +285,9 @@ pub(crate) fn gemm(
                     let mut res = [0f32; COL_BLOCK];
                     run_block(tile, x, i, 1, k, panels, c0, cols.len(), &mut res);
                     bias.write_row(&res[..cols.len()], i, c0, cols);
+                    if let Some(e) = epilogue {
+                        e(cols);
+                    }
                 });
         }
         return;
@@ -292,7 +300,7 @@ pub(crate) fn gemm(
                 .chunks_mut(n)
                 .map(|r| &mut r[j0..j0 + nb])
                 .collect();
-            rows_into(tile, x, b * rb, k, panels, nb, bias, &mut rows);
+            rows_into(tile, x, b * rb, k, panels, nb, bias, epilogue, &mut rows);
         });
 }
 
@@ -331,7 +339,7 @@ pub(crate) fn column_tasks(m: usize, blocks: usize, slots: usize, threads: usize
 /// one core, with one fork-join per call. (Packing one shared panel with every thread and then
 /// splitting its rows moved each panel's lines between the cores' caches and cost two
 /// fork-joins per panel: BENCHMARKS.md, "column tasks".) Same per-element sequence and bits as
-/// [`gemm`] for any thread count and slot count.
+/// [`gemm`] for any thread count and slot count; `epilogue` as in [`gemm`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_column_tasks<'b>(
     tile: &F32Tile,
@@ -343,6 +351,7 @@ pub(crate) fn gemm_column_tasks<'b>(
     slots: &mut [f32],
     fill: impl Fn(usize, usize, &mut [f32]) + Sync,
     bias_for: impl Fn(usize, usize) -> Bias<'b> + Sync,
+    epilogue: Option<EpilogueFn>,
     out: &mut [f32],
 ) {
     tile.check();
@@ -380,12 +389,13 @@ pub(crate) fn gemm_column_tasks<'b>(
             };
             let panels = &mut slot[..nb.div_ceil(tile.cols) * k * tile.cols];
             fill(j0, nb, panels);
-            rows_into(tile, x, 0, k, panels, nb, bias_for(j0, nb), &mut mine);
+            let bias = bias_for(j0, nb);
+            rows_into(tile, x, 0, k, panels, nb, bias, epilogue, &mut mine);
         }
     });
 }
 
-/// `out_rows[r][jj] = dot(x[i0 + r, ..], column jj) + bias` for every `r < out_rows.len()` and
+/// `out_rows[r][jj] = epilogue(dot(x[i0 + r, ..], column jj) + bias)` for every `r < out_rows.len()` and
 /// the `nb` columns of `panels` (`out_rows[r]` is row `i0 + r`'s slice of them), on the calling
 /// thread: rows in blocks of `8 · tile.rows`, each block over the panels in [`COL_BLOCK`]s. A
 /// row-split task of [`gemm`] is one such block; a column task, all rows.
@@ -398,6 +408,7 @@ fn rows_into(
     panels: &[f32],
     nb: usize,
     bias: Bias<'_>,
+    epilogue: Option<EpilogueFn>,
     out_rows: &mut [&mut [f32]],
 ) {
     assert!(out_rows.iter().all(|r| r.len() == nb));
@@ -416,7 +427,11 @@ fn rows_into(
             run_block(tile, x, b0, rows, k, panels, c0, cn, res);
             for (r, dst) in block.iter_mut().enumerate() {
                 let sums = &res[r * COL_BLOCK..][..cn];
-                bias.write_row(sums, b0 + r, c0, &mut dst[c0..c0 + cn]);
+                let dst = &mut dst[c0..c0 + cn];
+                bias.write_row(sums, b0 + r, c0, dst);
+                if let Some(e) = epilogue {
+                    e(dst);
+                }
             }
         }
     }
@@ -536,9 +551,39 @@ mod tests {
                 0,
                 n,
                 Bias::PerCol(&bias),
+                None,
                 &mut want,
             );
-            for slots in 1..=3 {
+            // The epilogue (a fused GELU) on each finished block: the bits of the op run on
+            // its own after the product, on both paths and with any slot count.
+            let fused: Vec<f32> = want.iter().map(|&v| crate::gelu_tanh_f32(v)).collect();
+            let mut got = vec![f32::NAN; m * n];
+            let epi: EpilogueFn = crate::gelu_tanh_in_place;
+            gemm(
+                &tile,
+                &x,
+                m,
+                k,
+                &all,
+                n,
+                0,
+                n,
+                Bias::PerCol(&bias),
+                Some(epi),
+                &mut got,
+            );
+            assert!(got
+                .iter()
+                .zip(&fused)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+            for (slots, epilogue) in [
+                (1, None),
+                (2, None),
+                (3, None),
+                (1, Some(epi)),
+                (2, Some(epi)),
+            ] {
+                let want = if epilogue.is_some() { &fused } else { &want };
                 let slot_len = block.div_ceil(tc) * k * tc;
                 let mut scratch = vec![0f32; slots * slot_len];
                 let mut got = vec![f32::NAN; m * n];
@@ -552,13 +597,18 @@ mod tests {
                     &mut scratch,
                     |j0, nb, panels| pack_cols(&w, k, j0, nb, tc, panels),
                     |j0, nb| Bias::PerCol(&bias[j0..j0 + nb]),
+                    epilogue,
                     &mut got,
                 );
                 let same = got
                     .iter()
-                    .zip(&want)
+                    .zip(want)
                     .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "m={m} k={k} n={n} block={block} slots={slots}");
+                let fused = epilogue.is_some();
+                assert!(
+                    same,
+                    "m={m} k={k} n={n} block={block} slots={slots} fused={fused}"
+                );
             }
         }
     }

@@ -54,8 +54,8 @@ pub use conv::{
 /// inputs, so SIMD twins may split the same way or any other).
 pub use elementwise::CHUNK as ELEMENTWISE_CHUNK;
 pub use elementwise::{
-    add, gated_residual, gelu_tanh, gelu_tanh_f32, modulate, mul, relu, scale, silu, silu_f32,
-    tanh, GELU_KAPPA, GELU_SQRT_2_OVER_PI,
+    add, gated_residual, gelu_tanh, gelu_tanh_f32, gelu_tanh_in_place, modulate, mul, relu, scale,
+    silu, silu_f32, tanh, GELU_KAPPA, GELU_SQRT_2_OVER_PI,
 };
 pub use embed::{embedding, t5_position_bias, t5_relative_position_bucket, timestep_embedding};
 pub use gemm::{
@@ -64,7 +64,7 @@ pub use gemm::{
 };
 pub use layout::{concat_axis, concat_part, permute, slice_axis, upsample_nearest2x, MAX_RANK};
 pub use linear::{
-    linear, linear_plain, linear_scratch_bytes, quant_panel_bytes, quant_panel_cols,
+    finish_rows, linear, linear_plain, linear_scratch_bytes, quant_panel_bytes, quant_panel_cols,
     quant_scratch_layout, QUANT_ACT_BLOCK_BYTES, QUANT_PANEL_BLOCK_BYTES, QUANT_PANEL_COLS,
     QUANT_PANEL_MAX_BYTES,
 };
@@ -72,9 +72,9 @@ pub use norm::{
     group_norm, group_norm_apply, group_norm_stats, lane_sum, layer_norm, rms_norm, GroupStats,
 };
 pub use table::{
-    generic, AttentionFn, BinaryFn, Conv2dFn, Conv2dScratchFn, GatedResidualFn, GroupNormApplyFn,
-    GroupNormStatsFn, Kernel, KernelTable, LayerNormFn, LinearFn, LinearScratchFn, ModulateFn,
-    RmsNormFn, UnaryFn, UpsampleFn,
+    generic, AttentionFn, BinaryFn, Conv2dFn, Conv2dScratchFn, EpilogueFn, GatedResidualFn,
+    GroupNormApplyFn, GroupNormStatsFn, Kernel, KernelTable, LayerNormFn, LinearFn,
+    LinearScratchFn, ModulateFn, RmsNormFn, UnaryFn, UpsampleFn,
 };
 pub use weights::WeightRef;
 

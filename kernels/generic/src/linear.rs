@@ -9,6 +9,7 @@ use crate::gemm::{
     column_tasks, gemm, gemm_column_tasks, scratch_slots, Bias, F32Tile, GENERIC_TILE,
     MAX_TILE_COLS, PACK_FEATURES, PANEL_SLOTS,
 };
+use crate::table::EpilogueFn;
 use crate::weights::{f32_view, f32_view_mut, WeightRef};
 use crate::{contract, pack, quant};
 
@@ -106,8 +107,14 @@ pub fn quant_panel_bytes(k: usize) -> usize {
 /// weight type's `vec_dot_type`, then every output element is one `quant::vec_dot`; the weight
 /// matrix is never dequantized. Results are identical for any thread count.
 ///
+/// `epilogue` (a fused element-wise op, e.g. [`crate::gelu_tanh_in_place`]) is applied to every
+/// output element after its bias, with the bits of the op run on its own: the GEMM driver
+/// applies it to each block of outputs as it finishes them (in cache), the other paths to each
+/// row once the row is written ([`finish_rows`]).
+///
 /// Panics (once per call, with a message) when a length does not match the shapes, when `k` is
 /// not a whole number of blocks, or when `F32` weights are not 4-byte aligned.
+#[allow(clippy::too_many_arguments)]
 pub fn linear(
     x: &[f32],
     w: WeightRef<'_>,
@@ -117,6 +124,7 @@ pub fn linear(
     k: usize,
     n: usize,
     scratch: &mut [u8],
+    epilogue: Option<EpilogueFn>,
 ) {
     let wrow = contract::linear(x, w, bias, out, m, k, n, scratch.len());
     if m == 0 || n == 0 {
@@ -124,13 +132,32 @@ pub fn linear(
     }
     match w.dtype {
         DType::BF16 if w.layout == PackLayout::Bf16Pairs16 => {
-            crate::bf16dot::linear_pairs(x, w, bias, out, m, k, n, scratch)
+            crate::bf16dot::linear_pairs(x, w, bias, out, m, k, n, scratch);
+            finish_rows(out, n, epilogue);
         }
-        DType::F32 | DType::F16 | DType::BF16 => {
-            plain(&GENERIC_TILE, x, w, wrow, bias, out, m, k, n, scratch)
-        }
-        d if d.is_quantized() => linear_quant(x, w, wrow, bias, out, m, k, n, scratch),
+        DType::F32 | DType::F16 | DType::BF16 => plain(
+            &GENERIC_TILE,
+            x,
+            w,
+            wrow,
+            bias,
+            out,
+            m,
+            k,
+            n,
+            scratch,
+            epilogue,
+        ),
+        d if d.is_quantized() => linear_quant(x, w, wrow, bias, out, m, k, n, scratch, epilogue),
         other => panic!("linear: weights of type {other:?} are not supported"),
+    }
+}
+
+/// Applies `epilogue` to every row of `out` (`[m, n]`), rows in parallel: the epilogue of the
+/// kernels that do not apply it while their blocks are in cache (same bits: it is element-wise).
+pub fn finish_rows(out: &mut [f32], n: usize, epilogue: Option<EpilogueFn>) {
+    if let Some(e) = epilogue {
+        out.par_chunks_mut(n.max(1)).for_each(e);
     }
 }
 
@@ -140,6 +167,7 @@ pub fn linear(
 /// [`F32Tile`] contract.
 ///
 /// Panics as [`linear`] does, and for a quantized weight type.
+#[allow(clippy::too_many_arguments)]
 pub fn linear_plain(
     tile: &F32Tile,
     x: &[f32],
@@ -150,6 +178,7 @@ pub fn linear_plain(
     k: usize,
     n: usize,
     scratch: &mut [u8],
+    epilogue: Option<EpilogueFn>,
 ) {
     let wrow = contract::linear(x, w, bias, out, m, k, n, scratch.len());
     assert!(
@@ -162,11 +191,12 @@ pub fn linear_plain(
     if m == 0 || n == 0 {
         return;
     }
-    plain(tile, x, w, wrow, bias, out, m, k, n, scratch);
+    plain(tile, x, w, wrow, bias, out, m, k, n, scratch, epilogue);
 }
 
 /// `F32`/`F16`/`BF16`: packs [`PANEL`] weight rows at a time into the tile's panels in
 /// `scratch` (converted exactly to f32), then runs the GEMM driver on them.
+#[allow(clippy::too_many_arguments)]
 fn plain(
     tile: &F32Tile,
     x: &[f32],
@@ -178,6 +208,7 @@ fn plain(
     k: usize,
     n: usize,
     scratch: &mut [u8],
+    epilogue: Option<EpilogueFn>,
 ) {
     if w.dtype == DType::F32 {
         // F32 weights are viewed in place everywhere else: keep their alignment contract.
@@ -199,7 +230,9 @@ fn plain(
         };
         let bias_for =
             |j0: usize, nb: usize| bias.map_or(Bias::None, |b| Bias::PerCol(&b[j0..j0 + nb]));
-        return gemm_column_tasks(tile, x, m, k, n, PANEL, slots, fill, bias_for, out);
+        return gemm_column_tasks(
+            tile, x, m, k, n, PANEL, slots, fill, bias_for, epilogue, out,
+        );
     }
     let panel = f32_view_mut(&mut scratch[..PANEL * k * 4], "linear scratch");
     for j0 in (0..n).step_by(PANEL) {
@@ -217,7 +250,7 @@ fn plain(
             }
         }
         let b = bias.map_or(Bias::None, |b| Bias::PerCol(&b[j0..j0 + nb]));
-        gemm(tile, x, m, k, panels, nb, j0, n, b, out);
+        gemm(tile, x, m, k, panels, nb, j0, n, b, epilogue, out);
     }
 }
 
@@ -241,6 +274,7 @@ fn pack_features(
 const QUANT_COLS: usize = 64;
 
 /// Quantized weights: ggml's vec_dot path.
+#[allow(clippy::too_many_arguments)]
 fn linear_quant(
     x: &[f32],
     w: WeightRef<'_>,
@@ -251,6 +285,7 @@ fn linear_quant(
     k: usize,
     n: usize,
     scratch: &mut [u8],
+    epilogue: Option<EpilogueFn>,
 ) {
     let arow = quant::activation_row_bytes(w.dtype, k);
     let acts = &mut scratch[..m * arow];
@@ -260,7 +295,7 @@ fn linear_quant(
                 *o = bias.map_or(0.0, |b| b[j]);
             }
         }
-        return;
+        return finish_rows(out, n, epilogue);
     }
     acts.par_chunks_mut(arow)
         .zip(x.par_chunks(k))
@@ -283,6 +318,9 @@ fn linear_quant(
                         Some(b) => s + b[j],
                         None => s,
                     };
+                }
+                if let Some(e) = epilogue {
+                    e(cols);
                 }
             });
     });

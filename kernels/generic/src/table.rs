@@ -4,9 +4,23 @@ use edge_schema::DType;
 
 use crate::{AttentionParams, Conv2dParams, GroupStats, WeightRef};
 
-/// [`crate::linear`]'s signature: `(x, w, bias, out, m, k, n, scratch)`.
-pub type LinearFn =
-    fn(&[f32], WeightRef<'_>, Option<&[f32]>, &mut [f32], usize, usize, usize, &mut [u8]);
+/// [`crate::linear`]'s signature: `(x, w, bias, out, m, k, n, scratch, epilogue)`.
+pub type LinearFn = fn(
+    &[f32],
+    WeightRef<'_>,
+    Option<&[f32]>,
+    &mut [f32],
+    usize,
+    usize,
+    usize,
+    &mut [u8],
+    Option<EpilogueFn>,
+);
+/// A fused GEMM epilogue: an element-wise op applied in place, `x[i] = f(x[i])`, with the bits
+/// of the op's own slot (e.g. [`KernelTable::gelu_tanh_in_place`] for `gelu_tanh`). A `linear`
+/// kernel calls it on blocks of its output as it finishes them, in any order and from any
+/// thread.
+pub type EpilogueFn = fn(&mut [f32]);
 /// [`crate::linear_scratch_bytes`]'s signature: `(w_dtype, m, k) -> bytes`.
 pub type LinearScratchFn = fn(DType, usize, usize) -> usize;
 /// [`crate::conv2d`]'s signature: `(p, x, w, bias, out, scratch)`.
@@ -74,6 +88,9 @@ pub struct KernelTable {
     pub rms_norm: Kernel<RmsNormFn>,
     /// GELU, tanh approximation.
     pub gelu_tanh: Kernel<UnaryFn>,
+    /// GELU, tanh approximation, in place on the calling thread: the epilogue of a `linear`
+    /// with [`edge_schema::op::Epilogue::GeluTanh`] (the bits of `gelu_tanh`).
+    pub gelu_tanh_in_place: Kernel<EpilogueFn>,
     /// SiLU.
     pub silu: Kernel<UnaryFn>,
     /// ReLU.
@@ -94,7 +111,7 @@ pub struct KernelTable {
 
 impl KernelTable {
     /// `(slot, kernel name)` for every slot, in declaration order, for logging the choice.
-    pub fn names(&self) -> [(&'static str, &'static str); 19] {
+    pub fn names(&self) -> [(&'static str, &'static str); 20] {
         [
             ("linear", self.linear.name),
             ("linear_scratch_bytes", self.linear_scratch_bytes.name),
@@ -107,6 +124,7 @@ impl KernelTable {
             ("layer_norm", self.layer_norm.name),
             ("rms_norm", self.rms_norm.name),
             ("gelu_tanh", self.gelu_tanh.name),
+            ("gelu_tanh_in_place", self.gelu_tanh_in_place.name),
             ("silu", self.silu.name),
             ("relu", self.relu.name),
             ("tanh", self.tanh.name),
@@ -188,6 +206,10 @@ pub fn generic() -> KernelTable {
         gelu_tanh: Kernel {
             name: "generic_gelu_tanh_f32",
             run: crate::gelu_tanh,
+        },
+        gelu_tanh_in_place: Kernel {
+            name: "generic_gelu_tanh_f32_in_place",
+            run: crate::gelu_tanh_in_place,
         },
         silu: Kernel {
             name: "generic_silu_f32",

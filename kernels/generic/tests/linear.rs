@@ -67,6 +67,7 @@ fn run(
         k,
         n,
         scratch.bytes_mut(),
+        None,
     );
     out
 }
@@ -320,6 +321,7 @@ fn wrong_weight_length_panics_with_message() {
         2,
         2,
         &mut [],
+        None,
     );
 }
 
@@ -341,6 +343,7 @@ fn misaligned_f32_weight_panics_with_message() {
         2,
         1,
         AlignedBytes::zeroed(linear_scratch_bytes(DType::F32, 1, 2)).bytes_mut(),
+        None,
     );
 }
 
@@ -357,7 +360,7 @@ fn misaligned_f16_weights_give_the_same_result() {
     let mut out = vec![0.0; m * n];
     let mut scratch = AlignedBytes::zeroed(linear_scratch_bytes(DType::F16, m, k));
     let w = WeightRef::row_major(DType::F16, &shifted.bytes()[1..]);
-    linear(&x, w, None, &mut out, m, k, n, scratch.bytes_mut());
+    linear(&x, w, None, &mut out, m, k, n, scratch.bytes_mut(), None);
     assert_eq!(aligned, out);
 }
 
@@ -399,13 +402,14 @@ fn interleaved_q8_0_q4_0_match_row_major_bitwise() {
                         k,
                         n,
                         scratch.bytes_mut(),
+                        None,
                     );
                     let wi = WeightRef {
                         dtype,
                         bytes: &il,
                         layout,
                     };
-                    linear(&x, wi, None, &mut b, m, k, n, scratch.bytes_mut());
+                    linear(&x, wi, None, &mut b, m, k, n, scratch.bytes_mut(), None);
                     assert!(
                         a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
                         "{layout:?} {dtype:?} n={n} k={k} m={m}"
@@ -436,5 +440,67 @@ fn interleaved_k_quant_is_refused() {
         256,
         4,
         scratch.bytes_mut(),
+        None,
     );
+}
+
+/// `linear` with an epilogue (the GELU a plan fuses into a product, `Epilogue::GeluTanh`) gives
+/// the product's bits followed by the `gelu_tanh` op's, on every path of the generic kernel: the
+/// GEMM driver's row split, column tasks and few-rows column blocks (F32/F16/BF16), the ggml
+/// `vec_dot` path of every block type and the BF16 pairs layout, with and without bias.
+#[test]
+fn fused_gelu_epilogue_is_the_product_then_the_op() {
+    use edge_kernels::{gelu_tanh, gelu_tanh_in_place};
+    use edge_schema::plan::PackLayout;
+    let mut rng = Rng::new(17);
+    let mut cases: Vec<(DType, usize)> = vec![(DType::F32, 1), (DType::F16, 1), (DType::BF16, 1)];
+    cases.extend(quantized_types());
+    for (dtype, bs) in cases {
+        for (m, kb, n) in [(1, 2, 70), (5, 3, 9), (9, 2, 130), (40, 1, 65)] {
+            let k = kb * bs.max(32);
+            let x = rng.vec(m * k, 2.0);
+            let bias = rng.vec(n, 1.0);
+            let (wb, _) = if dtype.is_quantized() {
+                random_quant_weight(&mut rng, dtype, n, k)
+            } else {
+                plain_weight(dtype, &rng.vec(n * k, 0.5))
+            };
+            let mut layouts = vec![PackLayout::RowMajor];
+            if dtype == DType::BF16 {
+                layouts.push(PackLayout::Bf16Pairs16);
+            }
+            for layout in layouts {
+                let mut packed = vec![0u8; wb.bytes().len()];
+                let w = if layout == PackLayout::RowMajor {
+                    WeightRef::row_major(dtype, wb.bytes())
+                } else {
+                    edge_kernels::pack::repack(layout, dtype, wb.bytes(), n, k, &mut packed);
+                    WeightRef {
+                        dtype,
+                        bytes: &packed,
+                        layout,
+                    }
+                };
+                for b in [None, Some(bias.as_slice())] {
+                    let mut scratch = AlignedBytes::zeroed(linear_scratch_bytes(dtype, m, k));
+                    let mut plain = vec![f32::NAN; m * n];
+                    linear(&x, w, b, &mut plain, m, k, n, scratch.bytes_mut(), None);
+                    let mut want = vec![0f32; m * n];
+                    gelu_tanh(&plain, &mut want);
+                    let mut got = vec![f32::NAN; m * n];
+                    let epi = Some(gelu_tanh_in_place as edge_kernels::EpilogueFn);
+                    linear(&x, w, b, &mut got, m, k, n, scratch.bytes_mut(), epi);
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "{dtype:?} {layout:?} m={m} k={k} n={n} bias={}",
+                        b.is_some()
+                    );
+                }
+            }
+        }
+    }
 }

@@ -54,6 +54,7 @@ fn slots_call_the_kernels() {
         10,
         3,
         &mut scratch,
+        None,
     );
     let want: f32 = (0..10).map(|c| x[c] * w[c]).sum();
     assert!((out[0] - want).abs() < 1e-5);

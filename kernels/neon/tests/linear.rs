@@ -68,6 +68,7 @@ fn run(
         k,
         n,
         scratch.as_mut_bytes(),
+        None,
     );
     out
 }
@@ -168,7 +169,7 @@ fn run_layout(
     let need = (table.linear_scratch_bytes.run)(w.dtype, m, k);
     let mut scratch = vec![0u32; need.div_ceil(4)];
     let mut out = vec![f32::NAN; m * n];
-    (table.linear.run)(x, w, bias, &mut out, m, k, n, scratch.as_mut_bytes());
+    (table.linear.run)(x, w, bias, &mut out, m, k, n, scratch.as_mut_bytes(), None);
     out
 }
 
@@ -408,6 +409,7 @@ fn interleaved_kquant_weight_panics() {
         k,
         n,
         &mut [0u8; 4096],
+        None,
     );
 }
 
@@ -649,6 +651,7 @@ fn kquant_ragged_k_panics_like_generic() {
         k,
         n,
         &mut [0u8; 4096],
+        None,
     );
 }
 
@@ -804,5 +807,71 @@ fn reports_and_checks_the_chosen_path() {
         Ok("base") => assert!(!f.i8mm && !f.dotprod && t.linear.name.ends_with("_base")),
         Ok(other) => panic!("EDGE_NEON_EXPECT={other}: expected i8mm, dotprod or base"),
         Err(_) => {}
+    }
+}
+
+/// A `linear` with the GELU fused into its epilogue (the table's `gelu_tanh_in_place` handed to
+/// its `linear`, as the session does for `Epilogue::GeluTanh`) gives the bits of the same
+/// variant's product followed by the generic `gelu_tanh` op, on every variant: the shared GEMM
+/// driver with the NEON tile (F32/F16/BF16, few and many rows) and the quantized kernels (Q8_0,
+/// Q4_0 row-major and interleaved, Q4_K), with and without bias. (Whether each product equals
+/// the generic one, or stays within its bound for the K-quants on `dotprod`, the tests above
+/// check.)
+#[test]
+fn fused_gelu_epilogue_matches_the_unfused_generic() {
+    let generic = edge_kernels::generic();
+    let mut rng = Rng(0x0DDB_A11C_AFE5_7EED);
+    for (dtype, layout) in [
+        (DType::F32, PackLayout::RowMajor),
+        (DType::F16, PackLayout::RowMajor),
+        (DType::BF16, PackLayout::RowMajor),
+        (DType::Q8_0, PackLayout::RowMajor),
+        (DType::Q8_0, PackLayout::Interleaved4x8),
+        (DType::Q4_0, PackLayout::Interleaved4x8),
+        (DType::Q4K, PackLayout::RowMajor),
+    ] {
+        let k = if dtype == DType::Q4K { 256 } else { 96 };
+        for (m, n) in [(1, 70), (9, 33), (40, 130)] {
+            let x = rng.vec(m * k, 2.0);
+            let w = rng.vec(n * k, 0.5);
+            let bias = rng.vec(n, 1.0);
+            let wbuf = pack(dtype, &w, n, k);
+            let row = dtype.bytes_for(k as u64).expect("whole blocks") as usize;
+            let rm = &wbuf.as_bytes()[..n * row];
+            let mut packed = vec![0u8; rm.len()];
+            let wl = if layout == PackLayout::RowMajor {
+                WeightRef::row_major(dtype, rm)
+            } else {
+                edge_kernels::pack::repack(layout, dtype, rm, n, k, &mut packed);
+                WeightRef {
+                    dtype,
+                    bytes: &packed,
+                    layout,
+                }
+            };
+            for b in [None, Some(bias.as_slice())] {
+                for (label, table) in variants() {
+                    let need = (table.linear_scratch_bytes.run)(dtype, m, k);
+                    let mut scratch = vec![0u32; need.div_ceil(4)];
+                    let mut plain = vec![f32::NAN; m * n];
+                    let s = scratch.as_mut_bytes();
+                    (table.linear.run)(&x, wl, b, &mut plain, m, k, n, s, None);
+                    let mut want = vec![0f32; m * n];
+                    (generic.gelu_tanh.run)(&plain, &mut want);
+                    let mut got = vec![f32::NAN; m * n];
+                    let epi = Some(table.gelu_tanh_in_place.run);
+                    (table.linear.run)(&x, wl, b, &mut got, m, k, n, scratch.as_mut_bytes(), epi);
+                    for (i, (g, r)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            r.to_bits(),
+                            "{label} linear+gelu {dtype:?} {layout:?} m={m} k={k} n={n} bias={} \
+                             element {i}: {g} vs generic {r}",
+                            b.is_some()
+                        );
+                    }
+                }
+            }
+        }
     }
 }

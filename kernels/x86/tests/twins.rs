@@ -72,9 +72,33 @@ fn run_linear(
     k: usize,
     n: usize,
 ) -> Vec<f32> {
+    run_linear_with(t, x, w, bias, m, k, n, None)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_linear_with(
+    t: &KernelTable,
+    x: &[f32],
+    w: WeightRef<'_>,
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+    epilogue: Option<edge_kernels::EpilogueFn>,
+) -> Vec<f32> {
     let mut scratch = vec![0u64; linear_scratch_bytes(w.dtype, m, k).div_ceil(8)];
     let mut out = vec![f32::NAN; m * n];
-    (t.linear.run)(x, w, bias, &mut out, m, k, n, scratch.as_mut_bytes());
+    (t.linear.run)(
+        x,
+        w,
+        bias,
+        &mut out,
+        m,
+        k,
+        n,
+        scratch.as_mut_bytes(),
+        epilogue,
+    );
     out
 }
 
@@ -639,6 +663,80 @@ fn silu_and_gelu_match_generic_bit_for_bit() {
             (t.gelu_tanh.run)(xs, &mut a);
             (generic.gelu_tanh.run)(xs, &mut b);
             assert_bits(label, &format!("gelu_tanh n={n}"), &a, &b);
+            let mut c = xs.to_vec();
+            (t.gelu_tanh_in_place.run)(&mut c);
+            assert_bits(label, &format!("gelu_tanh_in_place n={n}"), &c, &b);
+        }
+    }
+}
+
+/// A `linear` with the GELU fused into its epilogue (`Epilogue::GeluTanh`: the table's
+/// `gelu_tanh_in_place` slot handed to its `linear`) gives the bits of the generic product
+/// followed by the generic `gelu_tanh` op, on every table and path: the f32 GEMM driver (row
+/// split, column tasks, the few-rows column blocks), the quantized panel tiles' few-rows and
+/// many-rows paths (VNNI, AVX2, AMX from 256 features), `Interleaved16x4` weights read in
+/// place and copied, the `vdpbf16ps` pairs and the generic fallbacks (K-quants), with and
+/// without bias, on ragged shapes past one panel of columns.
+#[test]
+fn fused_gelu_epilogue_matches_the_unfused_generic() {
+    use edge_schema::plan::PackLayout;
+    let generic = edge_kernels::generic();
+    let mut rng = Rng(0x0DDB_A11C_AFE5_7EED);
+    let gelu = |v: Vec<f32>| {
+        let mut out = vec![0f32; v.len()];
+        (generic.gelu_tanh.run)(&v, &mut out);
+        out
+    };
+    for (label, t) in tables() {
+        for (dtype, layout) in [
+            (DType::F32, PackLayout::RowMajor),
+            (DType::F16, PackLayout::RowMajor),
+            (DType::BF16, PackLayout::RowMajor),
+            (DType::BF16, PackLayout::Bf16Pairs16),
+            (DType::Q8_0, PackLayout::RowMajor),
+            (DType::Q8_0, PackLayout::Interleaved16x4),
+            (DType::Q4_0, PackLayout::RowMajor),
+            (DType::Q4K, PackLayout::RowMajor),
+        ] {
+            let shapes: &[(usize, usize, usize)] = if dtype == DType::Q4K {
+                &[(5, 256, 9), (40, 512, 33)]
+            } else {
+                &[
+                    (1, 64, 9),
+                    (7, 96, 70),
+                    (16, 288, 33),
+                    (70, 256, 131),
+                    (150, 320, 600),
+                ]
+            };
+            for &(m, k, n) in shapes {
+                let x = rng.vec(m * k, 2.0);
+                let w = rng.vec(n * k, 0.5);
+                let bias = rng.vec(n, 1.0);
+                let (buf, len) = weights(dtype, &w, n, k);
+                let rm = &buf.as_bytes()[..len];
+                let mut packed = vec![0u8; len];
+                let wl = if layout == PackLayout::RowMajor {
+                    WeightRef::row_major(dtype, rm)
+                } else {
+                    edge_kernels::pack::repack(layout, dtype, rm, n, k, &mut packed);
+                    WeightRef {
+                        dtype,
+                        bytes: &packed,
+                        layout,
+                    }
+                };
+                for b in [None, Some(bias.as_slice())] {
+                    let want = gelu(run_linear(&generic, &x, wl, b, m, k, n));
+                    let epi = Some(t.gelu_tanh_in_place.run);
+                    let got = run_linear_with(&t, &x, wl, b, m, k, n, epi);
+                    let what = format!(
+                        "linear+gelu {dtype:?} {layout:?} m={m} k={k} n={n} bias={}",
+                        b.is_some()
+                    );
+                    assert_bits(label, &what, &got, &want);
+                }
+            }
         }
     }
 }

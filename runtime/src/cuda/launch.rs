@@ -3,6 +3,7 @@
 
 use edge_kernels::Call;
 use edge_kernels_cuda::gpu::Arg;
+use edge_schema::op::Epilogue;
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 
@@ -148,9 +149,10 @@ impl CudaSession<'_> {
                 n,
                 weight,
                 bias,
+                epilogue,
             } => {
                 let b = if bias { Arg::Ptr(p[2]) } else { Arg::Null };
-                if weight == DType::Q8_0 && split_q8.is_some() {
+                let product = if weight == DType::Q8_0 && split_q8.is_some() {
                     let nb = kd / 32;
                     let (xq, xd) = (self.qx.ptr(), self.qx.ptr() + (m * kd) as u64);
                     let (wq, wd) = (p[1], p[1] + (n * kd) as u64);
@@ -242,6 +244,20 @@ impl CudaSession<'_> {
                             ],
                         )
                     }
+                };
+                match (product, epilogue) {
+                    // The fused GELU: the element-wise kernel (the CPU's bits) over the output
+                    // in place, after the product on the same stream.
+                    // SAFETY: (x, out, n): out holds m·n values; each thread reads and writes
+                    // its own elements, so x = out is allowed.
+                    (Ok(()), Epilogue::GeluTanh) => unsafe {
+                        k("edge_gelu_tanh")?.run(
+                            (blocks(m * n), 1),
+                            THREADS,
+                            &[Arg::Ptr(out), Arg::Ptr(out), u(m * n)],
+                        )
+                    },
+                    (r, _) => r,
                 }
             }
             Call::RmsNorm { rows, dim, eps } => {

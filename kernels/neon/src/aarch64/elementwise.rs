@@ -141,6 +141,34 @@ fn map4(act: Act, x: &[f32], out: &mut [f32]) {
     }
 }
 
+/// [`map4`] of `x` written over `x` (the in-place epilogue slots).
+#[target_feature(enable = "neon")]
+fn map4_in_place(act: Act, x: &mut [f32]) {
+    let full = x.len() - x.len() % 4;
+    let p = x.as_mut_ptr();
+    let mut i = 0;
+    while i < full {
+        // SAFETY: i + 4 <= full <= x.len().
+        unsafe { vst1q_f32(p.add(i), act4(act, vld1q_f32(p.add(i)))) };
+        i += 4;
+    }
+    if full < x.len() {
+        let mut buf = [0.0f32; 4];
+        let tail = x.len() - full;
+        buf[..tail].copy_from_slice(&x[full..]);
+        // SAFETY: `buf` is a 4-element stack array, read and written in place.
+        unsafe { vst1q_f32(buf.as_mut_ptr(), act4(act, vld1q_f32(buf.as_ptr()))) };
+        x[full..].copy_from_slice(&buf[..tail]);
+    }
+}
+
+/// `neon_gelu_tanh_f32_x4_in_place`: [`gelu_tanh`] written over its input on the calling thread
+/// (the epilogue of a fused `linear`, the contract of [`edge_kernels::gelu_tanh_in_place`]).
+pub(super) fn gelu_tanh_in_place(x: &mut [f32]) {
+    // SAFETY: NEON is part of the aarch64 baseline, so the target feature is present.
+    unsafe { map4_in_place(Act::Gelu, x) }
+}
+
 /// Parallel driver shared by the activations; checks the lengths.
 fn unary(act: Act, x: &[f32], out: &mut [f32], what: &str) {
     edge_kernels::contract::unary(x, out, what);

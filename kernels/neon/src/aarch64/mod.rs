@@ -39,6 +39,10 @@ fn base_table() -> KernelTable {
         name: "neon_gelu_tanh_f32_x4",
         run: elementwise::gelu_tanh,
     };
+    t.gelu_tanh_in_place = Kernel {
+        name: "neon_gelu_tanh_f32_x4_in_place",
+        run: elementwise::gelu_tanh_in_place,
+    };
     t.relu = Kernel {
         name: "neon_relu_f32_x4",
         run: elementwise::relu,
@@ -192,13 +196,14 @@ fn linear_on<const PATH: u8>(
     k: usize,
     n: usize,
     scratch: &mut [u8],
+    epilogue: Option<edge_kernels::EpilogueFn>,
 ) {
     let path = match PATH {
         BASE => IntPath::Base,
         DOTPROD => IntPath::DotProd,
         _ => IntPath::I8mm,
     };
-    linear(path, x, w, bias, out, m, k, n, scratch);
+    linear(path, x, w, bias, out, m, k, n, scratch, epilogue);
 }
 
 /// [`linear_on`]'s `PATH` values.
@@ -219,7 +224,9 @@ fn conv2d(
 }
 
 /// Checks the shapes exactly as [`edge_kernels::linear`] does, then dispatches on the weight
-/// type.
+/// type. `epilogue`: in cache through the shared GEMM driver (F32/F16/BF16); after the product
+/// for the quantized kernels ([`edge_kernels::finish_rows`], same bits).
+#[allow(clippy::too_many_arguments)]
 fn linear(
     path: IntPath,
     x: &[f32],
@@ -230,6 +237,7 @@ fn linear(
     k: usize,
     n: usize,
     scratch: &mut [u8],
+    epilogue: Option<edge_kernels::EpilogueFn>,
 ) {
     // The x86 VNNI and AVX512_BF16 layouts have no NEON kernel: the generic one reads them
     // (same bits).
@@ -242,7 +250,7 @@ fn linear(
             PackLayout::Interleaved16x4 | PackLayout::Bf16Pairs16
         )
     {
-        return edge_kernels::linear(x, w, bias, out, m, k, n, scratch);
+        return edge_kernels::linear(x, w, bias, out, m, k, n, scratch, epilogue);
     }
     edge_kernels::contract::linear(x, w, bias, out, m, k, n, scratch.len());
     if m == 0 || n == 0 {
@@ -250,13 +258,17 @@ fn linear(
     }
     match w.dtype {
         DType::F32 | DType::F16 | DType::BF16 => {
-            edge_kernels::linear_plain(&tile::NEON, x, w, bias, out, m, k, n, scratch)
+            edge_kernels::linear_plain(&tile::NEON, x, w, bias, out, m, k, n, scratch, epilogue)
         }
         d if kquant::handles(d) => {
-            kquant::linear_kquant(path, d, x, w.bytes, bias, out, m, k, n, scratch)
+            kquant::linear_kquant(path, d, x, w.bytes, bias, out, m, k, n, scratch);
+            edge_kernels::finish_rows(out, n, epilogue);
         }
-        _ => quant::linear_quant(
-            path, w.dtype, w.layout, x, w.bytes, bias, out, m, k, n, scratch,
-        ),
+        _ => {
+            quant::linear_quant(
+                path, w.dtype, w.layout, x, w.bytes, bias, out, m, k, n, scratch,
+            );
+            edge_kernels::finish_rows(out, n, epilogue);
+        }
     }
 }

@@ -31,6 +31,8 @@ enum QuantTile {
 trait Isa {
     const SILU: Kernel<edge_kernels::UnaryFn>;
     const GELU: Kernel<edge_kernels::UnaryFn>;
+    /// GELU in place: the epilogue a fused `linear` calls (`gelu_tanh_in_place` slot).
+    const GELU_IN_PLACE: Kernel<edge_kernels::EpilogueFn>;
     const TILE: edge_kernels::F32Tile;
     const ATTENTION: edge_kernels::AttentionOps;
     const QUANT: QuantTile;
@@ -53,6 +55,10 @@ impl Isa for Avx2 {
         name: "avx2_gelu_tanh_f32_x8",
         run: vmath::gelu_avx2,
     };
+    const GELU_IN_PLACE: Kernel<edge_kernels::EpilogueFn> = Kernel {
+        name: "avx2_gelu_tanh_f32_x8_in_place",
+        run: vmath::gelu_in_place_avx2,
+    };
     const TILE: edge_kernels::F32Tile = tile::AVX2;
     const ATTENTION: edge_kernels::AttentionOps = attention::AVX2;
     const QUANT: QuantTile = QuantTile::Avx2;
@@ -67,6 +73,10 @@ impl Isa for Avx512 {
         name: "avx512_gelu_tanh_f32_x16",
         run: vmath::gelu_avx512,
     };
+    const GELU_IN_PLACE: Kernel<edge_kernels::EpilogueFn> = Kernel {
+        name: "avx512_gelu_tanh_f32_x16_in_place",
+        run: vmath::gelu_in_place_avx512,
+    };
     const TILE: edge_kernels::F32Tile = tile::AVX512;
     const ATTENTION: edge_kernels::AttentionOps = attention::AVX512;
     const QUANT: QuantTile = QuantTile::Avx2;
@@ -76,6 +86,7 @@ impl Isa for Avx512 {
 impl Isa for Avx512Vnni {
     const SILU: Kernel<edge_kernels::UnaryFn> = Avx512::SILU;
     const GELU: Kernel<edge_kernels::UnaryFn> = Avx512::GELU;
+    const GELU_IN_PLACE: Kernel<edge_kernels::EpilogueFn> = Avx512::GELU_IN_PLACE;
     const TILE: edge_kernels::F32Tile = Avx512::TILE;
     const ATTENTION: edge_kernels::AttentionOps = Avx512::ATTENTION;
     const QUANT: QuantTile = QuantTile::Vnni;
@@ -85,6 +96,7 @@ impl Isa for Avx512Vnni {
 impl Isa for Avx512Bf16 {
     const SILU: Kernel<edge_kernels::UnaryFn> = Avx512::SILU;
     const GELU: Kernel<edge_kernels::UnaryFn> = Avx512::GELU;
+    const GELU_IN_PLACE: Kernel<edge_kernels::EpilogueFn> = Avx512::GELU_IN_PLACE;
     const TILE: edge_kernels::F32Tile = Avx512::TILE;
     const ATTENTION: edge_kernels::AttentionOps = Avx512::ATTENTION;
     const QUANT: QuantTile = QuantTile::Vnni;
@@ -95,6 +107,7 @@ impl Isa for Avx512Bf16 {
 impl Isa for Avx512Amx {
     const SILU: Kernel<edge_kernels::UnaryFn> = Avx512::SILU;
     const GELU: Kernel<edge_kernels::UnaryFn> = Avx512::GELU;
+    const GELU_IN_PLACE: Kernel<edge_kernels::EpilogueFn> = Avx512::GELU_IN_PLACE;
     const TILE: edge_kernels::F32Tile = Avx512::TILE;
     const ATTENTION: edge_kernels::AttentionOps = Avx512::ATTENTION;
     const QUANT: QuantTile = QuantTile::Amx;
@@ -114,9 +127,11 @@ fn linear<I: Isa>(
     k: usize,
     n: usize,
     scratch: &mut [u8],
+    epilogue: Option<edge_kernels::EpilogueFn>,
 ) {
     if I::BF16 && w.layout == PackLayout::Bf16Pairs16 {
-        return bf16dot::linear(x, w, bias, out, m, k, n, scratch);
+        bf16dot::linear(x, w, bias, out, m, k, n, scratch);
+        return edge_kernels::finish_rows(out, n, epilogue);
     }
     let panel = match I::QUANT {
         QuantTile::Amx if qgemm_amx::pays(m, k) && qgemm::handles::<qgemm_amx::Amx>(&w, m, k) => {
@@ -133,21 +148,31 @@ fn linear<I: Isa>(
     if let Some(run) = panel {
         let wrow = edge_kernels::contract::linear(x, w, bias, out, m, k, n, scratch.len());
         if n > 0 {
-            run(x, w, wrow, bias, out, m, k, n, scratch);
+            run(x, w, wrow, bias, out, m, k, n, scratch, epilogue);
         }
         return;
     }
     match w.dtype {
         DType::F32 | DType::F16 | DType::BF16 if w.layout == PackLayout::RowMajor => {
-            linear_plain(&I::TILE, x, w, bias, out, m, k, n, scratch)
+            linear_plain(&I::TILE, x, w, bias, out, m, k, n, scratch, epilogue)
         }
-        _ => edge_kernels::linear(x, w, bias, out, m, k, n, scratch),
+        _ => edge_kernels::linear(x, w, bias, out, m, k, n, scratch, epilogue),
     }
 }
 
 /// [`qgemm::linear`]'s signature.
-type PanelLinear =
-    fn(&[f32], WeightRef<'_>, usize, Option<&[f32]>, &mut [f32], usize, usize, usize, &mut [u8]);
+type PanelLinear = fn(
+    &[f32],
+    WeightRef<'_>,
+    usize,
+    Option<&[f32]>,
+    &mut [f32],
+    usize,
+    usize,
+    usize,
+    &mut [u8],
+    Option<edge_kernels::EpilogueFn>,
+);
 
 fn attention_on<I: Isa>(
     p: &edge_kernels::AttentionParams,
@@ -188,6 +213,7 @@ fn table<I: Isa>(linear_name: &'static str, conv_name: &'static str) -> KernelTa
     };
     t.silu = I::SILU;
     t.gelu_tanh = I::GELU;
+    t.gelu_tanh_in_place = I::GELU_IN_PLACE;
     t
 }
 

@@ -31,7 +31,7 @@
 use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use edge_kernels::{quant, quant_panel_cols, WeightRef, QUANT_PANEL_BLOCK_BYTES};
+use edge_kernels::{quant, quant_panel_cols, EpilogueFn, WeightRef, QUANT_PANEL_BLOCK_BYTES};
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 use rayon::prelude::*;
@@ -68,17 +68,22 @@ impl OutPtr {
     ///
     /// # Safety
     /// Elements `i .. i + len` are inside the output and no other thread writes or reads them
-    /// meanwhile; `len ≤ 32` and `bias`, if any, holds `len` values.
+    /// meanwhile; `len ≤ 32` and `bias`, if any, holds `len` values. `epilogue` then runs on
+    /// the written elements.
     unsafe fn write_sums<P: Panel>(
         self,
         i: usize,
         sums: &[f32; MAX_COLS],
         bias: Option<&[f32]>,
         len: usize,
+        epilogue: Option<EpilogueFn>,
     ) {
         // SAFETY: the caller's contract (the elements are this task's alone).
         let dst = unsafe { std::slice::from_raw_parts_mut(self.0.add(i), len) };
         P::store(dst, sums, bias);
+        if let Some(e) = epilogue {
+            e(dst);
+        }
     }
 }
 
@@ -343,6 +348,9 @@ fn plan_group<'a>(w: &WeightRef<'a>, n: usize, j0: usize, nb: usize) -> Option<&
 /// The `linear` slot for `handles()` cases, after `edge_kernels::contract::linear` passed.
 ///
 /// Callers guarantee AVX-512F, AVX-512BW and AVX-512 VNNI (checked when the table was built).
+/// `epilogue` runs on each row's columns of a pair of groups (few rows) or of a panel (many
+/// rows) as soon as a row tile has written them, while they are in cache.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn linear<P: Panel>(
     x: &[f32],
     w: WeightRef<'_>,
@@ -353,6 +361,7 @@ pub(crate) fn linear<P: Panel>(
     k: usize,
     n: usize,
     scratch: &mut [u8],
+    epilogue: Option<EpilogueFn>,
 ) {
     let Some(kind) = scaling(w.dtype) else {
         unreachable!("qgemm::linear called for {:?}", w.dtype)
@@ -415,7 +424,7 @@ pub(crate) fn linear<P: Panel>(
                         // `j0 + valid ≤ n`), and the columns `j0 .. j0 + valid` belong to the
                         // worker that took this pair alone (each pair is taken once), so no
                         // two workers write the same element and nothing reads `out`.
-                        unsafe { dst.write_sums::<P>((r0 + r) * n + j0, row, b, valid) };
+                        unsafe { dst.write_sums::<P>((r0 + r) * n + j0, row, b, valid, epilogue) };
                     }
                 }
             });
@@ -458,6 +467,11 @@ pub(crate) fn linear<P: Panel>(
                                 &res[r],
                                 bias.map(|b| &b[j0..j0 + valid]),
                             );
+                        }
+                    }
+                    if let Some(e) = epilogue {
+                        for r in 0..rt.min(rows - r0) {
+                            e(&mut rows_out[(r0 + r) * n + p0..][..ncols]);
                         }
                     }
                 }

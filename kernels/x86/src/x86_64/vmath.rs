@@ -237,6 +237,57 @@ pub(crate) fn silu_avx512(x: &[f32], out: &mut [f32]) {
     map(Unary::Silu, true, x, out, "silu")
 }
 
+/// `x[i] = f(x[i])` on the calling thread, 16 lanes at a time (8 with AVX2 only), the tail
+/// through the scalar lane function: the in-place epilogue slots.
+///
+/// # Safety
+/// AVX2 present (`wide`: AVX-512F).
+unsafe fn map_in_place(f: Unary, wide: bool, x: &mut [f32]) {
+    let (lanes, full) = if wide {
+        (16, x.len() / 16 * 16)
+    } else {
+        (8, x.len() / 8 * 8)
+    };
+    let p = x.as_mut_ptr();
+    let mut i = 0;
+    while i < full {
+        // SAFETY: `i + lanes <= full <= x.len()`; AVX2 (`wide`: AVX-512F) per the contract.
+        unsafe {
+            if wide {
+                let v = _mm512_loadu_ps(p.add(i));
+                let y = match f {
+                    Unary::Silu => silu16(v),
+                    Unary::Gelu => gelu16(v),
+                };
+                _mm512_storeu_ps(p.add(i), y);
+            } else {
+                let v = _mm256_loadu_ps(p.add(i));
+                let y = match f {
+                    Unary::Silu => silu8(v),
+                    Unary::Gelu => gelu8(v),
+                };
+                _mm256_storeu_ps(p.add(i), y);
+            }
+        }
+        i += lanes;
+    }
+    for v in &mut x[full..] {
+        *v = f.scalar(*v);
+    }
+}
+
+/// `avx2_gelu_tanh_f32_x8_in_place`: the `gelu_tanh_in_place` slot (a `linear` epilogue).
+pub(crate) fn gelu_in_place_avx2(x: &mut [f32]) {
+    // SAFETY: the tables that hold this slot are built only after AVX2 was detected.
+    unsafe { map_in_place(Unary::Gelu, false, x) }
+}
+
+/// `avx512_gelu_tanh_f32_x16_in_place`: the `gelu_tanh_in_place` slot (a `linear` epilogue).
+pub(crate) fn gelu_in_place_avx512(x: &mut [f32]) {
+    // SAFETY: the tables that hold this slot are built only after AVX-512F was detected.
+    unsafe { map_in_place(Unary::Gelu, true, x) }
+}
+
 /// `avx2_gelu_tanh_f32_x8`.
 pub(crate) fn gelu_avx2(x: &[f32], out: &mut [f32]) {
     map(Unary::Gelu, false, x, out, "gelu_tanh")
