@@ -991,6 +991,8 @@ fn bench_profiles_every_stage() {
         "ms in ops (summed over the 2 NFEs timed above)",
         "VaeDecoder",
         "linear",
+        // The products with the GELU fused into their epilogue are a row of their own.
+        "linear+gelu_tanh",
         "attention",
         "conv2d",
         // The demo VAE's 3×3 convolutions (32–64 channels) are Winograd's, counted apart.

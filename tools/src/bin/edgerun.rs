@@ -1509,7 +1509,11 @@ fn bench(a: BenchArgs) -> Result<()> {
                     pk.amx_int8_ops.or(pk.int8_ops)
                 }
                 Some(d) if d.is_quantized() => pk.int8_ops,
-                _ if matches!(r.op, "linear" | "conv2d" | "conv2d winograd" | "attention") => {
+                _ if matches!(
+                    r.op,
+                    "linear" | "linear+gelu_tanh" | "conv2d" | "conv2d winograd" | "attention"
+                ) =>
+                {
                     pk.f32_fma_ops.or(pk.f32_ops)
                 }
                 _ => pk.f32_ops,

@@ -237,39 +237,47 @@ pub(crate) fn silu_avx512(x: &[f32], out: &mut [f32]) {
     map(Unary::Silu, true, x, out, "silu")
 }
 
-/// `x[i] = f(x[i])` on the calling thread, 16 lanes at a time (8 with AVX2 only), the tail
-/// through the scalar lane function: the in-place epilogue slots.
-///
-/// # Safety
-/// AVX2 present (`wide`: AVX-512F).
-unsafe fn map_in_place(f: Unary, wide: bool, x: &mut [f32]) {
-    let (lanes, full) = if wide {
-        (16, x.len() / 16 * 16)
-    } else {
-        (8, x.len() / 8 * 8)
-    };
+/// `x[i] = f(x[i])` on the calling thread, 8 lanes at a time, the tail through the scalar lane
+/// function: the AVX2 in-place epilogue slots.
+#[target_feature(enable = "avx2")]
+unsafe fn map8_in_place(f: Unary, x: &mut [f32]) {
+    let full = x.len() - x.len() % 8;
     let p = x.as_mut_ptr();
     let mut i = 0;
     while i < full {
-        // SAFETY: `i + lanes <= full <= x.len()`; AVX2 (`wide`: AVX-512F) per the contract.
+        // SAFETY: `i + 8 <= full <= x.len()`.
         unsafe {
-            if wide {
-                let v = _mm512_loadu_ps(p.add(i));
-                let y = match f {
-                    Unary::Silu => silu16(v),
-                    Unary::Gelu => gelu16(v),
-                };
-                _mm512_storeu_ps(p.add(i), y);
-            } else {
-                let v = _mm256_loadu_ps(p.add(i));
-                let y = match f {
-                    Unary::Silu => silu8(v),
-                    Unary::Gelu => gelu8(v),
-                };
-                _mm256_storeu_ps(p.add(i), y);
-            }
+            let v = _mm256_loadu_ps(p.add(i));
+            let y = match f {
+                Unary::Silu => silu8(v),
+                Unary::Gelu => gelu8(v),
+            };
+            _mm256_storeu_ps(p.add(i), y);
         }
-        i += lanes;
+        i += 8;
+    }
+    for v in &mut x[full..] {
+        *v = f.scalar(*v);
+    }
+}
+
+/// [`map8_in_place`] 16 lanes at a time: the AVX-512 in-place epilogue slots.
+#[target_feature(enable = "avx512f")]
+unsafe fn map16_in_place(f: Unary, x: &mut [f32]) {
+    let full = x.len() - x.len() % 16;
+    let p = x.as_mut_ptr();
+    let mut i = 0;
+    while i < full {
+        // SAFETY: `i + 16 <= full <= x.len()`.
+        unsafe {
+            let v = _mm512_loadu_ps(p.add(i));
+            let y = match f {
+                Unary::Silu => silu16(v),
+                Unary::Gelu => gelu16(v),
+            };
+            _mm512_storeu_ps(p.add(i), y);
+        }
+        i += 16;
     }
     for v in &mut x[full..] {
         *v = f.scalar(*v);
@@ -279,13 +287,13 @@ unsafe fn map_in_place(f: Unary, wide: bool, x: &mut [f32]) {
 /// `avx2_gelu_tanh_f32_x8_in_place`: the `gelu_tanh_in_place` slot (a `linear` epilogue).
 pub(crate) fn gelu_in_place_avx2(x: &mut [f32]) {
     // SAFETY: the tables that hold this slot are built only after AVX2 was detected.
-    unsafe { map_in_place(Unary::Gelu, false, x) }
+    unsafe { map8_in_place(Unary::Gelu, x) }
 }
 
 /// `avx512_gelu_tanh_f32_x16_in_place`: the `gelu_tanh_in_place` slot (a `linear` epilogue).
 pub(crate) fn gelu_in_place_avx512(x: &mut [f32]) {
     // SAFETY: the tables that hold this slot are built only after AVX-512F was detected.
-    unsafe { map_in_place(Unary::Gelu, true, x) }
+    unsafe { map16_in_place(Unary::Gelu, x) }
 }
 
 /// `avx2_gelu_tanh_f32_x8`.
