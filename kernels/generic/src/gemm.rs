@@ -395,10 +395,11 @@ pub(crate) fn gemm_column_tasks<'b>(
     });
 }
 
-/// `out_rows[r][jj] = epilogue(dot(x[i0 + r, ..], column jj) + bias)` for every `r < out_rows.len()` and
-/// the `nb` columns of `panels` (`out_rows[r]` is row `i0 + r`'s slice of them), on the calling
-/// thread: rows in blocks of `8 · tile.rows`, each block over the panels in [`COL_BLOCK`]s. A
-/// row-split task of [`gemm`] is one such block; a column task, all rows.
+/// `out_rows[r][jj] = epilogue(dot(x[i0 + r, ..], column jj) + bias)` for every
+/// `r < out_rows.len()` and the `nb` columns of `panels` (`out_rows[r]` is row `i0 + r`'s slice
+/// of them), on the calling thread: rows in blocks of `8 · tile.rows`, each block over the
+/// panels in [`COL_BLOCK`]s. A row-split task of [`gemm`] is one such block; a column task, all
+/// rows.
 #[allow(clippy::too_many_arguments)]
 fn rows_into(
     tile: &F32Tile,

@@ -3,6 +3,7 @@
 //! (`Q8_0` rows in groups of 16, quants in 4-byte steps, for the x86-64 AVX-512 VNNI kernels),
 //! [`PackLayout::Bf16Pairs16`] (through [`crate::bf16dot`]), their inverses, and block access for the generic kernels, which read any layout.
 
+use crate::weights::WeightRef;
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 
@@ -157,6 +158,31 @@ pub fn read_block(
     out[..2].copy_from_slice(&bytes[scale..scale + 2]);
     for (i, o) in out[2..2 + qb].iter_mut().enumerate() {
         *o = bytes[quant.at(i)];
+    }
+}
+
+/// Row-major `[n, k]` weights of `dtype` (`src`) as a [`WeightRef`] in `layout`: `src` itself for
+/// [`PackLayout::RowMajor`], else [`repack`]ed into `dst` (resized to `src.len()`).
+///
+/// Panics as [`repack`] does for a layout that cannot hold `dtype`.
+pub fn in_layout<'a>(
+    layout: PackLayout,
+    dtype: DType,
+    src: &'a [u8],
+    n: usize,
+    k: usize,
+    dst: &'a mut Vec<u8>,
+) -> WeightRef<'a> {
+    if layout == PackLayout::RowMajor {
+        return WeightRef::row_major(dtype, src);
+    }
+    dst.clear();
+    dst.resize(src.len(), 0);
+    repack(layout, dtype, src, n, k, dst);
+    WeightRef {
+        dtype,
+        bytes: dst,
+        layout,
     }
 }
 

@@ -470,17 +470,8 @@ fn fused_gelu_epilogue_is_the_product_then_the_op() {
                 layouts.push(PackLayout::Bf16Pairs16);
             }
             for layout in layouts {
-                let mut packed = vec![0u8; wb.bytes().len()];
-                let w = if layout == PackLayout::RowMajor {
-                    WeightRef::row_major(dtype, wb.bytes())
-                } else {
-                    edge_kernels::pack::repack(layout, dtype, wb.bytes(), n, k, &mut packed);
-                    WeightRef {
-                        dtype,
-                        bytes: &packed,
-                        layout,
-                    }
-                };
+                let mut packed = Vec::new();
+                let w = edge_kernels::pack::in_layout(layout, dtype, wb.bytes(), n, k, &mut packed);
                 for b in [None, Some(bias.as_slice())] {
                     let mut scratch = AlignedBytes::zeroed(linear_scratch_bytes(dtype, m, k));
                     let mut plain = vec![f32::NAN; m * n];

@@ -838,17 +838,8 @@ fn fused_gelu_epilogue_matches_the_unfused_generic() {
             let wbuf = pack(dtype, &w, n, k);
             let row = dtype.bytes_for(k as u64).expect("whole blocks") as usize;
             let rm = &wbuf.as_bytes()[..n * row];
-            let mut packed = vec![0u8; rm.len()];
-            let wl = if layout == PackLayout::RowMajor {
-                WeightRef::row_major(dtype, rm)
-            } else {
-                edge_kernels::pack::repack(layout, dtype, rm, n, k, &mut packed);
-                WeightRef {
-                    dtype,
-                    bytes: &packed,
-                    layout,
-                }
-            };
+            let mut packed = Vec::new();
+            let wl = edge_kernels::pack::in_layout(layout, dtype, rm, n, k, &mut packed);
             for b in [None, Some(bias.as_slice())] {
                 for (label, table) in variants() {
                     let need = (table.linear_scratch_bytes.run)(dtype, m, k);

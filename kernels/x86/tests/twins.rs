@@ -63,20 +63,8 @@ fn weights(dtype: DType, w: &[f32], n: usize, k: usize) -> (Vec<u32>, usize) {
     (buf, n * row)
 }
 
-fn run_linear(
-    t: &KernelTable,
-    x: &[f32],
-    w: WeightRef<'_>,
-    bias: Option<&[f32]>,
-    m: usize,
-    k: usize,
-    n: usize,
-) -> Vec<f32> {
-    run_linear_with(t, x, w, bias, m, k, n, None)
-}
-
 #[allow(clippy::too_many_arguments)]
-fn run_linear_with(
+fn run_linear(
     t: &KernelTable,
     x: &[f32],
     w: WeightRef<'_>,
@@ -174,8 +162,8 @@ fn linear_matches_generic_bit_for_bit() {
                 let (buf, len) = weights(dtype, &w, n, k);
                 let wr = WeightRef::row_major(dtype, &buf.as_bytes()[..len]);
                 for b in [None, Some(bias.as_slice())] {
-                    let want = run_linear(&generic, &x, wr, b, m, k, n);
-                    let got = run_linear(&t, &x, wr, b, m, k, n);
+                    let want = run_linear(&generic, &x, wr, b, m, k, n, None);
+                    let got = run_linear(&t, &x, wr, b, m, k, n, None);
                     let what = format!("linear {dtype:?} m={m} k={k} n={n} bias={}", b.is_some());
                     assert_bits(label, &what, &got, &want);
                 }
@@ -238,8 +226,8 @@ fn bf16_pairs_match_generic_bit_for_bit() {
                 layout: PackLayout::Bf16Pairs16,
             };
             for b in [None, Some(bias.as_slice())] {
-                let want = run_linear(&generic, &x, wp, b, m, k, n);
-                let got = run_linear(&t, &x, wp, b, m, k, n);
+                let want = run_linear(&generic, &x, wp, b, m, k, n, None);
+                let got = run_linear(&t, &x, wp, b, m, k, n, None);
                 let what = format!("bf16 pairs m={m} k={k} n={n} bias={}", b.is_some());
                 assert_bits(label, &what, &got, &want);
             }
@@ -298,8 +286,9 @@ fn interleaved16x4_q8_0_matches_row_major_generic() {
                     m,
                     k,
                     n,
+                    None,
                 );
-                let got = run_linear(&t, &x, wi, b, m, k, n);
+                let got = run_linear(&t, &x, wi, b, m, k, n, None);
                 let what = format!(
                     "linear Q8_0 Interleaved16x4 m={m} k={k} n={n} bias={}",
                     b.is_some()
@@ -333,8 +322,8 @@ fn linear_extremes_match_generic() {
         // Block 0 of row 0: every quant −128.
         buf.as_mut_bytes()[2..34].fill(0x80);
         let wr = WeightRef::row_major(DType::Q8_0, &buf.as_bytes()[..len]);
-        let want = run_linear(&generic, &x, wr, None, m, k, n);
-        let got = run_linear(&t, &x, wr, None, m, k, n);
+        let want = run_linear(&generic, &x, wr, None, m, k, n, None);
+        let got = run_linear(&t, &x, wr, None, m, k, n, None);
         assert_bits(label, "linear Q8_0 extremes", &got, &want);
     }
 }
@@ -362,8 +351,8 @@ fn largest_narrow_block_sums_match_generic() {
             ] {
                 let (buf, len) = weights(dtype, &w, n, k);
                 let wr = WeightRef::row_major(dtype, &buf.as_bytes()[..len]);
-                let want = run_linear(&generic, &x, wr, None, m, k, n);
-                let got = run_linear(&t, &x, wr, None, m, k, n);
+                let want = run_linear(&generic, &x, wr, None, m, k, n, None);
+                let got = run_linear(&t, &x, wr, None, m, k, n, None);
                 assert_bits(
                     label,
                     &format!("linear {dtype:?} largest sums x={sign}"),
@@ -419,8 +408,8 @@ fn q8_0_activation_rounding_and_non_finite_blocks_match_generic() {
     for (label, t) in tables() {
         let (buf, len) = weights(DType::Q8_0, &w, n, k);
         let wr = WeightRef::row_major(DType::Q8_0, &buf.as_bytes()[..len]);
-        let want = run_linear(&generic, &x, wr, None, m, k, n);
-        let got = run_linear(&t, &x, wr, None, m, k, n);
+        let want = run_linear(&generic, &x, wr, None, m, k, n, None);
+        let got = run_linear(&t, &x, wr, None, m, k, n, None);
         for (i, (g, r)) in got.iter().zip(&want).enumerate() {
             assert!(
                 g.to_bits() == r.to_bits() || (g.is_nan() && r.is_nan()),
@@ -467,8 +456,8 @@ fn zero_scale_activation_blocks_match_generic() {
             }
             let wr = WeightRef::row_major(dtype, &buf.as_bytes()[..len]);
             for b in [None, Some(&w[..n])] {
-                let want = run_linear(&generic, &x, wr, b, m, k, n);
-                let got = run_linear(&t, &x, wr, b, m, k, n);
+                let want = run_linear(&generic, &x, wr, b, m, k, n, None);
+                let got = run_linear(&t, &x, wr, b, m, k, n, None);
                 assert_bits(
                     label,
                     &format!("linear {dtype:?} zero-scale blocks"),
@@ -715,21 +704,12 @@ fn fused_gelu_epilogue_matches_the_unfused_generic() {
                 let bias = rng.vec(n, 1.0);
                 let (buf, len) = weights(dtype, &w, n, k);
                 let rm = &buf.as_bytes()[..len];
-                let mut packed = vec![0u8; len];
-                let wl = if layout == PackLayout::RowMajor {
-                    WeightRef::row_major(dtype, rm)
-                } else {
-                    edge_kernels::pack::repack(layout, dtype, rm, n, k, &mut packed);
-                    WeightRef {
-                        dtype,
-                        bytes: &packed,
-                        layout,
-                    }
-                };
+                let mut packed = Vec::new();
+                let wl = edge_kernels::pack::in_layout(layout, dtype, rm, n, k, &mut packed);
                 for b in [None, Some(bias.as_slice())] {
-                    let want = gelu(run_linear(&generic, &x, wl, b, m, k, n));
+                    let want = gelu(run_linear(&generic, &x, wl, b, m, k, n, None));
                     let epi = Some(t.gelu_tanh_in_place.run);
-                    let got = run_linear_with(&t, &x, wl, b, m, k, n, epi);
+                    let got = run_linear(&t, &x, wl, b, m, k, n, epi);
                     let what = format!(
                         "linear+gelu {dtype:?} {layout:?} m={m} k={k} n={n} bias={}",
                         b.is_some()

@@ -566,6 +566,11 @@ pub(crate) fn put_scales(out: &mut [u8], d: u16, s: Option<u16>) {
     out[4..ACT_QUANTS_AT].copy_from_slice(&s.to_le_bytes());
 }
 
+/// f32 elements ahead of the current block that [`quantize_q8_0_wide`] prefetches (1 KiB: its
+/// activations stream from L3 or memory, block by block; 2 and 4 KiB measured no better:
+/// BENCHMARKS.md, "the Q8_0 activation quantizer's prefetch").
+const PF_AHEAD: usize = 256;
+
 /// ggml's `quantize_row_q8_0_ref` (the generic [`quant::quantize_activation_row`] for `Q8_0`),
 /// 32 values per block in two zmm, stored widened ([`ACT_BLOCK`]: the f16 scale's f32 value,
 /// 0, the quants biased to unsigned, `q ^ 0x80 = q + 128`, as the VNNI tile reads them):
@@ -578,8 +583,6 @@ pub(crate) fn put_scales(out: &mut [u8], d: u16, s: Option<u16>) {
 /// # Safety
 /// AVX-512F and BW present; `dst.len() == src.len() / 32 · ACT_BLOCK`, `src.len()` a multiple
 /// of 32.
-const PF_AHEAD: usize = 256;
-
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn quantize_q8_0_wide<const FLIP: u8, const SPLIT: bool>(src: &[f32], dst: &mut [u8]) {
     assert!(src.len().is_multiple_of(32) && dst.len() == src.len() / 32 * ACT_BLOCK);
@@ -587,6 +590,7 @@ unsafe fn quantize_q8_0_wide<const FLIP: u8, const SPLIT: bool>(src: &[f32], dst
     let sign = _mm512_set1_epi32(i32::MIN);
     for (bi, x) in src.chunks_exact(32).enumerate() {
         let (head, quants) = act_offsets::<SPLIT>(nb, bi);
+        // A hint (`prefetcht0` never faults, even past the row's end) for the blocks to come.
         let ahead = x.as_ptr().wrapping_add(PF_AHEAD) as *const i8;
         _mm_prefetch::<_MM_HINT_T0>(ahead);
         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
