@@ -79,6 +79,9 @@ fn bench_linear(tables: &[(&str, KernelTable)], dtype: DType, m: usize, k: usize
     let mut scratch = Buf::new(linear_scratch_bytes(dtype, m, k));
     let mut out = vec![0.0f32; m * n];
     let mut base = 0.0;
+    // `KBENCH_EPILOGUE=gelu`: the products with the GELU fused into their epilogue (the table's
+    // `gelu_tanh_in_place`, as a plan's `linear+gelu_tanh` step runs them).
+    let gelu = std::env::var("KBENCH_EPILOGUE").is_ok_and(|v| v == "gelu");
     for (label, t) in tables {
         let s = time(|| {
             (t.linear.run)(
@@ -90,7 +93,7 @@ fn bench_linear(tables: &[(&str, KernelTable)], dtype: DType, m: usize, k: usize
                 k,
                 n,
                 scratch.bytes_mut(),
-                None,
+                gelu.then_some(t.gelu_tanh_in_place.run),
             )
         });
         if base == 0.0 {
