@@ -232,6 +232,39 @@ fn compile_bad_width() {
     );
 }
 
+/// A negative size or thread count is read as a number and refused naming its flag (clap
+/// otherwise takes `-64` for the flag `-6`: "unexpected argument '-6'").
+#[test]
+fn negative_sizes_and_threads_name_the_flag() {
+    let t = tempfile::tempdir().unwrap();
+    let plan = t.path().join("x.plan");
+    let png = t.path().join("out.png");
+    let cases: [(&str, Output); 4] = [
+        (
+            "'-64' for '--width",
+            run(EDGEPLAN, &compile_args(s(&demo_model()), s(&plan), "-64")),
+        ),
+        (
+            "'-64' for '--width",
+            generate(demo_plan(), &png, &["-W", "-64"]),
+        ),
+        (
+            "'-64' for '--height",
+            generate(demo_plan(), &png, &["-H", "-64"]),
+        ),
+        (
+            "'-1' for '--threads",
+            generate(demo_plan(), &png, &["-t", "-1"]),
+        ),
+    ];
+    for (want, o) in cases {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(want), "{want}: {err}");
+        assert!(!err.contains("unexpected argument"), "{err}");
+    }
+    assert!(!plan.exists() && !png.exists());
+}
+
 /// Runs `edgerun generate` on `plan` with 2 steps and `extra` arguments, writing `out`.
 fn generate(plan: &Path, out: &Path, extra: &[&str]) -> Output {
     let mut args = vec![

@@ -169,10 +169,22 @@ struct CompileArgs {
     #[arg(long)]
     family: Option<String>,
     /// Image width in pixels; repeat (or give a comma list) for several sizes, paired with -H.
-    #[arg(short = 'W', long = "width", value_delimiter = ',', required = true)]
+    #[arg(
+        short = 'W',
+        long = "width",
+        allow_negative_numbers = true,
+        value_delimiter = ',',
+        required = true
+    )]
     width: Vec<u32>,
     /// Image height in pixels; as many as widths (or one, used for every width).
-    #[arg(short = 'H', long = "height", value_delimiter = ',', required = true)]
+    #[arg(
+        short = 'H',
+        long = "height",
+        allow_negative_numbers = true,
+        value_delimiter = ',',
+        required = true
+    )]
     height: Vec<u32>,
     /// Output plan file.
     #[arg(short = 'o', long = "output")]

@@ -100,7 +100,12 @@ struct ServeArgs {
     #[arg(long = "max-body", default_value = "1M")]
     max_body: String,
     /// Worker threads of the kernels (default: one per core).
-    #[arg(short = 't', long = "threads", default_value_t = 0)]
+    #[arg(
+        short = 't',
+        long = "threads",
+        allow_negative_numbers = true,
+        default_value_t = 0
+    )]
     threads: usize,
     /// Kernel table: `best` or a label `edgerun generate -v` lists.
     #[arg(long = "kernels", default_value = "best")]
@@ -223,10 +228,10 @@ struct BenchArgs {
     #[arg(long)]
     plan: PathBuf,
     /// Image width in pixels (default: the plan's only size).
-    #[arg(short = 'W', long = "width")]
+    #[arg(short = 'W', long = "width", allow_negative_numbers = true)]
     width: Option<u32>,
     /// Image height in pixels (default: the plan's only size).
-    #[arg(short = 'H', long = "height")]
+    #[arg(short = 'H', long = "height", allow_negative_numbers = true)]
     height: Option<u32>,
     /// Stage to time: all, t5, denoiser or vae.
     #[arg(long, default_value = "all")]
@@ -235,7 +240,12 @@ struct BenchArgs {
     #[arg(long, default_value_t = 3)]
     reps: usize,
     /// Worker threads (default: one per core).
-    #[arg(short = 't', long = "threads", default_value_t = 0)]
+    #[arg(
+        short = 't',
+        long = "threads",
+        allow_negative_numbers = true,
+        default_value_t = 0
+    )]
     threads: usize,
     /// Kernel table: `best` or a label `edgerun generate -v` lists.
     #[arg(long = "kernels", default_value = "best")]
@@ -311,10 +321,10 @@ struct GenArgs {
     #[arg(long = "rng", default_value = "torch-cpu")]
     rng: String,
     /// Image width in pixels (default: the plan's only size).
-    #[arg(short = 'W', long = "width")]
+    #[arg(short = 'W', long = "width", allow_negative_numbers = true)]
     width: Option<u32>,
     /// Image height in pixels (default: the plan's only size).
-    #[arg(short = 'H', long = "height")]
+    #[arg(short = 'H', long = "height", allow_negative_numbers = true)]
     height: Option<u32>,
     /// Output PNG (the name must end in .png, or have no extension). With `-b N`, `%d` in the
     /// name is replaced by the image's number (1…N); without `%d`, `_1`…`_N` is added before
@@ -330,7 +340,12 @@ struct GenArgs {
     )]
     batch_count: i64,
     /// Worker threads (default: one per core).
-    #[arg(short = 't', long = "threads", default_value_t = 0)]
+    #[arg(
+        short = 't',
+        long = "threads",
+        allow_negative_numbers = true,
+        default_value_t = 0
+    )]
     threads: usize,
     /// Kernel table: `best` (default: the fastest this CPU has) or one of the labels `-v`
     /// lists (`generic`, `avx2`, `avx512`, `avx512+vnni`, `avx512+vnni+bf16`,
