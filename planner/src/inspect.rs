@@ -228,7 +228,7 @@ pub fn summary(meta: &PlanMeta, file_len: u64) -> String {
     for step in meta.stages.iter().flat_map(|st| &st.steps) {
         if let edge_schema::op::Op::Linear { epilogue, .. } = step.op {
             linears += 1;
-            fused += usize::from(epilogue != edge_schema::op::Epilogue::None);
+            fused += usize::from(epilogue == edge_schema::op::Epilogue::GeluTanh);
         }
     }
     let _ = writeln!(

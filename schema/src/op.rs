@@ -121,16 +121,6 @@ pub enum Epilogue {
     GeluTanh,
 }
 
-impl Epilogue {
-    /// The fused op's name (`gelu_tanh`), `None` for [`Epilogue::None`].
-    pub fn op_name(self) -> Option<&'static str> {
-        match self {
-            Epilogue::None => None,
-            Epilogue::GeluTanh => Some("gelu_tanh"),
-        }
-    }
-}
-
 impl Op {
     /// A plain product (no bias, no epilogue): `Op::Linear { has_bias, epilogue: None }`.
     pub fn linear(has_bias: bool) -> Op {

@@ -1524,10 +1524,9 @@ fn bench(a: BenchArgs) -> Result<()> {
                     pk.amx_int8_ops.or(pk.int8_ops)
                 }
                 Some(d) if d.is_quantized() => pk.int8_ops,
-                _ if matches!(
-                    r.op,
-                    "linear" | "linear+gelu_tanh" | "conv2d" | "conv2d winograd" | "attention"
-                ) =>
+                // `linear` and the products with a fused epilogue (`linear+gelu_tanh`).
+                _ if r.op.starts_with("linear")
+                    || matches!(r.op, "conv2d" | "conv2d winograd" | "attention") =>
                 {
                     pk.f32_fma_ops.or(pk.f32_ops)
                 }
