@@ -8,6 +8,8 @@
 //! `B` 8 × 64); "epi16" is 16 zmm of that tile's epilogue (`vcvtdq2ps`, two `vmulps`, `vaddps`
 //! on sums loaded from memory, accumulators in registers). A body "X + epi16" costing about X's
 //! ticks plus epi16's means the two do not overlap. Results: BENCHMARKS.md, fourteenth session.
+//! Where AMX-BF16 is present it then compares `tdpbf16ps` with the bf16 arithmetic that the
+//! kernels define (and three other models): BENCHMARKS.md, sixteenth session.
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod probe {
@@ -85,6 +87,12 @@ mod probe {
         // SAFETY: AMX-INT8 and AVX-512F are present (checked above: cpuid leaf 7 EDX bit 25,
         // EBX bit 16) and the tile state was granted.
         unsafe { probe() }
+        if f(7, 0).edx >> 22 & 1 == 1 {
+            // SAFETY: AMX-BF16 is present (cpuid leaf 7 EDX bit 22) and the tile state granted.
+            unsafe { bf16_models() }
+        } else {
+            println!("amxprobe: no AMX-BF16, its arithmetic not probed");
+        }
     }
 
     /// Runs one `asm!` template of tile instructions; every operand register points into a
@@ -183,6 +191,90 @@ mod probe {
         std::hint::black_box(sum);
         for (what, t) in rows {
             println!("{what:<48} {t:7.1} ticks");
+        }
+    }
+
+    /// Whether `tdpbf16ps` follows a model that another CPU can reproduce: random 16 × 16 tiles
+    /// (16 bf16 pairs per dot product, accumulators of many magnitudes; bf16 exponents within
+    /// 2⁻⁷ .. 2⁷, so that the f64 sums below are exact) against (1) the chain of
+    /// [`edge_kernels::bf16dot::pair_step`]s in pair order, the `vdpbf16ps` arithmetic that
+    /// `attention_bf16` defines (odd product first), (2) the same with the even product first,
+    /// (3) each pair's exact sum added to the accumulator and rounded once per pair, and (4) the
+    /// accumulator plus all 32 products, exact, rounded once. Prints the share of outputs each
+    /// model gives bit for bit.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn bf16_models() {
+        use edge_kernels::bf16dot::pair_step;
+        #[repr(C, align(64))]
+        struct Tile<T>([[T; 16]; 16]);
+        let mut cfg = Config([0; 64]);
+        cfg.0[0] = 1;
+        for t in 0..3 {
+            cfg.0[16 + 2 * t] = 64;
+            cfg.0[48 + t] = 16;
+        }
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let bf = |r: u64| {
+            let exp = 120 + (r % 15) as u16;
+            u32::from(((r >> 8) as u16 & 0x8000) | (exp << 7) | ((r >> 20) as u16 & 0x7f))
+        };
+        let half = |h: u32| f64::from(f32::from_bits(h << 16));
+        let (mut hits, mut total) = ([0usize; 4], 0usize);
+        for _ in 0..500 {
+            let mut a = Tile([[0u32; 16]; 16]);
+            let mut b = Tile([[0u32; 16]; 16]);
+            let mut c = Tile([[0f32; 16]; 16]);
+            for i in 0..16 {
+                for j in 0..16 {
+                    a.0[i][j] = bf(next()) | bf(next()) << 16;
+                    b.0[i][j] = bf(next()) | bf(next()) << 16;
+                    let e = (next() % 40) as i32 - 20;
+                    c.0[i][j] = ((next() % 4001) as f32 - 2000.0) * 2f32.powi(e);
+                }
+            }
+            let c0 = c.0;
+            let (ap, bp, cp) = (a.0.as_ptr(), b.0.as_ptr(), c.0.as_mut_ptr());
+            tile!("ldtilecfg [{cfg}]", "tileloadd tmm0, [{c} + {s}*1]",
+                "tileloadd tmm1, [{a} + {s}*1]", "tileloadd tmm2, [{b} + {s}*1]",
+                "tdpbf16ps tmm0, tmm1, tmm2", "tilestored [{c} + {s}*1], tmm0", "tilerelease",
+                cfg = in(reg) cfg.0.as_ptr(), c = in(reg) cp, a = in(reg) ap, b = in(reg) bp,
+                s = in(reg) 64usize);
+            for m in 0..16 {
+                for n in 0..16 {
+                    let (mut odd, mut even, mut per_pair) = (c0[m][n], c0[m][n], c0[m][n]);
+                    let mut all = f64::from(c0[m][n]);
+                    for k in 0..16 {
+                        let (x, w) = (a.0[m][k], b.0[k][n]);
+                        odd = pair_step(odd, x, w);
+                        even = pair_step(even, x.rotate_left(16), w.rotate_left(16));
+                        let pair =
+                            half(x & 0xffff) * half(w & 0xffff) + half(x >> 16) * half(w >> 16);
+                        per_pair = (f64::from(per_pair) + pair) as f32;
+                        all += pair;
+                    }
+                    let got = c.0[m][n].to_bits();
+                    for (h, v) in hits.iter_mut().zip([odd, even, per_pair, all as f32]) {
+                        *h += usize::from(v.to_bits() == got);
+                    }
+                    total += 1;
+                }
+            }
+        }
+        println!("tdpbf16ps, {total} outputs of 16-pair dot products, share given bit for bit by:");
+        let models = [
+            "pair_step chain, odd product first (attention_bf16)",
+            "pair_step chain, even product first",
+            "each pair's exact sum, rounded per pair",
+            "all 32 products and the accumulator exact, rounded once",
+        ];
+        for (what, h) in models.iter().zip(hits) {
+            println!("  {what:<58} {:5.1} %", 100.0 * h as f64 / total as f64);
         }
     }
 }
