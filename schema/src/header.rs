@@ -140,6 +140,14 @@ impl Header {
     /// every range lies inside the file. Does not check the metadata digest.
     pub fn read(file: &[u8]) -> Result<Header> {
         let len = file.len() as u64;
+        // The magic first: a short file that does not start with it is not a plan at all (a
+        // text file given by mistake), which says more than "truncated".
+        if let Some(found) = file.get(..MAGIC.len()).filter(|m| *m != MAGIC) {
+            return Err(Error::BadMagic {
+                found: found.try_into().expect("8 bytes"),
+                expected: MAGIC,
+            });
+        }
         let head = file.get(..HEADER_LEN).ok_or(Error::Truncated {
             what: "header".into(),
             start: 0,
@@ -147,12 +155,6 @@ impl Header {
             len,
         })?;
         let h = Header::read_from_bytes(head).map_err(|_| Error::Invalid("header size".into()))?;
-        if h.magic != MAGIC {
-            return Err(Error::BadMagic {
-                found: h.magic,
-                expected: MAGIC,
-            });
-        }
         if h.format_version.get() != FORMAT_VERSION {
             return Err(Error::UnsupportedVersion {
                 found: h.format_version.get(),
@@ -305,6 +307,27 @@ mod tests {
         h.file_len = (HEADER_LEN as u64).into();
         h.header_digest = h.compute_digest();
         h
+    }
+
+    #[test]
+    fn a_short_file_without_the_magic_is_not_a_plan() {
+        let text = b"hello, this is a text file and not a plan\n";
+        let e = Header::read(text).unwrap_err();
+        assert!(
+            matches!(e, Error::BadMagic { .. }),
+            "{e} (a text file shorter than the header)"
+        );
+        assert!(e.to_string().contains("\"hello, t\""), "{e}");
+        // A short file that starts like a plan is one cut short.
+        let mut cut = MAGIC.to_vec();
+        cut.extend_from_slice(&[0; 40]);
+        let e = Header::read(&cut).unwrap_err();
+        assert!(matches!(e, Error::Truncated { .. }), "{e}");
+        // Shorter than the magic: nothing to compare, truncated.
+        assert!(matches!(
+            Header::read(b"EDGE").unwrap_err(),
+            Error::Truncated { .. }
+        ));
     }
 
     #[test]

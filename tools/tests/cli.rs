@@ -351,6 +351,10 @@ fn generate_corrupted_plans() {
 
     let b = &good[..100];
     generate_on_damaged("truncated header", b, &["truncated", "header"]);
+
+    // A short text file is not a plan (the magic is checked before the length).
+    let b = b"a prompt list given as the plan\n";
+    generate_on_damaged("short text file", b, &["not a plan file", "\"a prompt\""]);
 }
 
 #[test]
@@ -858,6 +862,24 @@ fn generate_diverging_guidance_is_refused() {
         &["--cfg-scale", "expected a number up to 100"],
         t.path(),
     );
+}
+
+/// A negative guidance scale turns guidance off (as diffusers does for any scale up to 1),
+/// with a warning naming the flag; a scale of 1 says nothing.
+#[test]
+fn negative_guidance_scale_warns() {
+    let t = tempfile::tempdir().unwrap();
+    let png = t.path().join("out.png");
+    let o = generate(demo_plan(), &png, &["--cfg-scale", "-5"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("warning: --cfg-scale -5") && err.contains("guidance off"),
+        "{err}"
+    );
+    let o = generate(demo_plan(), &png, &["--cfg-scale", "1"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && !err.contains("--cfg-scale"), "{err}");
 }
 
 /// `-o` naming a directory or a device is refused and left as it was (a rename would replace
@@ -1387,7 +1409,12 @@ fn inspect_checks_every_section_digest() {
         err.contains("bad.plan") && err.contains("weight section 0"),
         "{err}"
     );
-    assert!(!String::from_utf8_lossy(&o.stdout).contains("verified"));
+    // Nothing of the damaged plan is described: the error alone.
+    assert!(
+        o.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
 }
 
 /// Reads `label N KiB` out of `text` (the `-v` memory line).

@@ -774,6 +774,8 @@ fn print_memory_plan(c: &edge_planner::compile::Compiled, budget: u64, headroom:
 /// and says so; a corrupted section is an error after the summary.
 fn inspect(plan: PathBuf) -> Result<()> {
     let p = edge_runtime::Plan::open(&plan)?;
+    // Every section's digest first: a damaged plan prints no summary, only the error.
+    p.verify_all_sections().map_err(|e| e.in_file(&plan))?;
     out!(
         "{}",
         edge_planner::inspect::summary(p.meta(), p.file_len() as u64).trim_end()
@@ -785,7 +787,6 @@ fn inspect(plan: PathBuf) -> Result<()> {
         ),
         None => out!("signature: unsigned"),
     }
-    p.verify_all_sections().map_err(|e| e.in_file(&plan))?;
     out!(
         "sections: {} weight sections verified (BLAKE3)",
         p.meta().sections.len()

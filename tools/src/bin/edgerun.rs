@@ -837,6 +837,13 @@ fn generate(a: GenArgs) -> Result<()> {
             a.cfg_scale
         );
     }
+    if a.cfg_scale < 0.0 {
+        eprintln!(
+            "warning: --cfg-scale {}: a negative scale turns guidance off, as any scale up to 1 \
+             does (diffusers guides only above 1); PixArt uses 4.5",
+            a.cfg_scale
+        );
+    }
     if a.batch_count > 1 && a.init_latents.is_some() {
         bail!("-b {} with --init-latents: the file gives one noise, every image would start from it; give one image per file", a.batch_count);
     }
