@@ -720,3 +720,64 @@ fn fused_gelu_epilogue_matches_the_unfused_generic() {
         }
     }
 }
+
+/// `layer_norm` and `rms_norm` (rows' statistics summed together in f64 lanes) against the
+/// generic kernels: ragged row lengths (tails of 1 to 3 after the 4-element chunks, and of the
+/// 8-wide RMSNorm apply), row counts that leave 1 to 3 rows after the groups of 4 and span
+/// several tasks, rows of very different offsets and scales (the two-pass variance), with and
+/// without LayerNorm's weight and bias.
+#[test]
+fn norms_match_generic_bit_for_bit() {
+    let generic = edge_kernels::generic();
+    let mut rng = Rng(0x0DDB_1A5E_5BAD_5EED);
+    for (label, t) in tables() {
+        for &(m, d) in &[
+            (1, 1),
+            (3, 5),
+            (4, 4),
+            (5, 7),
+            (7, 9),
+            (17, 66),
+            (35, 1152),
+            (6, 4099),
+        ] {
+            let mut x = rng.vec(m * d, 3.0);
+            for (r, row) in x.chunks_mut(d).enumerate() {
+                // Offsets up to 1e4 over spreads down to 1e-3: the second pass matters.
+                let (shift, scale) = (1e4 * rng.f32(), 10f32.powi(r as i32 % 7 - 3));
+                for v in row.iter_mut() {
+                    *v = shift + *v * scale;
+                }
+            }
+            if d >= 8 {
+                // Cancelling lanes: in the generic order `(a₀ + a₂) + (a₁ + a₃)` the ±1e20 meet
+                // first and the small values survive; in any other order they are lost, so the
+                // statistics (and the outputs) would differ.
+                x[..8].copy_from_slice(&[1e20, 1.0, -1e20, 1.0, 3.0, 5.0, 7.0, 9.0]);
+            }
+            let w = rng.vec(d, 2.0);
+            let b = rng.vec(d, 1.0);
+            for (wt, bs) in [
+                (None, None),
+                (Some(&w[..]), None),
+                (Some(&w[..]), Some(&b[..])),
+            ] {
+                let mut got = vec![f32::NAN; m * d];
+                let mut want = vec![f32::NAN; m * d];
+                (t.layer_norm.run)(&x, m, d, 1e-6, wt, bs, &mut got);
+                (generic.layer_norm.run)(&x, m, d, 1e-6, wt, bs, &mut want);
+                let what = format!(
+                    "layer_norm m={m} d={d} weight {} bias {}",
+                    wt.is_some(),
+                    bs.is_some()
+                );
+                assert_bits(label, &what, &got, &want);
+            }
+            let mut got = vec![f32::NAN; m * d];
+            let mut want = vec![f32::NAN; m * d];
+            (t.rms_norm.run)(&x, m, d, 1e-6, &w, &mut got);
+            (generic.rms_norm.run)(&x, m, d, 1e-6, &w, &mut want);
+            assert_bits(label, &format!("rms_norm m={m} d={d}"), &got, &want);
+        }
+    }
+}

@@ -2,6 +2,7 @@
 
 mod attention;
 mod bf16dot;
+mod norm;
 pub(crate) mod peak;
 mod qgemm;
 mod qgemm_amx;
@@ -211,6 +212,15 @@ fn table<I: Isa>(linear_name: &'static str, conv_name: &'static str) -> KernelTa
         name: I::ATTENTION.name,
         run: attention_on::<I>,
     };
+    // Every x86 table requires AVX2 (each `*_table` below checks it).
+    t.layer_norm = Kernel {
+        name: "avx2_layer_norm_f64x4",
+        run: norm::layer_norm,
+    };
+    t.rms_norm = Kernel {
+        name: "avx2_rms_norm_f64x4",
+        run: norm::rms_norm,
+    };
     t.silu = I::SILU;
     t.gelu_tanh = I::GELU;
     t.gelu_tanh_in_place = I::GELU_IN_PLACE;
@@ -236,14 +246,14 @@ fn avx512_table(f: &Features) -> Option<KernelTable> {
 }
 
 fn avx512_vnni_table(f: &Features) -> Option<KernelTable> {
-    (f.avx512f && f.avx512bw && f.avx512vnni)
+    (f.avx512f && f.avx512bw && f.avx512vnni && f.avx2)
         .then(|| table::<Avx512Vnni>(LINEAR_AVX512_VNNI, "avx512_conv2d_f32_6x64"))
 }
 
 /// The VNNI table, plus `vdpbf16ps` for [`PackLayout::Bf16Pairs16`] weights and for the
 /// attention ops a plan marks `bf16_products`.
 fn avx512_bf16_table(f: &Features) -> Option<KernelTable> {
-    (f.avx512f && f.avx512bw && f.avx512vnni && f.avx512bf16).then(|| {
+    (f.avx512f && f.avx512bw && f.avx512vnni && f.avx512bf16 && f.avx2).then(|| {
         with_bf16_attention(table::<Avx512Bf16>(
             LINEAR_AVX512_BF16,
             "avx512_conv2d_f32_6x64",
@@ -254,14 +264,19 @@ fn avx512_bf16_table(f: &Features) -> Option<KernelTable> {
 /// The AVX512_BF16 table with AMX-INT8 for the quantized block types, where cpuid reports
 /// AMX-INT8 (`Features::amxint8`) and this process may use it ([`amx_granted`]).
 fn avx512_amx_table(f: &Features) -> Option<KernelTable> {
-    (f.avx512f && f.avx512bw && f.avx512vnni && f.avx512bf16 && f.amxint8 && amx_granted()).then(
-        || {
-            with_bf16_attention(table::<Avx512Amx>(
-                LINEAR_AVX512_AMX,
-                "avx512_conv2d_f32_6x64",
-            ))
-        },
-    )
+    (f.avx512f
+        && f.avx512bw
+        && f.avx512vnni
+        && f.avx512bf16
+        && f.avx2
+        && f.amxint8
+        && amx_granted())
+    .then(|| {
+        with_bf16_attention(table::<Avx512Amx>(
+            LINEAR_AVX512_AMX,
+            "avx512_conv2d_f32_6x64",
+        ))
+    })
 }
 
 /// Whether this process may run AMX instructions: the OS saves the tile configuration and
