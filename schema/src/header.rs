@@ -142,9 +142,9 @@ impl Header {
         let len = file.len() as u64;
         // The magic first: a short file that does not start with it is not a plan at all (a
         // text file given by mistake), which says more than "truncated".
-        if let Some(found) = file.get(..MAGIC.len()).filter(|m| *m != MAGIC) {
+        if let Some(found) = file.first_chunk::<8>().filter(|m| **m != MAGIC) {
             return Err(Error::BadMagic {
-                found: found.try_into().expect("8 bytes"),
+                found: *found,
                 expected: MAGIC,
             });
         }

@@ -82,9 +82,11 @@ unsafe fn layer_norm_apply(
     );
     let (vm, vr) = (_mm256_set1_pd(mean), _mm256_set1_pd(rstd));
     let full = d - d % 4;
-    // SAFETY (every load and store below): `j + 4 ≤ full ≤ d`, the length of `x`, `out` and
-    // any `weight` and `bias` (asserted above).
-    let widen = |s: &[f32], j: usize| _mm256_cvtps_pd(unsafe { _mm_loadu_ps(s.as_ptr().add(j)) });
+    let widen = |s: &[f32], j: usize| {
+        let c: &[f32; 4] = s[j..j + 4].try_into().expect("4 values");
+        // SAFETY: `c` holds 4 f32.
+        _mm256_cvtps_pd(unsafe { _mm_loadu_ps(c.as_ptr()) })
+    };
     for j in (0..full).step_by(4) {
         let mut y = _mm256_mul_pd(_mm256_sub_pd(widen(x, j), vm), vr);
         if let Some(w) = weight {
@@ -93,7 +95,7 @@ unsafe fn layer_norm_apply(
         if let Some(b) = bias {
             y = _mm256_add_pd(y, widen(b, j));
         }
-        // SAFETY: as above.
+        // SAFETY: `j + 4 ≤ full ≤ d = out.len()` (asserted above).
         unsafe { _mm_storeu_ps(out.as_mut_ptr().add(j), _mm256_cvtpd_ps(y)) };
     }
     for j in full..d {
@@ -153,14 +155,15 @@ pub(super) fn layer_norm(
         .for_each(|(ob, xb)| {
             let mut orows = ob.chunks_mut(d);
             let mut xrows = xb.chunks(d);
-            // SAFETY (both calls): the tables holding this kernel exist only where AVX2 was
-            // detected (`super::avx2_table` and the AVX-512 tables, which require it).
             while xrows.len() >= ROWS {
                 let xs: [&[f32]; ROWS] = std::array::from_fn(|_| xrows.next().expect("rows"));
                 let os: [&mut [f32]; ROWS] = std::array::from_fn(|_| orows.next().expect("rows"));
+                // SAFETY: the tables holding this kernel exist only where AVX2 was detected
+                // (every `*_table` of `super` checks it).
                 unsafe { layer_norm_rows(&xs, os, eps, weight, bias) };
             }
             for (o, xr) in orows.zip(xrows) {
+                // SAFETY: as above.
                 unsafe { layer_norm_rows(&[xr], [o], eps, weight, bias) };
             }
         });
@@ -224,13 +227,14 @@ pub(super) fn rms_norm(x: &[f32], m: usize, d: usize, eps: f32, weight: &[f32], 
         .for_each(|(ob, xb)| {
             let mut orows = ob.chunks_mut(d);
             let mut xrows = xb.chunks(d);
-            // SAFETY (both calls): as in [`layer_norm`], AVX2 is present.
             while xrows.len() >= ROWS {
                 let xs: [&[f32]; ROWS] = std::array::from_fn(|_| xrows.next().expect("rows"));
                 let os: [&mut [f32]; ROWS] = std::array::from_fn(|_| orows.next().expect("rows"));
+                // SAFETY: as in [`layer_norm`], AVX2 is present.
                 unsafe { rms_norm_rows(&xs, os, eps, weight) };
             }
             for (o, xr) in orows.zip(xrows) {
+                // SAFETY: as above.
                 unsafe { rms_norm_rows(&[xr], [o], eps, weight) };
             }
         });
