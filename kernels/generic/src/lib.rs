@@ -69,7 +69,8 @@ pub use linear::{
     QUANT_PANEL_MAX_BYTES,
 };
 pub use norm::{
-    group_norm, group_norm_apply, group_norm_stats, lane_sum, layer_norm, rms_norm, GroupStats,
+    group_norm, group_norm_apply, group_norm_stats, lane_sum, layer_norm, layer_norm_value,
+    rms_norm, GroupStats,
 };
 pub use table::{
     generic, AttentionFn, BinaryFn, Conv2dFn, Conv2dScratchFn, EpilogueFn, GatedResidualFn,

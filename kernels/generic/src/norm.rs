@@ -38,6 +38,26 @@ pub fn lane_sum(x: &[f32], shift: f64, square: bool) -> f64 {
     sum
 }
 
+/// One LayerNorm output from its row's statistics: `((v − mean) · rstd) · weight + bias` in f64
+/// (an absent weight or bias skipped), rounded once to f32: the step every twin's tail shares.
+#[inline]
+pub fn layer_norm_value(
+    v: f32,
+    mean: f64,
+    rstd: f64,
+    weight: Option<f32>,
+    bias: Option<f32>,
+) -> f32 {
+    let mut y = (f64::from(v) - mean) * rstd;
+    if let Some(w) = weight {
+        y *= f64::from(w);
+    }
+    if let Some(b) = bias {
+        y += f64::from(b);
+    }
+    y as f32
+}
+
 /// Mean and biased variance of `x` in f64, two passes of [`lane_sum`].
 fn moments(x: &[f32]) -> (f64, f64) {
     let n = x.len() as f64;
@@ -188,14 +208,7 @@ pub fn layer_norm(
                 let (mean, var) = moments(xr);
                 let rstd = 1.0 / (var + f64::from(eps)).sqrt();
                 for (j, (oj, &v)) in o.iter_mut().zip(xr).enumerate() {
-                    let mut y = (f64::from(v) - mean) * rstd;
-                    if let Some(w) = weight {
-                        y *= f64::from(w[j]);
-                    }
-                    if let Some(b) = bias {
-                        y += f64::from(b[j]);
-                    }
-                    *oj = y as f32;
+                    *oj = layer_norm_value(v, mean, rstd, weight.map(|w| w[j]), bias.map(|b| b[j]));
                 }
             }
         });

@@ -100,14 +100,13 @@ fn layer_norm_row(
         unsafe { vst1q_f32(o.as_mut_ptr(), vcvt_high_f32_f64(vcvt_f32_f64(lo), hi)) };
     }
     for j in full..d {
-        let mut y = (f64::from(x[j]) - mean) * rstd;
-        if let Some(w) = weight {
-            y *= f64::from(w[j]);
-        }
-        if let Some(b) = bias {
-            y += f64::from(b[j]);
-        }
-        out[j] = y as f32;
+        out[j] = edge_kernels::layer_norm_value(
+            x[j],
+            mean,
+            rstd,
+            weight.map(|w| w[j]),
+            bias.map(|b| b[j]),
+        );
     }
 }
 

@@ -99,14 +99,13 @@ unsafe fn layer_norm_apply(
         unsafe { _mm_storeu_ps(out.as_mut_ptr().add(j), _mm256_cvtpd_ps(y)) };
     }
     for j in full..d {
-        let mut y = (f64::from(x[j]) - mean) * rstd;
-        if let Some(w) = weight {
-            y *= f64::from(w[j]);
-        }
-        if let Some(b) = bias {
-            y += f64::from(b[j]);
-        }
-        out[j] = y as f32;
+        out[j] = edge_kernels::layer_norm_value(
+            x[j],
+            mean,
+            rstd,
+            weight.map(|w| w[j]),
+            bias.map(|b| b[j]),
+        );
     }
 }
 
@@ -147,7 +146,29 @@ pub(super) fn layer_norm(
     out: &mut [f32],
 ) {
     edge_kernels::contract::layer_norm(x, m, d, weight, bias, out);
-    if m * d == 0 {
+    by_rows(
+        x,
+        d,
+        out,
+        // SAFETY: the tables holding this kernel exist only where AVX2 was detected (every
+        // `*_table` of `super` checks it).
+        |xs, os| unsafe { layer_norm_rows(&xs, os, eps, weight, bias) },
+        // SAFETY: as above.
+        |x, o| unsafe { layer_norm_rows(&[x], [o], eps, weight, bias) },
+    );
+}
+
+/// The row loop of both norms: `x` and `out` (`[m, d]`) in tasks of [`ROWS_PER_TASK`] rows (as
+/// the generic kernels split them), each task's rows [`ROWS`] at a time through `rows`, the last
+/// `< ROWS` one at a time through `row`.
+fn by_rows(
+    x: &[f32],
+    d: usize,
+    out: &mut [f32],
+    rows: impl Fn([&[f32]; ROWS], [&mut [f32]; ROWS]) + Sync,
+    row: impl Fn(&[f32], &mut [f32]) + Sync,
+) {
+    if x.is_empty() || d == 0 {
         return;
     }
     out.par_chunks_mut(ROWS_PER_TASK * d)
@@ -158,13 +179,10 @@ pub(super) fn layer_norm(
             while xrows.len() >= ROWS {
                 let xs: [&[f32]; ROWS] = std::array::from_fn(|_| xrows.next().expect("rows"));
                 let os: [&mut [f32]; ROWS] = std::array::from_fn(|_| orows.next().expect("rows"));
-                // SAFETY: the tables holding this kernel exist only where AVX2 was detected
-                // (every `*_table` of `super` checks it).
-                unsafe { layer_norm_rows(&xs, os, eps, weight, bias) };
+                rows(xs, os);
             }
             for (o, xr) in orows.zip(xrows) {
-                // SAFETY: as above.
-                unsafe { layer_norm_rows(&[xr], [o], eps, weight, bias) };
+                row(xr, o);
             }
         });
 }
@@ -219,23 +237,13 @@ unsafe fn rms_norm_rows<const N: usize>(
 /// `T5LayerNorm` over the last axis of `x` `[m, d]`, outermost-first; `weight` `[d]`).
 pub(super) fn rms_norm(x: &[f32], m: usize, d: usize, eps: f32, weight: &[f32], out: &mut [f32]) {
     edge_kernels::contract::rms_norm(x, m, d, weight, out);
-    if m * d == 0 {
-        return;
-    }
-    out.par_chunks_mut(ROWS_PER_TASK * d)
-        .zip(x.par_chunks(ROWS_PER_TASK * d))
-        .for_each(|(ob, xb)| {
-            let mut orows = ob.chunks_mut(d);
-            let mut xrows = xb.chunks(d);
-            while xrows.len() >= ROWS {
-                let xs: [&[f32]; ROWS] = std::array::from_fn(|_| xrows.next().expect("rows"));
-                let os: [&mut [f32]; ROWS] = std::array::from_fn(|_| orows.next().expect("rows"));
-                // SAFETY: as in [`layer_norm`], AVX2 is present.
-                unsafe { rms_norm_rows(&xs, os, eps, weight) };
-            }
-            for (o, xr) in orows.zip(xrows) {
-                // SAFETY: as above.
-                unsafe { rms_norm_rows(&[xr], [o], eps, weight) };
-            }
-        });
+    by_rows(
+        x,
+        d,
+        out,
+        // SAFETY: as in [`layer_norm`], AVX2 is present.
+        |xs, os| unsafe { rms_norm_rows(&xs, os, eps, weight) },
+        // SAFETY: as above.
+        |x, o| unsafe { rms_norm_rows(&[x], [o], eps, weight) },
+    );
 }
