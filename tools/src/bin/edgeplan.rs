@@ -769,9 +769,10 @@ fn print_memory_plan(c: &edge_planner::compile::Compiled, budget: u64, headroom:
     }
 }
 
-/// Prints the plan's summary (header, metadata and layout verified by the runtime's reader,
-/// the file memory-mapped rather than read), then checks every weight section's BLAKE3 digest
-/// and says so; a corrupted section is an error after the summary.
+/// Checks every weight section's BLAKE3 digest (header, metadata and layout verified by the
+/// runtime's reader, the file memory-mapped rather than read), then prints the plan's summary
+/// and says the sections were verified; a corrupted section is an error and nothing is
+/// printed.
 fn inspect(plan: PathBuf) -> Result<()> {
     let p = edge_runtime::Plan::open(&plan)?;
     // Every section's digest first: a damaged plan prints no summary, only the error.
