@@ -148,6 +148,17 @@ impl Header {
                 expected: MAGIC,
             });
         }
+        if file.is_empty() {
+            return Err(Error::Invalid(
+                "not a plan file: the file is empty (a plan starts with \"EDGEPLAN\")".into(),
+            ));
+        }
+        if file.len() < MAGIC.len() && !MAGIC.starts_with(file) {
+            return Err(Error::Invalid(format!(
+                "not a plan file: its {} bytes are not the start of \"EDGEPLAN\"",
+                file.len()
+            )));
+        }
         let head = file.get(..HEADER_LEN).ok_or(Error::Truncated {
             what: "header".into(),
             start: 0,
@@ -323,11 +334,19 @@ mod tests {
         cut.extend_from_slice(&[0; 40]);
         let e = Header::read(&cut).unwrap_err();
         assert!(matches!(e, Error::Truncated { .. }), "{e}");
-        // Shorter than the magic: nothing to compare, truncated.
+        // Shorter than the magic: a start of it is a plan cut short, anything else (or
+        // nothing) is not a plan.
         assert!(matches!(
             Header::read(b"EDGE").unwrap_err(),
             Error::Truncated { .. }
         ));
+        for short in [&b""[..], b"hello!!"] {
+            let e = Header::read(short).unwrap_err().to_string();
+            assert!(
+                e.contains("not a plan file") && e.contains("EDGEPLAN"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
