@@ -306,13 +306,14 @@ fn linear_quant(
         row.par_chunks_mut(QUANT_COLS)
             .enumerate()
             .for_each(|(cb, cols)| {
+                let packed = w.layout != PackLayout::RowMajor;
+                let mut row = vec![0u8; if packed { wrow } else { 0 }];
                 for (c, o) in cols.iter_mut().enumerate() {
                     let j = cb * QUANT_COLS + c;
-                    let s = match w.layout {
-                        PackLayout::RowMajor => {
-                            quant::vec_dot(w.dtype, k, &w.bytes[j * wrow..(j + 1) * wrow], act)
-                        }
-                        _ => vec_dot_packed(w, n, k, j, act),
+                    let s = if packed {
+                        vec_dot_packed(w, n, k, j, act, &mut row)
+                    } else {
+                        quant::vec_dot(w.dtype, k, &w.bytes[j * wrow..(j + 1) * wrow], act)
                     };
                     *o = match bias {
                         Some(b) => s + b[j],
@@ -327,17 +328,20 @@ fn linear_quant(
 }
 
 /// `quant::vec_dot` of weight row `j` of a repacked `[n, k]` matrix (`Q8_0`/`Q4_0`, activation
-/// row `act` in `Q8_0`): the row's blocks are gathered one at a time with [`pack::read_block`]
-/// and dotted in block order, so the sum is accumulated exactly as for the row-major row
-/// (`sumf += term` per block, starting from 0): bit-identical to [`PackLayout::RowMajor`].
-fn vec_dot_packed(w: WeightRef<'_>, n: usize, k: usize, j: usize, act: &[u8]) -> f32 {
-    let ab = quant::activation_row_bytes(w.dtype, 32);
+/// row `act` in `Q8_0`): the row's blocks are gathered with [`pack::read_block`] into `row` (the
+/// row-major row's `k / 32` blocks) and that row is dotted, so the sum is accumulated exactly
+/// as for [`PackLayout::RowMajor`]: bit-identical.
+fn vec_dot_packed(
+    w: WeightRef<'_>,
+    n: usize,
+    k: usize,
+    j: usize,
+    act: &[u8],
+    row: &mut [u8],
+) -> f32 {
     let bb = w.dtype.bytes_for(32).unwrap_or(0) as usize;
-    let mut block = [0u8; pack::MAX_BLOCK_BYTES];
-    let mut sumf = 0f32;
-    for b in 0..k / 32 {
-        pack::read_block(w.dtype, w.layout, w.bytes, n, k, j, b, &mut block[..bb]);
-        sumf += quant::vec_dot(w.dtype, 32, &block[..bb], &act[b * ab..(b + 1) * ab]);
+    for (b, block) in row.chunks_exact_mut(bb).enumerate() {
+        pack::read_block(w.dtype, w.layout, w.bytes, n, k, j, b, block);
     }
-    sumf
+    quant::vec_dot(w.dtype, k, row, act)
 }

@@ -1605,7 +1605,10 @@ pub fn vec_dot_q4_1_q8_1(x: &[BlockQ4_1], y: &[BlockQ8_1]) -> f32 {
     sumf
 }
 
-/// ggml `ggml_vec_dot_q5_0_q8_0_generic`: `Σ_blocks (dx·dy)·sumi`.
+/// ggml `ggml_vec_dot_q5_0_q8_0_generic`'s `Σ_blocks (dx·dy)·sumi`, each block's term fused
+/// into the running sum: `sumf = fma(sumi, dx·dy, sumf)` (one rounding per block where ggml's
+/// generic C rounds twice; its AVX2 and NEON kernels fuse too). Same definition as
+/// [`vec_dot_q8_0_q8_0`].
 pub fn vec_dot_q5_0_q8_0(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
     check_dot("vec_dot_q5_0_q8_0", x.len(), y.len());
     let mut sumf = 0f32;
@@ -1616,7 +1619,7 @@ pub fn vec_dot_q5_0_q8_0(x: &[BlockQ5_0], y: &[BlockQ8_0]) -> f32 {
             s0 += (q[j] - 16) * b.qs[j] as i32;
             s1 += (q[j + 16] - 16) * b.qs[j + QK8_0 / 2] as i32;
         }
-        sumf += (fp16_to_fp32(a.d) * fp16_to_fp32(b.d)) * (s0 + s1) as f32;
+        sumf = ((s0 + s1) as f32).mul_add(fp16_to_fp32(a.d) * fp16_to_fp32(b.d), sumf);
     }
     sumf
 }
@@ -1638,7 +1641,12 @@ pub fn vec_dot_q5_1_q8_1(x: &[BlockQ5_1], y: &[BlockQ8_1]) -> f32 {
     sumf
 }
 
-/// ggml `ggml_vec_dot_q8_0_q8_0_generic`: `Σ_blocks sumi·(dx·dy)`.
+/// ggml `ggml_vec_dot_q8_0_q8_0_generic`'s `Σ_blocks sumi·(dx·dy)`, each block's term fused
+/// into the running sum from 0: `sumf = fma(sumi, dx·dy, sumf)`, blocks in order. The integer
+/// sum and its conversion are exact (|sumi| ≤ 32·128·127 < 2²⁴), so the rounding is that of
+/// `dx·dy` and of one fused multiply-add per block, as every SIMD twin computes it (one
+/// instruction, where ggml's generic C multiplies and adds separately; its AVX2 and NEON
+/// kernels fuse too).
 pub fn vec_dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     check_dot("vec_dot_q8_0_q8_0", x.len(), y.len());
     let mut sumf = 0f32;
@@ -1647,7 +1655,7 @@ pub fn vec_dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
         for (&p, &q) in a.qs.iter().zip(&b.qs) {
             sumi += p as i32 * q as i32;
         }
-        sumf += sumi as f32 * (fp16_to_fp32(a.d) * fp16_to_fp32(b.d));
+        sumf = (sumi as f32).mul_add(fp16_to_fp32(a.d) * fp16_to_fp32(b.d), sumf);
     }
     sumf
 }

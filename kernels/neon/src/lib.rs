@@ -37,12 +37,14 @@
 //!   [`linear_layout_variant_name`], with the `n mod 4` row-major tail rows on the row-major
 //!   kernels): activations quantized once per row with
 //!   [`edge_kernels::quant::quantize_activation_row`]; per block the integer dot product is
-//!   exact and the f32 scaling is done in ggml's generic order (`ggml_vec_dot_q8_0_q8_0_generic`,
-//!   `ggml_vec_dot_q4_0_q8_0_generic` in ggml's `src/ggml-cpu/quants.c`), so these results are
-//!   bit-identical to the generic kernel in both layouts. Other weight types must be
+//!   exact and the f32 scaling is done in the generic kernel's order (`Q8_0`: `sumf =
+//!   fma(sumi, dw·da, sumf)`; `Q4_0`: ggml's `ggml_vec_dot_q4_0_q8_0_generic` in
+//!   `src/ggml-cpu/quants.c`), so these results are bit-identical to the generic kernel in both
+//!   layouts. Other weight types must be
 //!   row-major (as for the generic kernel, any other layout panics).
 //! - `Q4_1`/`Q5_0`/`Q5_1` weights: as `Q4_0` (activations `Q8_1`/`Q8_0`), exact integer block
-//!   sums and the generic f32 scaling `(dx·dy)·sumi [+ mx·sy]`: bit-identical.
+//!   sums and the generic f32 scaling (`(dx·dy)·sumi + mx·sy`; `Q5_0` fused like `Q8_0`):
+//!   bit-identical.
 //! - K-quant weights (activations `Q8_K`, `ggml_vec_dot_q*_K_q8_K_generic`): the ARMv8.0 kernels
 //!   (`neon_linear_q*_k_base`) keep the generic kernel's eight integer lanes (element index mod
 //!   8) and its f32 lane sums: bit-identical. The `sdot` kernels (`neon_linear_q*_k_dotprod`)

@@ -1,8 +1,8 @@
 // Matrix products `out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias)` in the generic kernels' arithmetic:
 // for F32/F16/BF16 weights one fused multiply-add per input feature in increasing order from 0,
-// then the bias (kernels/generic/src/gemm.rs); for Q8_0 weights ggml's order (activation rows
-// quantized to Q8_0, exact integer block sums by dp4a, `sumf += sumi · (dw · da)` block by block,
-// then the bias). So both are bit-identical to the CPU kernels. Tiles: 64 × 64 outputs per block
+// then the bias (kernels/generic/src/gemm.rs); for Q8_0 weights the generic order (activation
+// rows quantized to Q8_0, exact integer block sums by dp4a, `sumf = fma(sumi, dw · da, sumf)`
+// block by block, then the bias). So both are bit-identical to the CPU kernels. Tiles: 64 × 64 outputs per block
 // of 256 threads, 4 × 4 per thread, 16 features per shared-memory stage.
 #include "common.cuh"
 
@@ -99,7 +99,7 @@ edge_linear_q8_0(const unsigned char* xq, const unsigned char* w, const float* b
         for (int s = 0; s < 8; s++) sumi = __dp4a(quad(xb + 2 + 4 * s), quad(wb + 2 + 4 * s), sumi);
         float da = f16_to_f32((half_bits)(xb[0] | (xb[1] << 8)));
         float dw = f16_to_f32((half_bits)(wb[0] | (wb[1] << 8)));
-        sumf = __fadd_rn(sumf, __fmul_rn((float)sumi, __fmul_rn(dw, da)));
+        sumf = __fmaf_rn((float)sumi, __fmul_rn(dw, da), sumf);
     }
     out[i * n + j] = bias ? __fadd_rn(sumf, bias[j]) : sumf;
 }

@@ -1,9 +1,9 @@
 // Matrix products on tensor cores (sm_80 and later: Orin's sm_87, Hopper's sm_90; on sm_72 the
 // kernels are empty and the executor uses linear.cu's). `out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias)`.
 //
-// edge_linear_q8_0_mma: the CPU's Q8_0 arithmetic exactly (ggml's order: activation rows
+// edge_linear_q8_0_mma: the CPU's Q8_0 arithmetic exactly (the generic order: activation rows
 // quantized to Q8_0 by edge_quantize_q8_0, per 32-wide block an exact integer sum, then
-// `sumf += sumi · (dw · da)` block by block from 0, then the bias). The integer block sums come
+// `sumf = fma(sumi, dw · da, sumf)` block by block from 0, then the bias). The integer block sums come
 // from `mma.m16n8k32` s8 × s8 → s32, one mma per block with a zero accumulator, so the result is
 // bit-identical to kernels/generic and to edge_linear_q8_0 (dp4a).
 //
@@ -170,10 +170,10 @@ edge_linear_q8_0_mma(const signed char* xq, const float* xd, const signed char* 
                         : "=r"(c0i), "=r"(c1i), "=r"(c2i), "=r"(c3i)
                         : "r"(af[a][0]), "r"(af[a][1]), "r"(af[a][2]), "r"(af[a][3]),
                           "r"(b0v), "r"(b1v), "r"(0));
-                    acc[a][b][0] = __fadd_rn(acc[a][b][0], __fmul_rn((float)c0i, __fmul_rn(dw0, da[a][0])));
-                    acc[a][b][1] = __fadd_rn(acc[a][b][1], __fmul_rn((float)c1i, __fmul_rn(dw1, da[a][0])));
-                    acc[a][b][2] = __fadd_rn(acc[a][b][2], __fmul_rn((float)c2i, __fmul_rn(dw0, da[a][1])));
-                    acc[a][b][3] = __fadd_rn(acc[a][b][3], __fmul_rn((float)c3i, __fmul_rn(dw1, da[a][1])));
+                    acc[a][b][0] = __fmaf_rn((float)c0i, __fmul_rn(dw0, da[a][0]), acc[a][b][0]);
+                    acc[a][b][1] = __fmaf_rn((float)c1i, __fmul_rn(dw1, da[a][0]), acc[a][b][1]);
+                    acc[a][b][2] = __fmaf_rn((float)c2i, __fmul_rn(dw0, da[a][1]), acc[a][b][2]);
+                    acc[a][b][3] = __fmaf_rn((float)c3i, __fmul_rn(dw1, da[a][1]), acc[a][b][3]);
                 }
             }
         }

@@ -29,8 +29,8 @@
 //!   `(3·nb + 12)·u·T` apart (`tests/linear.rs` allows `(3·nb + 16)·u·T` plus the bias
 //!   rounding). `Q2_K` keeps the generic per-block formula and stays bit-identical.
 //! - `Q4_1`, `Q5_0`, `Q5_1`: the exact integer sum of each 32-element block (`smull` +
-//!   `sadalp` or `sdot`), then the generic f32 scaling `sumf += (dx·dy)·sumi [+ mx·sy]`:
-//!   bit-identical in both paths.
+//!   `sadalp` or `sdot`), then the generic f32 scaling (`sumf += (dx·dy)·sumi + mx·sy`;
+//!   `Q5_0`: `sumf = fma(sumi, dx·dy, sumf)`): bit-identical in both paths.
 //!
 //! The `i8mm` table uses the `dotprod` kernels for these types (or the `base` ones on a CPU with
 //! `i8mm` but without `dotprod`); [`variant_name`] reports which.
@@ -819,7 +819,8 @@ impl Legacy for Q5_1 {
 }
 
 /// Dot products of `COLS` legacy weight rows with one `Q8_0`/`Q8_1` activation row; the f32
-/// scaling per block is the generic one (`sumf += (dx·dy)·sumi [+ mx·sy]`), bit-identical.
+/// scaling per block is the generic one (`sumf += (dx·dy)·sumi + mx·sy` for `Q4_1`/`Q5_1`,
+/// `sumf = fma(sumi, dx·dy, sumf)` for `Q5_0`), bit-identical.
 ///
 /// # Safety
 /// `act` points to `nb` activation blocks (`Q8_1` if `T::MIN`, else `Q8_0`), every `ws[c]` to
@@ -865,10 +866,11 @@ unsafe fn ldot4<T: Legacy, const SDOT: bool>(
         }
         let (dx, mx, [dy, sy, _, _]) = (widen4(dbits), widen4(mbits), widen4([ad, as_, 0, 0]));
         for c in 0..COLS {
-            sumf[c] += if T::MIN {
-                (dx[c] * dy) * sumi[c] as f32 + mx[c] * sy
+            sumf[c] = if T::MIN {
+                sumf[c] + ((dx[c] * dy) * sumi[c] as f32 + mx[c] * sy)
             } else {
-                (dx[c] * dy) * sumi[c] as f32
+                // Q5_0: fused, as the generic kernel does (`sumf = fma(sumi, dx·dy, sumf)`).
+                (sumi[c] as f32).mul_add(dx[c] * dy, sumf[c])
             };
         }
     }

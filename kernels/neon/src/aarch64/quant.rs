@@ -12,9 +12,9 @@
 //!   taken in pairs, a lone last row uses the `dotprod` (or base) path.
 //!
 //! The f32 scaling of each block follows the generic order exactly
-//! (`sumf += sumi · (dw · da)` for Q8_0, `sumf += sumi · dw · da` for Q4_0, ggml's
-//! `ggml_vec_dot_q8_0_q8_0_generic` / `ggml_vec_dot_q4_0_q8_0_generic` in
-//! `src/ggml-cpu/quants.c`), so the results are bit-identical to [`edge_kernels::linear`].
+//! (`sumf = fma(sumi, dw · da, sumf)` for Q8_0, one `fmla`; `sumf += sumi · dw · da` for Q4_0,
+//! ggml's `ggml_vec_dot_q4_0_q8_0_generic` in `src/ggml-cpu/quants.c`), so the results are
+//! bit-identical to [`edge_kernels::linear`].
 //! Four weight rows share each loaded activation block.
 //!
 //! Weights in [`PackLayout::Interleaved4x8`] (ggml's `block_q8_0x4` idea, `ggml-cpu/repack.cpp`;
@@ -25,17 +25,17 @@
 //! `smull`/`smlal` of its low half and `smull2`/`smlal2` of its high half. `Q4_0` nibbles enter
 //! `sdot`/`smmla` scaled by 16 (one `eor`, one `shl` or `and` per vector) and the exact integer
 //! sums are shifted back. The 4 weight scales load as one vector and the f32 scaling is done per
-//! lane with the generic operations and order (unfused), so these results are bit-identical to
-//! the generic kernel too. The last `n mod 4` rows (row-major) use the row-major kernels.
+//! lane with the generic operations and order (Q8_0 fused, Q4_0 unfused), so these results are
+//! bit-identical to the generic kernel too. The last `n mod 4` rows (row-major) use the row-major kernels.
 
 use std::arch::aarch64::{
     float32x4_t, int32x4_t, int8x16_t, uint8x16_t, vaddq_f32, vaddvq_s32, vandq_u8, vcreate_u16,
     vcvt_f32_f16, vcvtq_f32_s32, vdup_n_u16, vdupq_laneq_s64, vdupq_n_f32, vdupq_n_s32, vdupq_n_s8,
-    vdupq_n_u8, veorq_u8, vget_low_s8, vld1_u16, vld1q_s8, vld1q_u8, vmlal_high_s8, vmlal_s8,
-    vmull_high_s8, vmull_s8, vmulq_f32, vpadalq_s16, vpaddlq_s16, vpaddq_s32, vreinterpret_f16_u16,
-    vreinterpretq_s32_s64, vreinterpretq_s64_s32, vreinterpretq_s64_s8, vreinterpretq_s8_s64,
-    vreinterpretq_s8_u8, vreinterpretq_u8_s8, vshlq_n_u8, vshrq_n_s32, vshrq_n_u8, vst1q_f32,
-    vst1q_s32, vsubq_s8, vzip1q_s64, vzip2q_s64,
+    vdupq_n_u8, veorq_u8, vfmaq_f32, vget_low_s8, vld1_u16, vld1q_s8, vld1q_u8, vmlal_high_s8,
+    vmlal_s8, vmull_high_s8, vmull_s8, vmulq_f32, vpadalq_s16, vpaddlq_s16, vpaddq_s32,
+    vreinterpret_f16_u16, vreinterpretq_s32_s64, vreinterpretq_s64_s32, vreinterpretq_s64_s8,
+    vreinterpretq_s8_s64, vreinterpretq_s8_u8, vreinterpretq_u8_s8, vshlq_n_u8, vshrq_n_s32,
+    vshrq_n_u8, vst1q_f32, vst1q_s32, vsubq_s8, vzip1q_s64, vzip2q_s64,
 };
 use std::arch::asm;
 
@@ -177,7 +177,7 @@ unsafe fn load_weight<const Q4: bool>(row: *const u8, b: usize) -> (u16, int8x16
 #[inline(always)]
 fn accumulate<const Q4: bool>(sumf: f32, sumi: i32, dw: f32, da: f32) -> f32 {
     if !Q4 {
-        sumf + sumi as f32 * (dw * da)
+        (sumi as f32).mul_add(dw * da, sumf)
     } else {
         sumf + sumi as f32 * dw * da
     }
@@ -560,8 +560,8 @@ fn nibbles(v: uint8x16_t) -> (int8x16_t, int8x16_t) {
     )
 }
 
-/// [`accumulate`] on four lanes (four weight rows, one activation row): the same unfused f32
-/// operations in the same order per lane.
+/// [`accumulate`] on four lanes (four weight rows, one activation row): the same f32
+/// operations in the same order per lane (`fmla` where the generic kernel fuses).
 #[inline]
 #[target_feature(enable = "neon")]
 fn accumulate4<const Q4: bool>(
@@ -572,7 +572,7 @@ fn accumulate4<const Q4: bool>(
 ) -> float32x4_t {
     let s = vcvtq_f32_s32(sumi);
     if !Q4 {
-        vaddq_f32(sumf, vmulq_f32(s, vmulq_f32(dw, da)))
+        vfmaq_f32(sumf, s, vmulq_f32(dw, da))
     } else {
         vaddq_f32(sumf, vmulq_f32(vmulq_f32(s, dw), da))
     }

@@ -15,9 +15,10 @@
 //!   corrections `−128 · Σ w` and 16 f32 minimums. One block-group is 704 bytes.
 //! - The integer block sum `Σ u·w − 128·Σ w = Σ q·w` is exact in i32 (|sum| ≤ 32·128·127), as is
 //!   its conversion to f32 (< 2²⁴). The f32 terms are then formed and added per block in the
-//!   generic order: `Q8_0`, `Q5_0`: `sumi · (dw · da)`; `Q4_0`: `(sumi · dw) · da`; `Q4_1`,
-//!   `Q5_1`: `(dw · da) · sumi + mw · sa`; `sumf` starts at 0 and takes the blocks in order, then
-//!   the bias is added. IEEE multiplication is commutative, so lane order does not matter.
+//!   generic order: `Q8_0`, `Q5_0`: `sumf = fma(sumi, dw · da, sumf)` (one `vfmadd`); `Q4_0`:
+//!   `sumf + (sumi · dw) · da`; `Q4_1`, `Q5_1`: `sumf + ((dw · da) · sumi + mw · sa)`; `sumf`
+//!   starts at 0 and takes the blocks in order, then the bias is added. IEEE multiplication is
+//!   commutative, so lane order does not matter.
 //! - `Q8_0` weights of a `--target x86_64-avx512` plan ([`PackLayout::Interleaved16x4`]) already
 //!   hold the eight k-steps of each 16-row group and block, with the 16 f16 scales before them:
 //!   only the scales (widened) and the corrections go to scratch, and the quants are read in
@@ -116,7 +117,7 @@ const PREFETCH_BLOCKS: usize = 24;
 /// How the f32 term of a block is formed (the generic `vec_dot` of each type).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Scaling {
-    /// `sumi · (dw · da)` (`Q8_0`, `Q5_0`).
+    /// `sumf = fma(sumi, dw · da, sumf)` (`Q8_0`, `Q5_0`).
     SumiTimesScales,
     /// `(sumi · dw) · da` (`Q4_0`).
     SumiThenScales,
@@ -993,9 +994,8 @@ unsafe fn qtile<const G: usize, const KIND: u8>(
                     _mm512_setzero_ps()
                 };
                 for g in 0..G {
-                    let term =
-                        block_term::<KIND>(_mm512_cvtepi32_ps(iacc[r][g]), sc[g], mn[g], da, sa);
-                    facc[r][g] = _mm512_add_ps(facc[r][g], term);
+                    let f = _mm512_cvtepi32_ps(iacc[r][g]);
+                    facc[r][g] = block_acc::<KIND>(facc[r][g], f, sc[g], mn[g], da, sa);
                 }
             }
         }
@@ -1008,13 +1008,15 @@ unsafe fn qtile<const G: usize, const KIND: u8>(
     }
 }
 
-/// One block's f32 term for 16 columns, in the generic kernel's order ([`Scaling`]; `KIND` 0,
-/// 1, 2 in its declaration order): `f` the exact integer block sums as f32, `sc` the weights'
-/// scales, `mn` their minimums (`KIND` 2), `da` the activation block's scale and `sa` its sum
-/// (`KIND` 2), the last two broadcast.
+/// The running sums `acc` of 16 columns after one more block, in the generic kernel's order
+/// ([`Scaling`]; `KIND` 0, 1, 2 in its declaration order): `f` the exact integer block sums as
+/// f32, `sc` the weights' scales, `mn` their minimums (`KIND` 2), `da` the activation block's
+/// scale and `sa` its sum (`KIND` 2), the last two broadcast. `KIND` 0 is one fused
+/// multiply-add (`fma(f, sc · da, acc)`); the others add their term to `acc`.
 #[inline]
 #[target_feature(enable = "avx512f")]
-pub(crate) fn block_term<const KIND: u8>(
+pub(crate) fn block_acc<const KIND: u8>(
+    acc: __m512,
     f: __m512,
     sc: __m512,
     mn: __m512,
@@ -1022,11 +1024,14 @@ pub(crate) fn block_term<const KIND: u8>(
     sa: __m512,
 ) -> __m512 {
     match KIND {
-        0 => _mm512_mul_ps(f, _mm512_mul_ps(sc, da)),
-        1 => _mm512_mul_ps(_mm512_mul_ps(f, sc), da),
+        0 => _mm512_fmadd_ps(f, _mm512_mul_ps(sc, da), acc),
+        1 => _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(f, sc), da)),
         _ => _mm512_add_ps(
-            _mm512_mul_ps(_mm512_mul_ps(sc, da), f),
-            _mm512_mul_ps(mn, sa),
+            acc,
+            _mm512_add_ps(
+                _mm512_mul_ps(_mm512_mul_ps(sc, da), f),
+                _mm512_mul_ps(mn, sa),
+            ),
         ),
     }
 }

@@ -14,11 +14,14 @@
 //! - `C = 0; tdpbssd C, A, B` gives the 16 × 16 block sums `Σ q·w`, exact in i32 (|sum| ≤
 //!   32·128·127; integer addition is associative, so AMX's internal order cannot change a bit);
 //! - `C` is stored to a 1 KiB buffer and each row's 16 sums are converted, scaled and added to
-//!   the f32 accumulators in the generic order ([`super::qgemm::block_term`]), block after
+//!   the f32 accumulators in the generic order ([`super::qgemm::block_acc`]), block after
 //!   block.
 //!
-//! Two blocks are in flight: block `b + 2`'s products are issued and block `b + 1`'s sums
-//! stored while block `b`'s are scaled, in two sets of accumulator tiles. The tiles are
+//! Two blocks are in flight in two sets of accumulator tiles: at step `b` block `b + 2`'s
+//! products are issued and block `b + 1`'s sums stored, into a ring of [`SLOTS`] buffers; every
+//! [`CHUNK`] blocks the stored chunk is scaled row by row, so a row's two accumulators stay in
+//! registers across the chunk (all 16 rows' accumulators fill the 32 vector registers: scaled
+//! block by block they went to the stack and back per block). The tiles are
 //! configured per call (`ldtilecfg`) and released at its end (`tilerelease`); the table exists
 //! only where Linux granted this process the tile data state (`super::amx_granted`). Intel's
 //! ISA extensions reference defines `TDPBSSD`, `TILELOADD`, `TILESTORED` and `LDTILECFG`.
@@ -147,6 +150,11 @@ const fn tile_config() -> TileConfig {
 
 static CONFIG: TileConfig = tile_config();
 
+/// Blocks scaled together, row by row.
+const CHUNK: usize = 4;
+/// Slots of stored sums: a chunk, the block stored in its last step, and room to spare.
+const SLOTS: usize = 8;
+
 /// One accumulator set's integer sums as stored: per group, 16 rows × 16 i32.
 type SetSums = [[[i32; GROUP]; R]; 2];
 
@@ -274,10 +282,10 @@ unsafe fn amx_tile<const G: usize, const KIND: u8>(
     let strided = (0..R)
         .all(|r| acts[r].as_ptr() as usize == (a0 as usize).wrapping_add(r.wrapping_mul(stride)));
     // Written before they are read (a copied block's rows before its `tileloadd`, a set's sums
-    // by `tilestored` before the scaling loads them), so not initialised: zeroing 5 KiB per
+    // by `tilestored` before the scaling loads them), so not initialised: zeroing them per
     // call cost about 1 % of a Q8_0 NFE.
     let mut abuf: MaybeUninit<Aligned<[[u8; R * 32]; 2]>> = MaybeUninit::uninit();
-    let mut cbuf: MaybeUninit<Aligned<[SetSums; 2]>> = MaybeUninit::uninit();
+    let mut cbuf: MaybeUninit<Aligned<[SetSums; SLOTS]>> = MaybeUninit::uninit();
     let abuf = abuf.as_mut_ptr() as *mut [u8; R * 32];
     let cbuf = cbuf.as_mut_ptr() as *mut SetSums;
     // Block `b`'s quants at `qa + 32·b`, its head at `8·b` (`act_offsets::<true>`).
@@ -309,20 +317,23 @@ unsafe fn amx_tile<const G: usize, const KIND: u8>(
         }
     };
     let store_block = |b: usize| {
-        // SAFETY: set `b mod 2` holds block `b`'s sums (issued before); `cbuf` has two slots.
+        // SAFETY: set `b mod 2` holds block `b`'s sums (issued before); `cbuf` has `SLOTS`
+        // slots.
         unsafe {
+            let slot = cbuf.add(b % SLOTS) as *mut [[i32; GROUP]; R];
             if b.is_multiple_of(2) {
-                store::<0, G>(cbuf as *mut [[i32; GROUP]; R])
+                store::<0, G>(slot)
             } else {
-                store::<1, G>(cbuf.add(1) as *mut [[i32; GROUP]; R])
+                store::<1, G>(slot)
             }
         }
     };
     // SAFETY: CONFIG is a valid palette-1 configuration.
     unsafe { asm!("ldtilecfg [{0}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly)) };
     // Two blocks in flight: at step `b`, block `b + 2` is issued into the set block `b` used
-    // (stored at step `b − 1`), block `b + 1` is stored, and block `b`, stored a step
-    // earlier, is scaled, so no load waits on the tile store just issued.
+    // (stored at step `b − 1`) and block `b + 1` is stored; at a chunk's last step `b` its
+    // blocks `c0 ..= b`, all stored a step or more earlier, are scaled, so no load waits on the
+    // tile store just issued.
     issue_block(0);
     if nb > 1 {
         issue_block(1);
@@ -335,40 +346,52 @@ unsafe fn amx_tile<const G: usize, const KIND: u8>(
         if b + 1 < nb {
             store_block(b + 1);
         }
-        // SAFETY: slot `b mod 2` holds block `b`'s sums, stored by `tilestored` (above, or in
-        // the step before).
-        let sums_at = unsafe { &*cbuf.add(b % 2) };
-        // SAFETY: block `b < nb` of every row and group's meta, as asserted in `Amx::tile`.
-        unsafe {
-            let blk: [*const u8; G] = std::array::from_fn(|g| mp[g].add(b * GROUP_BLOCK));
-            let mut sc = [_mm512_setzero_ps(); G];
-            let mut mn = [_mm512_setzero_ps(); G];
-            for g in 0..G {
-                sc[g] = _mm512_loadu_ps(blk[g].add(SCALE_AT) as *const f32);
-                if KIND == 2 {
-                    mn[g] = _mm512_loadu_ps(blk[g].add(MIN_AT) as *const f32);
-                }
-            }
-            for r in 0..R {
-                let ab = acts[r].as_ptr().add(8 * b);
-                let da = _mm512_set1_ps((ab as *const f32).read_unaligned());
-                let sa = if KIND == 2 {
-                    _mm512_set1_ps((ab.add(4) as *const f32).read_unaligned())
-                } else {
-                    _mm512_setzero_ps()
-                };
+        if (b + 1) % CHUNK != 0 && b + 1 != nb {
+            continue;
+        }
+        // Blocks `c0 ..= b`, each stored by `tilestored` a step or more earlier, are scaled row
+        // by row: a row's accumulators stay in registers across the chunk.
+        let c0 = b - b % CHUNK;
+        let nc = b + 1 - c0;
+        // SAFETY: block `c0 + j ≤ b < nb` of every group's meta, as asserted in `Amx::tile`.
+        let (sc, mn) = unsafe {
+            let mut sc = [[_mm512_setzero_ps(); G]; CHUNK];
+            let mut mn = [[_mm512_setzero_ps(); G]; CHUNK];
+            for j in 0..nc {
                 for g in 0..G {
-                    let sums = _mm512_load_si512(sums_at[g][r].as_ptr() as *const __m512i);
-                    let term = super::qgemm::block_term::<KIND>(
-                        _mm512_cvtepi32_ps(sums),
-                        sc[g],
-                        mn[g],
-                        da,
-                        sa,
-                    );
-                    facc[r][g] = _mm512_add_ps(facc[r][g], term);
+                    let blk = mp[g].add((c0 + j) * GROUP_BLOCK);
+                    sc[j][g] = _mm512_loadu_ps(blk.add(SCALE_AT) as *const f32);
+                    if KIND == 2 {
+                        mn[j][g] = _mm512_loadu_ps(blk.add(MIN_AT) as *const f32);
+                    }
                 }
             }
+            (sc, mn)
+        };
+        for (r, acc) in facc.iter_mut().enumerate() {
+            let mut f = *acc;
+            for j in 0..nc {
+                let bj = c0 + j;
+                // SAFETY: slot `bj mod SLOTS` holds block `bj`'s sums (stored, not yet
+                // overwritten: at most `CHUNK + 1 < SLOTS` blocks are stored past `c0`); row `r`'s
+                // head of block `bj < nb` lies inside `acts[r]`.
+                unsafe {
+                    let sums_at = &*cbuf.add(bj % SLOTS);
+                    let ab = acts[r].as_ptr().add(8 * bj);
+                    let da = _mm512_set1_ps((ab as *const f32).read_unaligned());
+                    let sa = if KIND == 2 {
+                        _mm512_set1_ps((ab.add(4) as *const f32).read_unaligned())
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    for g in 0..G {
+                        let sums = _mm512_load_si512(sums_at[g][r].as_ptr() as *const __m512i);
+                        let s = _mm512_cvtepi32_ps(sums);
+                        f[g] = super::qgemm::block_acc::<KIND>(f[g], s, sc[j][g], mn[j][g], da, sa);
+                    }
+                }
+            }
+            *acc = f;
         }
     }
     // SAFETY: the tile state configured above is released; nothing reads it after.

@@ -10,8 +10,9 @@
 //!   f16 scale `da` is not 0, `d = amax / 127` is a normal f32 and every quant is in
 //!   −127..=127. Where it is 0, ggml's quants may saturate to −128 (subnormal `d`, infinite
 //!   `1/d`) and the integer sum below may then be wrong, which changes no output bit: the
-//!   block's term `sumi · (dw · 0)`, `(sumi · dw) · 0` or `(dw · 0) · sumi + mw · sa` is ±0 or
-//!   the same NaN whatever `sumi` is, and a ±0 term leaves `sumf` (from +0) as it was.
+//!   block's term `sumi · (dw · 0)` (fused into `sumf`), `(sumi · dw) · 0` or `(dw · 0) · sumi +
+//!   mw · sa` is ±0 or the same NaN whatever `sumi` is, and a ±0 term leaves `sumf` (from +0)
+//!   as it was.
 //! - Weights are repacked [`edge_kernels::quant_panel_cols`] columns at a time into scratch: per group of 8
 //!   columns and block, eight k-steps of `8 columns × 4 bytes` of the signed values ggml's
 //!   generic dot multiplies ([`quant::block32_values`]), then 8 f32 scales and 8 f32 minimums
@@ -21,8 +22,8 @@
 //!   saturate — and `vpmaddwd` with ones adds the pairs' pairs into the row's i32 column sums:
 //!   the exact integer block sum `Σ q·w` (|sum| ≤ 32·128·127).
 //! - The f32 terms are formed and added per block in the generic order (as in the VNNI tile:
-//!   `Q8_0`, `Q5_0`: `sumi · (dw · da)`; `Q4_0`: `(sumi · dw) · da`; `Q4_1`, `Q5_1`:
-//!   `(dw · da) · sumi + mw · sa`), then the driver adds the bias.
+//!   `Q8_0`, `Q5_0`: `sumf = fma(sumi, dw · da, sumf)`; `Q4_0`: `sumf + (sumi · dw) · da`;
+//!   `Q4_1`, `Q5_1`: `sumf + ((dw · da) · sumi + mw · sa)`), then the driver adds the bias.
 //! - A register tile is 4 activation rows × 8 columns (4 integer and 4 f32 accumulators of the
 //!   16 ymm registers); a call of the driver's two groups runs it once per group.
 
@@ -180,18 +181,18 @@ unsafe fn qtile<const KIND: u8, const NARROW: bool>(
                 let ab = ap[r].add(b * ACT_BLOCK);
                 let da = _mm256_set1_ps((ab as *const f32).read_unaligned());
                 let f = _mm256_cvtepi32_ps(iacc[r]);
-                let term = match KIND {
-                    0 => _mm256_mul_ps(f, _mm256_mul_ps(sc, da)),
-                    1 => _mm256_mul_ps(_mm256_mul_ps(f, sc), da),
+                facc[r] = match KIND {
+                    0 => _mm256_fmadd_ps(f, _mm256_mul_ps(sc, da), facc[r]),
+                    1 => _mm256_add_ps(facc[r], _mm256_mul_ps(_mm256_mul_ps(f, sc), da)),
                     _ => {
                         let sa = _mm256_set1_ps((ab.add(4) as *const f32).read_unaligned());
-                        _mm256_add_ps(
+                        let term = _mm256_add_ps(
                             _mm256_mul_ps(_mm256_mul_ps(sc, da), f),
                             _mm256_mul_ps(mn, sa),
-                        )
+                        );
+                        _mm256_add_ps(facc[r], term)
                     }
                 };
-                facc[r] = _mm256_add_ps(facc[r], term);
             }
         }
     }
