@@ -1,9 +1,11 @@
 //! `exp` as the kernels compute it: one polynomial that every SIMD twin reproduces bit for bit.
 //!
 //! Method (Cody & Waite range reduction, as in Cephes `expf`): `n = round_ties_even(x·log₂e)`,
-//! `r = (x − n·ln2_hi) − n·ln2_lo` with `ln2_hi` short enough that `n·ln2_hi` is exact, then
-//! `p = 1 + r·(1 + r·(1/2 + r·(1/6 + r·(1/24 + r·(1/120 + r·(1/720 + r/5040))))))` (Taylor to
-//! degree 7, Horner, each `·` and `+` rounded separately: no fused multiply-add), and
+//! `r = fma(−n, ln2_lo, fma(−n, ln2_hi, x))` (`ln2_hi` short enough that `n·ln2_hi` is exact),
+//! then `p = 1 + r·(1 + r·(1/2 + r·(1/6 + r·(1/24 + r·(1/120 + r·(1/720 + r/5040))))))` (Taylor
+//! to degree 7, Horner, each step one fused multiply-add `p = fma(p, r, c)`: one instruction
+//! and one rounding per step on every SIMD target; the unfused form cost the AVX-512 attention
+//! about 6 %: BENCHMARKS.md), and
 //! `exp(x) = (p · 2^⌊n/2⌋) · 2^(n − ⌊n/2⌋)` (two exact power-of-two factors, so results down into
 //! the subnormal range round once). `x < −104` gives 0, results above `f32::MAX` give +∞, NaN stays
 //! NaN (the same bits). Measured against the correctly rounded `exp` (tested): at most 2 ulp
@@ -49,13 +51,13 @@ pub fn exp_f32(x: f32) -> f32 {
         return f32::INFINITY;
     }
     let n = (x * LOG2E).round_ties_even();
-    let r = (x - n * LN2_HI) - n * LN2_LO;
+    let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
     let mut p = EXP_POLY[0];
-    for c in &EXP_POLY[1..] {
-        p = p * r + c;
+    for &c in &EXP_POLY[1..] {
+        p = p.mul_add(r, c);
     }
-    p = p * r + 1.0;
-    p = p * r + 1.0;
+    p = p.mul_add(r, 1.0);
+    p = p.mul_add(r, 1.0);
     let ni = n as i32;
     let n1 = ni >> 1;
     (p * pow2i(n1)) * pow2i(ni - n1)

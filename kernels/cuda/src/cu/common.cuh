@@ -27,8 +27,9 @@ __device__ __forceinline__ float bf16_to_f32(half_bits h) {
     return __uint_as_float(((unsigned int)h) << 16);
 }
 
-// exp in the kernels' one arithmetic (kernels/generic/src/expf.rs: Cody-Waite reduction, degree-7
-// Taylor polynomial by Horner without fused multiply-add, two exact power-of-two factors).
+// exp in the kernels' one arithmetic (kernels/generic/src/expf.rs: Cody-Waite reduction by fused
+// multiply-adds, degree-7 Taylor polynomial by Horner with fused multiply-adds, two exact
+// power-of-two factors).
 __device__ __forceinline__ float edge_exp(float x) {
     if (isnan(x)) return x;
     if (x < -104.0f) return 0.0f;
@@ -37,15 +38,15 @@ __device__ __forceinline__ float edge_exp(float x) {
     const float LN2_HI = 0.693145751953125f;  // 16 significant bits
     const float LN2_LO = 1.42860677e-6f;
     float n = rintf(__fmul_rn(x, LOG2E));     // round half to even
-    float r = __fsub_rn(__fsub_rn(x, __fmul_rn(n, LN2_HI)), __fmul_rn(n, LN2_LO));
+    float r = __fmaf_rn(-n, LN2_LO, __fmaf_rn(-n, LN2_HI, x));
     float p = 1.0f / 5040.0f;
-    p = __fadd_rn(__fmul_rn(p, r), 1.0f / 720.0f);
-    p = __fadd_rn(__fmul_rn(p, r), 1.0f / 120.0f);
-    p = __fadd_rn(__fmul_rn(p, r), 1.0f / 24.0f);
-    p = __fadd_rn(__fmul_rn(p, r), 1.0f / 6.0f);
-    p = __fadd_rn(__fmul_rn(p, r), 0.5f);
-    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
-    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+    p = __fmaf_rn(p, r, 1.0f / 720.0f);
+    p = __fmaf_rn(p, r, 1.0f / 120.0f);
+    p = __fmaf_rn(p, r, 1.0f / 24.0f);
+    p = __fmaf_rn(p, r, 1.0f / 6.0f);
+    p = __fmaf_rn(p, r, 0.5f);
+    p = __fmaf_rn(p, r, 1.0f);
+    p = __fmaf_rn(p, r, 1.0f);
     int ni = (int)n;
     int n1 = ni >> 1;
     float s1 = __int_as_float((n1 + 127) << 23);

@@ -10,9 +10,9 @@
 
 use std::arch::aarch64::{
     float32x4_t, vabsq_f32, vaddq_f32, vaddq_s32, vbslq_f32, vceqq_f32, vcgtq_f32, vcltq_f32,
-    vcvtq_s32_f32, vdivq_f32, vdupq_n_f32, vdupq_n_s32, vdupq_n_u32, vld1q_f32, vmulq_f32,
-    vmvnq_u32, vnegq_f32, vreinterpretq_f32_s32, vrndnq_f32, vshlq_n_s32, vshrq_n_s32, vst1q_f32,
-    vsubq_f32, vsubq_s32,
+    vcvtq_s32_f32, vdivq_f32, vdupq_n_f32, vdupq_n_s32, vdupq_n_u32, vfmaq_f32, vfmsq_f32,
+    vld1q_f32, vmulq_f32, vmvnq_u32, vnegq_f32, vreinterpretq_f32_s32, vrndnq_f32, vshlq_n_s32,
+    vshrq_n_s32, vst1q_f32, vsubq_f32, vsubq_s32,
 };
 
 use edge_kernels::expf::{EXP_HI, EXP_LO, EXP_POLY, LN2_HI, LN2_LO, LOG2E};
@@ -23,23 +23,21 @@ use rayon::prelude::*;
 const CHUNK: usize = 1 << 14;
 
 /// [`edge_kernels::expf::exp_f32`] on four lanes: the same operations in the same order
-/// (`n = round_ties_even(x·log₂e)`, `r = (x − n·ln2_hi) − n·ln2_lo`, Horner unfused, two exact
-/// power-of-two factors; 0 below `EXP_LO`, +∞ above `EXP_HI`, NaN kept).
+/// (`n = round_ties_even(x·log₂e)`, `r = fma(−n, ln2_lo, fma(−n, ln2_hi, x))`, Horner with
+/// `fmla`, two exact power-of-two factors; 0 below `EXP_LO`, +∞ above `EXP_HI`, NaN kept).
 #[inline]
 #[target_feature(enable = "neon")]
 pub(super) fn exp4(x: float32x4_t) -> float32x4_t {
     let n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(LOG2E)));
-    let r = vsubq_f32(
-        vsubq_f32(x, vmulq_f32(n, vdupq_n_f32(LN2_HI))),
-        vmulq_f32(n, vdupq_n_f32(LN2_LO)),
-    );
+    let r = vfmsq_f32(x, n, vdupq_n_f32(LN2_HI));
+    let r = vfmsq_f32(r, n, vdupq_n_f32(LN2_LO));
     let mut p = vdupq_n_f32(EXP_POLY[0]);
     for &c in &EXP_POLY[1..] {
-        p = vaddq_f32(vmulq_f32(p, r), vdupq_n_f32(c));
+        p = vfmaq_f32(vdupq_n_f32(c), p, r);
     }
     let one = vdupq_n_f32(1.0);
-    p = vaddq_f32(vmulq_f32(p, r), one);
-    p = vaddq_f32(vmulq_f32(p, r), one);
+    p = vfmaq_f32(one, p, r);
+    p = vfmaq_f32(one, p, r);
     let ni = vcvtq_s32_f32(n);
     let n1 = vshrq_n_s32::<1>(ni);
     let n2 = vsubq_s32(ni, n1);

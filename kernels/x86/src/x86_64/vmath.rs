@@ -11,23 +11,21 @@ use rayon::prelude::*;
 
 /// [`exp_f32`] on 8 lanes.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 pub(crate) fn exp8(x: __m256) -> __m256 {
     let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
         x,
         _mm256_set1_ps(LOG2E),
     ));
-    let r = _mm256_sub_ps(
-        _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(LN2_HI))),
-        _mm256_mul_ps(n, _mm256_set1_ps(LN2_LO)),
-    );
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
     let mut p = _mm256_set1_ps(EXP_POLY[0]);
     for &c in &EXP_POLY[1..] {
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
     }
     let one = _mm256_set1_ps(1.0);
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), one);
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), one);
+    p = _mm256_fmadd_ps(p, r, one);
+    p = _mm256_fmadd_ps(p, r, one);
     let ni = _mm256_cvtps_epi32(n);
     let n1 = _mm256_srai_epi32::<1>(ni);
     let n2 = _mm256_sub_epi32(ni, n1);
@@ -50,17 +48,15 @@ pub(crate) fn exp16(x: __m512) -> __m512 {
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
         _mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
     );
-    let r = _mm512_sub_ps(
-        _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(LN2_HI))),
-        _mm512_mul_ps(n, _mm512_set1_ps(LN2_LO)),
-    );
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
     let mut p = _mm512_set1_ps(EXP_POLY[0]);
     for &c in &EXP_POLY[1..] {
-        p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(c));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
     }
     let one = _mm512_set1_ps(1.0);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), one);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), one);
+    p = _mm512_fmadd_ps(p, r, one);
+    p = _mm512_fmadd_ps(p, r, one);
     // `p · 2ⁿ` rounded once, by `vscalefps`. The generic `(p · 2^⌊n/2⌋) · 2^(n − ⌊n/2⌋)` gives
     // the same bits: for x in [−104, 89] (the only x that reach it) |n| ≤ 150 and p is in
     // (0.7, 1.5), so its first product is a normal float, exact, and its second rounds the exact
@@ -77,7 +73,7 @@ pub(crate) fn exp16(x: __m512) -> __m512 {
 
 /// [`edge_kernels::expf::tanh_f32`] on 8 lanes.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 fn tanh8(u: __m256) -> __m256 {
     let sign = _mm256_set1_ps(-0.0);
     let a = _mm256_andnot_ps(sign, u);
@@ -111,7 +107,7 @@ fn tanh16(u: __m512) -> __m512 {
 }
 
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 fn silu8(v: __m256) -> __m256 {
     let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), v));
     _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0), e))
@@ -129,7 +125,7 @@ fn silu16(v: __m512) -> __m512 {
 }
 
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 fn gelu8(v: __m256) -> __m256 {
     let cube = _mm256_mul_ps(_mm256_mul_ps(v, v), v);
     let inner = _mm256_mul_ps(
@@ -168,7 +164,7 @@ impl Unary {
     }
 }
 
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn map8(f: Unary, x: &[f32], out: &mut [f32]) {
     let full = x.len() - x.len() % 8;
     let mut i = 0;
@@ -215,7 +211,7 @@ fn map(f: Unary, wide: bool, x: &[f32], out: &mut [f32], what: &str) {
     out.par_chunks_mut(edge_kernels::ELEMENTWISE_CHUNK)
         .zip(x.par_chunks(edge_kernels::ELEMENTWISE_CHUNK))
         .for_each(|(o, x)| {
-            // SAFETY: the tables that hold these slots are built only after AVX2 (`wide`:
+            // SAFETY: the tables that hold these slots are built only after AVX2 and FMA (`wide`:
             // AVX-512F) was detected (`crate::x86_64`); `o` and `x` have equal lengths.
             unsafe {
                 if wide {
@@ -239,7 +235,7 @@ pub(crate) fn silu_avx512(x: &[f32], out: &mut [f32]) {
 
 /// `x[i] = f(x[i])` on the calling thread, 8 lanes at a time, the tail through the scalar lane
 /// function: the AVX2 in-place epilogue slots.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn map8_in_place(f: Unary, x: &mut [f32]) {
     let full = x.len() - x.len() % 8;
     let p = x.as_mut_ptr();
@@ -286,7 +282,7 @@ unsafe fn map16_in_place(f: Unary, x: &mut [f32]) {
 
 /// `avx2_gelu_tanh_f32_x8_in_place`: the `gelu_tanh_in_place` slot (a `linear` epilogue).
 pub(crate) fn gelu_in_place_avx2(x: &mut [f32]) {
-    // SAFETY: the tables that hold this slot are built only after AVX2 was detected.
+    // SAFETY: the tables that hold this slot are built only after AVX2 and FMA were detected.
     unsafe { map8_in_place(Unary::Gelu, x) }
 }
 
