@@ -150,10 +150,14 @@ const fn tile_config() -> TileConfig {
 
 static CONFIG: TileConfig = tile_config();
 
-/// Blocks scaled together, row by row.
-const CHUNK: usize = 4;
-/// Slots of stored sums: a chunk, the block stored in its last step, and room to spare.
-const SLOTS: usize = 8;
+/// Blocks scaled together, row by row (`KBENCH_M=1024 kbench 2 "linear q8_0"`, GFLOP/s at
+/// 1024 × {1152 × 4608, 4608 × 1152, 1152 × 1152}: chunks of 2 in 4 slots 1083–1161 /
+/// 1174–1254 / 1146–1253, of 4 in 8 slots 1071–1128 / 1079–1122 / 1120–1165, of 8 in 16 slots
+/// 880–995).
+const CHUNK: usize = 2;
+/// Slots of stored sums: a chunk and the block stored in its last step.
+const SLOTS: usize = 4;
+const _: () = assert!(CHUNK < SLOTS && SLOTS.is_power_of_two());
 
 /// One accumulator set's integer sums as stored: per group, 16 rows × 16 i32.
 type SetSums = [[[i32; GROUP]; R]; 2];
@@ -373,8 +377,9 @@ unsafe fn amx_tile<const G: usize, const KIND: u8>(
             for j in 0..nc {
                 let bj = c0 + j;
                 // SAFETY: slot `bj mod SLOTS` holds block `bj`'s sums (stored, not yet
-                // overwritten: at most `CHUNK + 1 < SLOTS` blocks are stored past `c0`); row `r`'s
-                // head of block `bj < nb` lies inside `acts[r]`.
+                // overwritten: only blocks `c0 ..= b + 1`, at most `CHUNK + 1 ≤ SLOTS`, were
+                // stored since slot `c0 mod SLOTS` was); row `r`'s head of block `bj < nb` lies
+                // inside `acts[r]`.
                 unsafe {
                     let sums_at = &*cbuf.add(bj % SLOTS);
                     let ab = acts[r].as_ptr().add(8 * bj);
