@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 
 use edge_kernels::{AttentionOps, BlockState, QueryBlock, KEY_TILE, QUERY_TILE};
 
-use super::vmath::{exp16, exp8, mask, transpose16, transpose8};
+use super::vmath::{exp16_nonpositive, exp8, mask, transpose16, transpose8};
 
 /// AVX2 step: the block's rows together, as [`AVX512`] does, in 8-lane registers (16 keys ×
 /// 4 rows of scores, 16 head channels × 4 rows of accumulators at a time).
@@ -52,7 +52,8 @@ fn value_stride(head_dim: usize) -> usize {
 }
 
 /// [`edge_kernels::pack_values`] with rows [`value_stride`] apart (`[nk, value_stride]`, the
-/// padding unwritten and never read): data movement only.
+/// padding zero: [`acc_group`] reads it as the upper lanes of a row's last register, whose
+/// products land in accumulator lanes that are never stored): data movement only.
 fn pack_values_avx512(
     p: &edge_kernels::AttentionParams,
     kv_src: &[f32],
@@ -63,7 +64,9 @@ fn pack_values_avx512(
 ) {
     let (hd, vs) = (p.head_dim, value_stride(p.head_dim));
     for (c, row) in dst[..nk * vs].chunks_exact_mut(vs).enumerate() {
-        row[..hd].copy_from_slice(p.value_row(kv_src, h, j0 + c));
+        let (vals, pad) = row.split_at_mut(hd);
+        vals.copy_from_slice(p.value_row(kv_src, h, j0 + c));
+        pad.fill(0.0);
     }
 }
 
@@ -514,15 +517,16 @@ unsafe fn block_avx512<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mu
     let corr = unsafe { softmax_avx512(b, &dots, st) };
     // The packed values, `[nk, value_stride(hd)]` ([`pack_values_avx512`]).
     let vs = value_stride(hd);
-    assert!(b.values.len() >= (nk - 1) * vs + hd);
+    assert!(b.values.len() >= nk * vs);
     let vp = b.values.as_ptr();
     // Groups of up to 5 × 16 head channels: the group's accumulators of every row stay in
     // registers while the keys pass in order.
     for d0 in (0..hd).step_by(GROUP_LANES) {
         let lanes = (hd - d0).min(GROUP_LANES);
-        // SAFETY: AVX-512F is enabled here; `vp` holds `nk` value rows of `hd` elements `vs`
-        // apart (asserted) and the accumulators hold `MAX_HEAD_DIM ≥ hd`; the masks stay below
-        // `hd`; the `EXACT` arms pass `NC = ⌈lanes/16⌉` (the value matched).
+        // SAFETY: AVX-512F is enabled here; `vp` holds `nk` value rows of `vs` elements, `hd`
+        // and zero padding (asserted; `pack_values_avx512`), and the accumulators hold
+        // `MAX_HEAD_DIM ≥ hd`; the masks stay below `hd`; the `EXACT` arms pass `NC =
+        // ⌈lanes/16⌉` (the value matched), so `d0 + 16·NC ≤ vs` (`d0` a multiple of 16).
         unsafe {
             match (nq, lanes.div_ceil(16)) {
                 (4, 5) => acc_group::<4, 5, D, true>(st, &corr, vp, nk, vs, d0, lanes),
@@ -609,7 +613,8 @@ unsafe fn softmax_avx512<const D: usize>(
         )
     };
     let new_max = _mm512_max_ps(tmax, old);
-    let corr_v = exp16(_mm512_sub_ps(old, new_max));
+    // `old ≤ new_max` per lane (or NaN lanes past the rows): `exp16_nonpositive`'s contract.
+    let corr_v = exp16_nonpositive(_mm512_sub_ps(old, new_max));
     let mut corr = [0f32; 16];
     let mut nmax = [0f32; 16];
     // SAFETY: both arrays hold 16 f32.
@@ -622,7 +627,9 @@ unsafe fn softmax_avx512<const D: usize>(
         let nm = _mm512_set1_ps(nmax[r]);
         for (c, vc) in v[r].iter().enumerate().take(nc) {
             let m = mask((nk - 16 * c).min(16));
-            let w = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(*vc, nm)));
+            // Lanes of the tile's keys are at most the new maximum (or NaN); the others, which
+            // may exceed it, are zeroed whatever they give.
+            let w = _mm512_maskz_mov_ps(m, exp16_nonpositive(_mm512_sub_ps(*vc, nm)));
             sv[r] = _mm512_add_ps(sv[r], w);
             // SAFETY: `16c + 16 ≤ KEY_TILE`, inside the row's score array.
             unsafe { _mm512_storeu_ps(st.scores[r].as_mut_ptr().add(16 * c), w) };
@@ -648,18 +655,21 @@ const GROUP_LANES: usize = 80;
 /// per-element sequence; the generic step skips the product when `corr[r] = 1`, which changes
 /// no bit).
 ///
-/// The value rows are read with whole-register loads wherever a register's 16 channels all lie
-/// below `lanes` (with `EXACT`, `NC = ⌈lanes/16⌉`, so all but the last register, known at compile
-/// time; without it, checked per register) and masked loads only for the rest: a masked load
-/// costs a vector-port operation besides its load on Intel cores, one per key and register
-/// beside 4 `vfmadd` (`kbench 2 attention` on the Xeon with AMX: self 192–193 → 202 GFLOP/s,
-/// cross 183–185 → 192). The loaded lanes are the same, so are the bits. (A release `assert!`
-/// of `EXACT`'s condition per call measured 1.5 % slower: it is the caller's contract, checked
-/// in debug builds.)
+/// The value rows are read with whole-register loads: with `EXACT` (`NC = ⌈lanes/16⌉`, the rows
+/// padded with zeros to `d0 + 16·NC` channels, as [`pack_values_avx512`] writes them) all of
+/// them, the last register's lanes past `lanes` adding `w · 0` to accumulator lanes that are
+/// never stored; without it, wherever a register's 16 channels all lie below `lanes`, masked
+/// loads for the rest. A masked load costs a vector-port operation besides its load on Intel
+/// cores, one per key and register beside 4 `vfmadd` (`kbench 2 attention` on the Xeon with
+/// AMX: masking only the last register, self 192–193 → 202 GFLOP/s, cross 183–185 → 192; none,
+/// BENCHMARKS.md). The stored lanes see the same operations, so the bits are the same. (A
+/// release `assert!` of `EXACT`'s condition per call measured 1.5 % slower: it is the caller's
+/// contract, checked in debug builds.)
 ///
 /// # Safety
 /// AVX-512F must be present; `vp` must point at `nk` value rows `vs` f32 apart, each with at
-/// least `d0 + lanes` readable f32; with `EXACT`, `NC = ⌈lanes/16⌉`.
+/// least `d0 + lanes` readable f32; with `EXACT`, `NC = ⌈lanes/16⌉` and each row has
+/// `d0 + 16·NC` readable f32.
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn acc_group<const NQ: usize, const NC: usize, const D: usize, const EXACT: bool>(
@@ -691,11 +701,11 @@ unsafe fn acc_group<const NQ: usize, const NC: usize, const D: usize, const EXAC
             w[r] = _mm512_set1_ps(st.scores[r][jj]);
         }
         for c in 0..NC {
-            // SAFETY: channels `d0 + 16c ..` of value row `jj`: a whole register where all 16
-            // lie below `d0 + lanes` (with `EXACT`, every register but the last: the caller's
-            // `NC = ⌈lanes/16⌉`), else masked to them.
+            // SAFETY: channels `d0 + 16c ..` of value row `jj`: a whole register with `EXACT`
+            // (the caller's padded rows) or where all 16 lie below `d0 + lanes`, else masked to
+            // them.
             let vv = unsafe {
-                if (EXACT && c + 1 < NC) || (!EXACT && m[c] == 0xFFFF) {
+                if EXACT || m[c] == 0xFFFF {
                     _mm512_loadu_ps(v.add(d0 + 16 * c))
                 } else {
                     _mm512_maskz_loadu_ps(m[c], v.add(d0 + 16 * c))

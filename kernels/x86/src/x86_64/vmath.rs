@@ -45,6 +45,23 @@ pub(crate) fn exp8(x: __m256) -> __m256 {
 #[inline]
 #[target_feature(enable = "avx512f")]
 pub(crate) fn exp16(x: __m512) -> __m512 {
+    exp16_to::<true>(x)
+}
+
+/// [`exp16`] for lanes that are at most 0 or NaN (a softmax's `s − max`), without the overflow
+/// fix-up (`x > EXP_HI`, which such lanes never take): the same bits as [`exp_f32`] on them,
+/// two vector operations fewer (`kbench 2 attention`, alternated: self 281–285 → 285.5–287
+/// GFLOP/s, cross 265–267 → 268–269).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn exp16_nonpositive(x: __m512) -> __m512 {
+    exp16_to::<false>(x)
+}
+
+/// [`exp_f32`] on 16 lanes; `HI`: with the overflow fix-up for lanes above `EXP_HI`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn exp16_to<const HI: bool>(x: __m512) -> __m512 {
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
         _mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
     );
@@ -64,10 +81,12 @@ pub(crate) fn exp16(x: __m512) -> __m512 {
     // sweep of x through the subnormal and overflow ends: `exp16_matches_exp_f32`).
     let y = _mm512_scalef_ps(p, n);
     let lo = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(EXP_LO));
-    let hi = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(EXP_HI));
     let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
-    let y = _mm512_mask_mov_ps(y, lo, _mm512_setzero_ps());
-    let y = _mm512_mask_mov_ps(y, hi, _mm512_set1_ps(f32::INFINITY));
+    let mut y = _mm512_mask_mov_ps(y, lo, _mm512_setzero_ps());
+    if HI {
+        let hi = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(EXP_HI));
+        y = _mm512_mask_mov_ps(y, hi, _mm512_set1_ps(f32::INFINITY));
+    }
     _mm512_mask_mov_ps(y, nan, x)
 }
 
@@ -416,17 +435,26 @@ mod tests {
             let mut v = [0f32; 16];
             v[..chunk.len()].copy_from_slice(chunk);
             let mut got = [0f32; 16];
-            // SAFETY: AVX-512F was detected above; both arrays hold 16 f32.
+            let mut got_np = [0f32; 16];
+            // SAFETY: AVX-512F was detected above; the arrays hold 16 f32.
             unsafe {
-                let y = exp16(_mm512_loadu_ps(v.as_ptr()));
-                _mm512_storeu_ps(got.as_mut_ptr(), y);
+                let x = _mm512_loadu_ps(v.as_ptr());
+                _mm512_storeu_ps(got.as_mut_ptr(), exp16(x));
+                _mm512_storeu_ps(got_np.as_mut_ptr(), exp16_nonpositive(x));
             }
-            for (x, g) in v.iter().zip(got) {
+            for ((x, g), np) in v.iter().zip(got).zip(got_np) {
                 let want = exp_f32(*x);
                 assert!(
                     g.to_bits() == want.to_bits(),
                     "exp16({x:e}) = {g:e}, exp_f32 gives {want:e}"
                 );
+                // Its contract: lanes at most 0 (both zeros included) or NaN.
+                if *x <= 0.0 || x.is_nan() {
+                    assert!(
+                        np.to_bits() == want.to_bits(),
+                        "exp16_nonpositive({x:e}) = {np:e}, exp_f32 gives {want:e}"
+                    );
+                }
             }
         }
     }
