@@ -13,7 +13,7 @@
 //! it costs a SIMD twin nothing.
 //!
 //! **Blocking.** The caller packs the weight columns transposed into panels of `tile.cols`
-//! (`panel[t·cols + c] = w[j0 + c, t]`, [`crate::linear`] 64 columns at a time into its
+//! (`panel[t·cols + c] = w[j0 + c, t]`, [`crate::linear`] [`crate::panel_cols`] at a time into its
 //! scratch, [`crate::conv2d`] in its im2col), so the tile reads `cols` consecutive floats per
 //! feature. From 8 rows on, when the pool has at most [`PANEL_SLOTS`] threads, the callers run
 //! **column tasks** ([`gemm_column_tasks`]): each task packs the next block of columns into its

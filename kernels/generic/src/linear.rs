@@ -13,8 +13,24 @@ use crate::table::EpilogueFn;
 use crate::weights::{f32_view, f32_view_mut, WeightRef};
 use crate::{contract, pack, quant};
 
-/// Weight rows (output columns) packed to f32 panels at a time for `F32`/`F16`/`BF16` weights.
-const PANEL: usize = MAX_TILE_COLS;
+/// Bytes of f32 panels one column task of [`linear`] packs at most (`F32`/`F16`/`BF16`): every
+/// row block of the task passes over all of them, so they should stay in a 2 MiB L2 beside the
+/// block's activation rows.
+const TASK_PANEL_BYTES: usize = 1 << 20;
+
+/// Weight rows (output columns) a column task of [`linear`] packs to f32 panels at a time
+/// (`F32`/`F16`/`BF16` weights, `k` input features): as many 64-column panels as fit
+/// [`TASK_PANEL_BYTES`], 1 to 4 (3 for PixArt's `k = 1152`, 1 for `k = 4608`). A wider task
+/// reads its rows of `x` once for all its panels instead of once per panel (`x` of a PixArt-Σ
+/// 512² `linear` is 4.7 MB or more, beyond L2): the F16 NFE's `linear f16` took 6574–6629 ms
+/// per 3 NFEs against 6824–6934 with one panel, its `linear+gelu_tanh` 2708–2711 against
+/// 2959–3028; 4 panels for every `k` made the `k = 4608` products slower (4.7 MB of panels,
+/// beyond L2), and for `k = 1152` were no faster than 3 (`kbench 2 "linear f16"`):
+/// BENCHMARKS.md. The same bits for any width.
+pub fn panel_cols(k: usize) -> usize {
+    let panel = MAX_TILE_COLS * k.max(1) * 4;
+    (TASK_PANEL_BYTES / panel).clamp(1, 4) * MAX_TILE_COLS
+}
 
 /// Granularity of the weight columns (rows of `w`) that a blocked quantized `linear` kernel
 /// repacks at a time for the 32-element block types (`Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`):
@@ -42,9 +58,9 @@ pub fn quant_panel_cols(k: usize) -> usize {
 pub const QUANT_PANEL_BLOCK_BYTES: usize = 44;
 
 /// Scratch bytes [`linear`] needs for weights of type `w_dtype`, `m` activation rows and `k`
-/// input features: for `F32`/`F16`/`BF16`, `64·k·4` per panel of 64 weight rows converted to
-/// f32 and packed for the GEMM driver, [`PANEL_SLOTS`] panels from 8 rows on (one per column
-/// task of [`linear`]), one below; `m · quant::activation_row_bytes(w_dtype, k)` for quantized types (each activation
+/// input features: for `F32`/`F16`/`BF16`, `panel_cols(k)·k·4` per task's panels of weight rows
+/// converted to f32 and packed for the GEMM driver ([`panel_cols`]), [`PANEL_SLOTS`] of them from
+/// 8 rows on (one per column task of [`linear`]), one below; `m · quant::activation_row_bytes(w_dtype, k)` for quantized types (each activation
 /// row quantized once, ggml's `vec_dot_type`), plus, for the 32-element block types,
 /// [`quant_panel_bytes`]`(k)` for the repacked weight panel that the SIMD twins use (the
 /// generic kernel leaves it unused; the planner sizes every plan for the fastest twin).
@@ -52,10 +68,9 @@ pub fn linear_scratch_bytes(w_dtype: DType, m: usize, k: usize) -> usize {
     match w_dtype {
         // BF16 also for the pairs of `PackLayout::Bf16Pairs16` weights (the call knows the type,
         // not the layout): every row's activations as bf16 pairs.
-        DType::BF16 => {
-            (scratch_slots(m) * PANEL * k * 4).max(crate::bf16dot::pairs_scratch_bytes(m, k))
-        }
-        DType::F32 | DType::F16 => scratch_slots(m) * PANEL * k * 4,
+        DType::BF16 => (scratch_slots(m) * panel_cols(k) * k * 4)
+            .max(crate::bf16dot::pairs_scratch_bytes(m, k)),
+        DType::F32 | DType::F16 => scratch_slots(m) * panel_cols(k) * k * 4,
         d if d.is_quantized() => {
             let (acts, panel) = quant_scratch_layout(d, m, k);
             acts + panel
@@ -194,7 +209,7 @@ pub fn linear_plain(
     plain(tile, x, w, wrow, bias, out, m, k, n, scratch, epilogue);
 }
 
-/// `F32`/`F16`/`BF16`: packs [`PANEL`] weight rows at a time into the tile's panels in
+/// `F32`/`F16`/`BF16`: packs [`panel_cols`] weight rows at a time into the tile's panels in
 /// `scratch` (converted exactly to f32), then runs the GEMM driver on them.
 #[allow(clippy::too_many_arguments)]
 fn plain(
@@ -215,11 +230,18 @@ fn plain(
         f32_view(w.bytes, "linear weight (F32)");
     }
     let tc = tile.cols;
-    let slots = (scratch.len() / (PANEL * k * 4).max(1)).min(PANEL_SLOTS);
-    if k > 0 && column_tasks(m, n.div_ceil(PANEL), slots, rayon::current_num_threads()) {
-        // Column tasks (`gemm_column_tasks`): each packs its own PANEL weight rows. The
+    // The widest column task the scratch allows ([`panel_cols`]) whose tasks still share evenly
+    // over the pool (`column_tasks`), narrower ones otherwise.
+    let threads = rayon::current_num_threads();
+    let task = (1..=panel_cols(k) / MAX_TILE_COLS).rev().find_map(|p| {
+        let cols = p * MAX_TILE_COLS;
+        let slots = (scratch.len() / (cols * k * 4).max(1)).min(PANEL_SLOTS);
+        column_tasks(m, n.div_ceil(cols), slots, threads).then_some((cols, slots))
+    });
+    if let (true, Some((task_cols, slots))) = (k > 0, task) {
+        // Column tasks (`gemm_column_tasks`): each packs its own `task_cols` weight rows. The
         // PixArt-Σ F16 linears of a 512² NFE: 7.31–7.64 → 6.48–6.68 s per 2 NFE, 2 threads.
-        let slots = f32_view_mut(&mut scratch[..slots * PANEL * k * 4], "linear scratch");
+        let slots = f32_view_mut(&mut scratch[..slots * task_cols * k * 4], "linear scratch");
         let fill = |j0: usize, nb: usize, panels: &mut [f32]| {
             for (p, dst) in panels.chunks_mut(k * tc).enumerate() {
                 let valid = nb.saturating_sub(p * tc).min(tc);
@@ -231,12 +253,13 @@ fn plain(
         let bias_for =
             |j0: usize, nb: usize| bias.map_or(Bias::None, |b| Bias::PerCol(&b[j0..j0 + nb]));
         return gemm_column_tasks(
-            tile, x, m, k, n, PANEL, slots, fill, bias_for, epilogue, out,
+            tile, x, m, k, n, task_cols, slots, fill, bias_for, epilogue, out,
         );
     }
-    let panel = f32_view_mut(&mut scratch[..PANEL * k * 4], "linear scratch");
-    for j0 in (0..n).step_by(PANEL) {
-        let nb = PANEL.min(n - j0);
+    let task_cols = panel_cols(k);
+    let panel = f32_view_mut(&mut scratch[..task_cols * k * 4], "linear scratch");
+    for j0 in (0..n).step_by(task_cols) {
+        let nb = task_cols.min(n - j0);
         let np = nb.div_ceil(tc);
         let panels = &mut panel[..np * k * tc];
         if k > 0 {

@@ -76,7 +76,8 @@ fn run(
 /// accumulator from `0.0`, `acc = fma(x[c], w[c], acc)` for `c = 0..k` in order, then `+ bias`.
 /// Shapes cross the driver's feature blocks (128), column blocks (64), its few-rows path and,
 /// on pools of 1, 2, 3 and 5 threads, both its row split and its column tasks (which it picks
-/// by the thread count and the number of 64-column panels: 5 threads is more than the scratch
+/// by the thread count and the number of column tasks, 1 to 4 panels of 64 wide (`panel_cols`,
+/// narrowed until the tasks share evenly): 5 threads is more than the scratch
 /// has panel slots).
 #[test]
 fn plain_types_follow_the_fused_sequential_order_bit_for_bit() {
@@ -282,11 +283,20 @@ fn quantized_identical_for_any_thread_count() {
 
 #[test]
 fn scratch_sizes() {
-    // One 64-column f32 panel per column task from 8 rows on, one panel below.
+    // One column task's f32 panels (as many 64-column panels as fit 1 MiB, 1 to 4) per slot
+    // from 8 rows on, one task's below.
     assert_eq!(edge_kernels::PANEL_SLOTS, 4);
-    assert_eq!(linear_scratch_bytes(DType::F32, 100, 64), 4 * 64 * 64 * 4);
-    assert_eq!(linear_scratch_bytes(DType::F16, 8, 64), 4 * 64 * 64 * 4);
-    assert_eq!(linear_scratch_bytes(DType::BF16, 7, 64), 64 * 64 * 4);
+    assert_eq!(edge_kernels::panel_cols(64), 256);
+    assert_eq!(edge_kernels::panel_cols(1152), 192);
+    assert_eq!(edge_kernels::panel_cols(4608), 64);
+    assert_eq!(edge_kernels::panel_cols(100_000), 64);
+    assert_eq!(linear_scratch_bytes(DType::F32, 100, 64), 4 * 256 * 64 * 4);
+    assert_eq!(
+        linear_scratch_bytes(DType::F16, 8, 1152),
+        4 * 192 * 1152 * 4
+    );
+    assert_eq!(linear_scratch_bytes(DType::F16, 8, 4608), 4 * 64 * 4608 * 4);
+    assert_eq!(linear_scratch_bytes(DType::BF16, 7, 64), 256 * 64 * 4);
     // Quantized activations (for the 32-element block types room for the SIMD twins' widened
     // blocks, 40 bytes per 32 values; rounded up to 64 bytes), then one repacked panel of up to
     // 512 weight columns (at most 2 MiB, at least 64 columns) for the 32-element block types
