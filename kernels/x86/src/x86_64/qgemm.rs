@@ -986,13 +986,7 @@ unsafe fn qtile<const G: usize, const KIND: u8>(
                 }
             }
             for r in 0..R {
-                let ab = ap[r].add(b * ablock);
-                let da = _mm512_set1_ps((ab as *const f32).read_unaligned());
-                let sa = if KIND == 2 {
-                    _mm512_set1_ps((ab.add(4) as *const f32).read_unaligned())
-                } else {
-                    _mm512_setzero_ps()
-                };
+                let (da, sa) = act_head::<KIND>(ap[r].add(b * ablock));
                 for g in 0..G {
                     let f = _mm512_cvtepi32_ps(iacc[r][g]);
                     facc[r][g] = block_acc::<KIND>(facc[r][g], f, sc[g], mn[g], da, sa);
@@ -1005,6 +999,26 @@ unsafe fn qtile<const G: usize, const KIND: u8>(
             // SAFETY: `res[r]` holds 32 f32 and `g < G ≤ 2`.
             unsafe { _mm512_storeu_ps(res[r].as_mut_ptr().add(g * GROUP), facc[r][g]) };
         }
+    }
+}
+
+/// An activation block's widened head at `ab` broadcast to 16 lanes: its f32 scale `da` and,
+/// for `KIND` 2 ([`Scaling::WithMin`]), its f32 sum `sa` (else 0).
+///
+/// # Safety
+/// AVX-512F present; `ab` points at 8 readable bytes (any alignment).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn act_head<const KIND: u8>(ab: *const u8) -> (__m512, __m512) {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let da = _mm512_set1_ps((ab as *const f32).read_unaligned());
+        let sa = if KIND == 2 {
+            _mm512_set1_ps((ab.add(4) as *const f32).read_unaligned())
+        } else {
+            _mm512_setzero_ps()
+        };
+        (da, sa)
     }
 }
 

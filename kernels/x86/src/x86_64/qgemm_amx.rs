@@ -382,13 +382,7 @@ unsafe fn amx_tile<const G: usize, const KIND: u8>(
                 // inside `acts[r]`.
                 unsafe {
                     let sums_at = &*cbuf.add(bj % SLOTS);
-                    let ab = acts[r].as_ptr().add(8 * bj);
-                    let da = _mm512_set1_ps((ab as *const f32).read_unaligned());
-                    let sa = if KIND == 2 {
-                        _mm512_set1_ps((ab.add(4) as *const f32).read_unaligned())
-                    } else {
-                        _mm512_setzero_ps()
-                    };
+                    let (da, sa) = super::qgemm::act_head::<KIND>(acts[r].as_ptr().add(8 * bj));
                     for g in 0..G {
                         let sums = _mm512_load_si512(sums_at[g][r].as_ptr() as *const __m512i);
                         let s = _mm512_cvtepi32_ps(sums);
