@@ -66,12 +66,14 @@ fn the_cross_kv_stage_holds_the_cache_once() {
         // Before: the parts and their concatenation, 2× the cache. Now the cache once, plus
         // the caption projection `[seq, D]` and (typed) one block's f32 keys and values
         // `[seq, 2D]` before they are stored, and the f32 linear's packed weight panels
-        // (`PANEL_SLOTS` of 64 output columns of `D` f32, `linear_scratch_bytes`); 64-byte
-        // alignment of each.
+        // (`PANEL_SLOTS` column tasks of `panel_cols(D)` output columns of `D` f32,
+        // `linear_scratch_bytes`); 64-byte alignment of each.
         let blocks = concat.inputs.len() as u64;
         let f32_part = 4 * out.shape.iter().product::<u64>() / blocks;
         let extra = if cache == DType::F32 { 0 } else { f32_part };
-        let panel = edge_kernels::PANEL_SLOTS as u64 * 64 * 4 * (out.shape[1] / 2);
+        let d = out.shape[1] / 2;
+        let panel =
+            (edge_kernels::PANEL_SLOTS * edge_kernels::panel_cols(d as usize)) as u64 * 4 * d;
         let bound = bytes + f32_part / 2 + extra + panel + 4 * 64;
         assert!(
             st.arena_size <= bound,

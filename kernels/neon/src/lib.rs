@@ -53,7 +53,8 @@
 //!   differ from the generic kernel by f32 rounding only, at most `(3·nb + 16)·u·T` for `nb`
 //!   blocks, `u = 2⁻²⁴` and `T` the sum of the absolute f32 terms (tested; measured ≤ `0.6·u·T`).
 //! - `silu`, `gelu_tanh`, `tanh`: the generic formulas over the generic `exp` polynomial, lane by
-//!   lane in the same operation order (unfused): bit-identical. `relu`: bit-identical.
+//!   lane in the same operation order (the formulas unfused, `exp`'s steps fused as the generic
+//!   `exp_f32` fuses them): bit-identical. `relu`: bit-identical.
 //! - `layer_norm`, `rms_norm`, `group_norm`: f64 statistics in four lanes, the order of
 //!   [`edge_kernels::lane_sum`] (squares unfused): bit-identical.
 //! - `conv2d`: the generic driver with the NEON f32 tile (weights converted exactly to f32

@@ -5,8 +5,9 @@
 //! kernel). SiLU (`x / (1 + exp(−x))`), GELU-tanh (`(0.5·x)·(1 + tanh(√(2/π)·(x + κ·x³)))`) and
 //! tanh (`1 − 2/(exp(2|u|) + 1)` with the sign of `u` copied on) are the generic formulas
 //! ([`edge_kernels::silu_f32`], [`edge_kernels::gelu_tanh_f32`], [`edge_kernels::expf`]) with
-//! every lane performing the scalar operations in their order (no fused multiply-add) and
-//! [`exp4`] the generic polynomial `exp`: all four kernels are bit-identical to the generic ones.
+//! every lane performing the scalar operations in their order (no fused multiply-add outside
+//! `exp`) and [`exp4`] the generic polynomial `exp` (its fused multiply-adds, as
+//! [`edge_kernels::expf::exp_f32`]): all four kernels are bit-identical to the generic ones.
 
 use std::arch::aarch64::{
     float32x4_t, vabsq_f32, vaddq_f32, vaddq_s32, vbslq_f32, vceqq_f32, vcgtq_f32, vcltq_f32,

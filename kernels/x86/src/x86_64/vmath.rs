@@ -1,7 +1,8 @@
 //! Vector forms of the kernels' one arithmetic for `exp`, `tanh`, SiLU and GELU
 //! ([`edge_kernels::expf`], [`edge_kernels::silu_f32`], [`edge_kernels::gelu_tanh_f32`]): each
-//! lane performs the scalar definition's operations in its order (no fused multiply-add), so
-//! results are bit-identical; and the `silu` / `gelu_tanh` slots built on them.
+//! lane performs the scalar definition's operations in its order (fused multiply-adds exactly
+//! where it fuses: the steps of `exp`), so results are bit-identical; and the `silu` /
+//! `gelu_tanh` slots built on them.
 
 use std::arch::x86_64::*;
 
