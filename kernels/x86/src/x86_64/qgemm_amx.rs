@@ -151,7 +151,7 @@ const fn tile_config() -> TileConfig {
 static CONFIG: TileConfig = tile_config();
 
 /// Blocks scaled together, row by row (`KBENCH_M=1024 kbench 2 "linear q8_0"`, GFLOP/s at
-/// 1024 × {1152 × 4608, 4608 × 1152, 1152 × 1152}: chunks of 2 in 4 slots 1083–1161 /
+/// 1024 × {1152 × 4608, 4608 × 1152, 1152 × 1152}: chunks of 2 in 4 slots 1083–1171 /
 /// 1174–1254 / 1146–1253, of 4 in 8 slots 1071–1128 / 1079–1122 / 1120–1165, of 8 in 16 slots
 /// 880–995).
 const CHUNK: usize = 2;
