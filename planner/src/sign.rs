@@ -96,7 +96,7 @@ impl SecretKey {
             path: path.display().to_string(),
             reason,
         };
-        let bytes = std::fs::read(path).map_err(|source| SignError::Io {
+        let bytes = edge_schema::header::read_key_file(path).map_err(|source| SignError::Io {
             path: path.display().to_string(),
             source,
         })?;

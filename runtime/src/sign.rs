@@ -55,7 +55,7 @@ impl TrustedKey {
             path: path.display().to_string(),
             reason,
         };
-        let bytes = std::fs::read(path).map_err(|e| err(e.to_string()))?;
+        let bytes = edge_schema::header::read_key_file(path).map_err(|e| err(e.to_string()))?;
         if bytes.starts_with(SECRET_LABEL.as_bytes()) {
             return Err(err(
                 "is a secret key (KEY from `edgeplan keygen`); give its public key KEY.pub".into(),

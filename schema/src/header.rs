@@ -94,6 +94,30 @@ pub const SECRET_LABEL: &str = "edgediff-ed25519-secret-key ";
 /// bare digits, which every release reads).
 pub const PUBLIC_LABEL: &str = "edgediff-ed25519-public-key ";
 
+/// Longest key file read: a labelled hex key with whitespace is under 200 bytes.
+pub const KEY_FILE_MAX: u64 = 4096;
+
+/// Reads a key file: it must be a regular file (a FIFO would block, a device such as
+/// `/dev/zero` would never end) of at most [`KEY_FILE_MAX`] bytes. Errors: the file's own I/O
+/// errors, or `InvalidData` saying which of the two it is not.
+pub fn read_key_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(bad("not a regular file".into()));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(KEY_FILE_MAX + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > KEY_FILE_MAX {
+        return Err(bad(format!(
+            "longer than {KEY_FILE_MAX} bytes: not a key file"
+        )));
+    }
+    Ok(bytes)
+}
+
 /// Parses a key file's contents: exactly 32 raw bytes, or 64 hexadecimal digits with optional
 /// surrounding whitespace. `None` for anything else.
 pub fn decode_key(bytes: &[u8]) -> Option<[u8; 32]> {

@@ -2409,6 +2409,80 @@ fn compile_reports_progress_unless_quiet() {
 /// `edgeplan compile --lora FILE[:MULTIPLIER]` records the LoRA (file name, multiplier,
 /// format, layers, rank, digest) and `inspect` shows it; a multiplier that is not a number and
 /// a LoRA for another model are refused by name, leaving no plan.
+/// Inputs given as a device are refused by name instead of being read without end (fresh-user
+/// trial: `--tokenizer /dev/zero` grew edgeplan until the kernel killed it).
+#[test]
+fn device_inputs_are_refused_not_read() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+    let model = fixtures.join("pixart-sigma-tiny");
+    let t = tempfile::tempdir().unwrap();
+    let plan = t.path().join("x.plan");
+    let mut args = compile_args(s(&model), s(&plan), "64");
+    args.extend(["--tokenizer", "/dev/zero", "--quiet"]);
+    let o = run(EDGEPLAN, &args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--tokenizer /dev/zero: not a regular file"),
+        "{err}"
+    );
+    assert!(!plan.exists(), "a refused compile wrote its plan");
+    let png = t.path().join("x.png");
+    let o = run(
+        EDGERUN,
+        &[
+            "generate",
+            "--plan",
+            s(&plan),
+            "-p",
+            "x",
+            "-i",
+            "/dev/zero",
+            "-o",
+            s(&png),
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("-i/--init-img /dev/zero: not a regular file"),
+        "{err}"
+    );
+    assert!(!png.exists(), "a refused run wrote its output");
+}
+
+/// `edgeplan compile -o` naming one of its `--lora` files (a LoRA saved under a `.plan` name,
+/// or reached through a hard link) is refused before anything is written, like the model's own
+/// files (fresh-user trial: it used to replace the LoRA with the plan).
+#[test]
+fn compile_refuses_to_write_over_its_lora() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+    let model = fixtures.join("pixart-sigma-tiny");
+    let lora = fixtures.join("lora/pixart-sigma-tiny-lora-r4.kohya.safetensors");
+    let t = tempfile::tempdir().unwrap();
+    let mine = t.path().join("mine.plan");
+    std::fs::copy(&lora, &mine).unwrap();
+    let linked = t.path().join("linked.plan");
+    std::fs::hard_link(&mine, &linked).unwrap();
+    let before = std::fs::read(&mine).unwrap();
+    for out in [&mine, &linked] {
+        let arg = format!("{}:0.8", s(&mine));
+        let mut args = compile_args(s(&model), s(out), "64");
+        args.extend(["--lora", &arg, "--quiet"]);
+        let o = run(EDGEPLAN, &args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("refusing to write over an input") && err.contains("--lora"),
+            "{err}"
+        );
+        assert!(
+            std::fs::read(&mine).unwrap() == before,
+            "compile overwrote its --lora input"
+        );
+    }
+}
+
 #[test]
 fn lora_is_merged_recorded_and_shown() {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");

@@ -534,8 +534,43 @@ fn compile(a: CompileArgs) -> Result<()> {
         opts.progress =
             edge_planner::compile::ProgressHook(Some(std::sync::Arc::new(move |p| ui.report(p))));
     }
+    // A component given as a device or a FIFO would be read without end or block: refused.
+    let lora_paths: Vec<PathBuf> = opts.loras.iter().map(|l| l.path.clone()).collect();
+    for (flag, p) in [
+        ("--diffusion-model", a.diffusion_model.as_ref()),
+        ("--t5xxl", a.t5xxl.as_ref()),
+        ("--vae", a.vae.as_ref()),
+        ("--tokenizer", a.tokenizer.as_ref()),
+        ("--taesd", a.taesd.as_ref()),
+    ]
+    .into_iter()
+    .chain(lora_paths.iter().map(|p| ("--lora", Some(p))))
+    {
+        if let Some(p) = p {
+            if std::fs::metadata(p).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+                anyhow::bail!("{flag} {}: not a regular file or folder", p.display());
+            }
+        }
+    }
+    // Inputs read besides the weights counted above: the LoRA files and the TAESD weights.
+    let mut extra: Vec<(String, std::path::PathBuf)> = Vec::new();
+    for l in &opts.loras {
+        extra.extend(
+            common::files_under(&l.path)
+                .into_iter()
+                .map(|f| ("--lora".to_string(), f)),
+        );
+    }
+    if let Some(t) = &a.taesd {
+        extra.extend(
+            common::files_under(t)
+                .into_iter()
+                .map(|f| ("--taesd".to_string(), f)),
+        );
+    }
     let inputs: Vec<(&str, &std::path::Path)> = sources
         .iter()
+        .chain(&extra)
         .map(|(f, p)| (f.as_str(), p.as_path()))
         .collect();
     common::refuse_clobber(&inputs, &[("-o", a.output.as_path())])?;

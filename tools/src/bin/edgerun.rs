@@ -819,8 +819,7 @@ fn generate(a: GenArgs) -> Result<()> {
     // The init image is read (and refused) before any plan is opened.
     let init_rgb = match &a.init_img {
         Some(p) => {
-            let bytes =
-                std::fs::read(p).with_context(|| format!("-i/--init-img {}", p.display()))?;
+            let bytes = common::read_file(p, "-i/--init-img")?;
             Some(edge_runtime::image::decode_png_rgb(
                 &bytes,
                 &p.display().to_string(),
