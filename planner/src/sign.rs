@@ -32,7 +32,10 @@ pub enum SignError {
         #[source]
         source: std::io::Error,
     },
-    #[error("refusing to overwrite existing key file {path}")]
+    #[error(
+        "refusing to overwrite {path}: the file already exists (keygen creates a new key \
+         pair; give a path that does not exist)"
+    )]
     KeyExists { path: String },
     #[error("refusing to sign a plan that does not verify: {0}")]
     Plan(#[from] edge_schema::Error),

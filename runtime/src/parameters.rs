@@ -96,19 +96,35 @@ impl GenerationInfo {
     }
 }
 
-/// `s` with `\`, newline and carriage return escaped, so it stays on one line, and NUL as
-/// `\0` (a NUL ends a PNG text chunk's keyword or hides what follows it).
+/// `s` with `\`, newline and carriage return escaped, so it stays on one line, NUL as `\0`
+/// (a NUL ends a PNG text chunk's keyword or hides what follows it), and every other control
+/// character and the Unicode line and paragraph separators as `\uXXXX` (PNG text chunks
+/// allow no control character but the line feed, and some readers break lines at U+2028).
 fn escape_lines(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('\n', "\\n")
-        .replace('\r', "\\r")
-        .replace('\0', "\\0")
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => o.push_str("\\\\"),
+            '\n' => o.push_str("\\n"),
+            '\r' => o.push_str("\\r"),
+            '\0' => o.push_str("\\0"),
+            c if needs_escape(c) => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o
 }
 
-/// A field value as A1111 writes it: as is, or as a JSON string when it holds `,`, `:`, `"`
-/// or a line break.
+/// Control characters (C0, DEL, C1) and U+2028 / U+2029: written as escapes in the
+/// parameters text.
+fn needs_escape(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
+}
+
+/// A field value as A1111 writes it: as is, or as a JSON string when it holds `,`, `:`, `"`,
+/// a line break or another character [`needs_escape`] names.
 fn quote_field(v: &str) -> String {
-    if !v.contains([',', ':', '"', '\n', '\r']) {
+    if !v.contains([',', ':', '"']) && !v.chars().any(needs_escape) {
         return v.to_string();
     }
     let mut q = String::from("\"");
@@ -118,7 +134,7 @@ fn quote_field(v: &str) -> String {
             '\\' => q.push_str("\\\\"),
             '\n' => q.push_str("\\n"),
             '\r' => q.push_str("\\r"),
-            c if (c as u32) < 0x20 => q.push_str(&format!("\\u{:04x}", c as u32)),
+            c if needs_escape(c) => q.push_str(&format!("\\u{:04x}", c as u32)),
             c => q.push(c),
         }
     }
@@ -134,7 +150,7 @@ mod tests {
     #[test]
     fn prompts_cannot_forge_fields() {
         let info = GenerationInfo {
-            prompt: "a cat\nSteps: 99\0".into(),
+            prompt: "a cat\nSteps: 99\0\x07\u{2028}x\u{7f}\u{85}".into(),
             negative_prompt: "".into(),
             steps: 2,
             sampler: SamplingMethod::Euler,
@@ -144,7 +160,7 @@ mod tests {
             karras: false,
             width: 64,
             height: 32,
-            model: "m, x".into(),
+            model: "m, x\u{2029}".into(),
             plan_name: "p.plan".into(),
             plan_digest: "abc".into(),
             init_latents: None,
@@ -153,7 +169,12 @@ mod tests {
         let t = info.a1111();
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3);
-        assert_eq!(lines[0], "a cat\\nSteps: 99\\0");
-        assert!(lines[2].starts_with("Steps: 2, Sampler: Euler, CFG scale: 4.5, Seed: 7, RNG: torch-cpu, Size: 64x32, Model hash: , Model: \"m, x\""));
+        assert_eq!(
+            lines[0],
+            "a cat\\nSteps: 99\\0\\u0007\\u2028x\\u007f\\u0085"
+        );
+        assert!(lines[2].starts_with("Steps: 2, Sampler: Euler, CFG scale: 4.5, Seed: 7, RNG: torch-cpu, Size: 64x32, Model hash: , Model: \"m, x\\u2029\""));
+        // No control character but the two line feeds, no Unicode line separator.
+        assert!(t.chars().filter(|&c| needs_escape(c)).eq(['\n', '\n']));
     }
 }

@@ -332,9 +332,8 @@ fn open(cfg: &WorkerConfig) -> Result<Plan> {
     edge_runtime::target::check(&plan.meta().target)
         .with_context(|| format!("plan {}", cfg.plan.display()))?;
     // A server opens its plan once and runs it for days: every section's digest is checked
-    // now, so a damaged plan is refused at start, not job by job.
-    plan.verify_all_sections()
-        .with_context(|| format!("plan {}", cfg.plan.display()))?;
+    // now, so a damaged plan is refused at start, not job by job (the error names the file).
+    plan.verify_all_sections()?;
     Ok(plan)
 }
 

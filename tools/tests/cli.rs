@@ -1872,6 +1872,11 @@ fn signing_refuses_the_wrong_key_files() {
         &["sign", s(&plan), "--key", s(&pub1)],
         &["k1.pub", "public key"],
     );
+    // keygen onto an existing file (here the plan) says the file exists, not that it is a key.
+    refused(
+        &["keygen", "--out", s(&plan)],
+        &["s.plan", "the file already exists"],
+    );
     // The public key copied under a name without .pub: bare hex is not taken as a seed.
     let kp = t.path().join("kp");
     std::fs::copy(&pub1, &kp).unwrap();

@@ -725,5 +725,6 @@ fn bad_server_settings_and_damaged_plans_are_refused_at_start() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("checksum mismatch"), "{err}");
+    assert_eq!(err.matches("damaged.plan").count(), 1, "{err}");
     assert!(!err.contains("listening"), "{err}");
 }
