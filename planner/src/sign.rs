@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 
 use ed25519_dalek::{Signer, SigningKey};
 use edge_schema::header::{
-    decode_key, encode_hex, Header, SignatureBlock, HEADER_LEN, PUBLIC_LABEL, SECRET_LABEL,
+    decode_hex_key, decode_key, encode_hex, Header, SignatureBlock, HEADER_LEN, PUBLIC_LABEL,
+    SECRET_LABEL,
 };
 use edge_schema::plan::PlanMeta;
 use edge_schema::verify;
@@ -128,7 +129,9 @@ impl SecretKey {
                 )
             }));
         };
-        let seed = decode_key(labelled).ok_or_else(|| {
+        // Only hex after the label: a key file cut short to 32 hex digits is 32 bytes, which
+        // `decode_key` would take as a raw seed, signing with a key nobody holds.
+        let seed = decode_hex_key(labelled).ok_or_else(|| {
             bad(format!(
                 "{} bytes, expected a secret key from `edgeplan keygen` (`{SECRET_LABEL}<64 hex digits>`)",
                 bytes.len()

@@ -11,7 +11,9 @@
 use std::path::Path;
 
 use ed25519_dalek::{Signature, VerifyingKey};
-use edge_schema::header::{decode_key, encode_hex, Header, PUBLIC_LABEL, SECRET_LABEL};
+use edge_schema::header::{
+    decode_hex_key, decode_key, encode_hex, Header, PUBLIC_LABEL, SECRET_LABEL,
+};
 
 /// Why a plan's signature was refused, or a key file could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -47,7 +49,7 @@ impl TrustedKey {
     }
 
     /// Reads a public key file (`KEY.pub` from `edgeplan keygen`): 64 hex digits (optionally
-    /// after [`edge_schema::header::PUBLIC_LABEL`]) or 32 raw bytes (see
+    /// after [`edge_schema::header::PUBLIC_LABEL`], then nothing else) or 32 raw bytes (see
     /// [`edge_schema::header::decode_key`]). A secret key file (it starts with
     /// [`edge_schema::header::SECRET_LABEL`]) is refused, naming the `.pub` file to give.
     pub fn from_file(path: &Path) -> Result<TrustedKey, SignatureError> {
@@ -61,15 +63,21 @@ impl TrustedKey {
                 "is a secret key (KEY from `edgeplan keygen`); give its public key KEY.pub".into(),
             ));
         }
-        let bytes = bytes
-            .strip_prefix(PUBLIC_LABEL.as_bytes())
-            .unwrap_or(&bytes);
-        let raw = decode_key(bytes).ok_or_else(|| {
-            err(format!(
-                "{} bytes, expected 64 hexadecimal digits or 32 raw bytes",
-                bytes.len()
-            ))
-        })?;
+        // After the label only hex (a labelled file cut short is not a raw key); bare, either.
+        let raw = match bytes.strip_prefix(PUBLIC_LABEL.as_bytes()) {
+            Some(hex) => decode_hex_key(hex).ok_or_else(|| {
+                err(format!(
+                    "{} bytes, expected `{PUBLIC_LABEL}` and 64 hexadecimal digits",
+                    bytes.len()
+                ))
+            }),
+            None => decode_key(&bytes).ok_or_else(|| {
+                err(format!(
+                    "{} bytes, expected 64 hexadecimal digits or 32 raw bytes",
+                    bytes.len()
+                ))
+            }),
+        }?;
         TrustedKey::from_bytes(&raw).map_err(|e| {
             err(format!(
                 "{e} (give the public key file KEY.pub, not the secret key)"

@@ -47,7 +47,8 @@
 //! Key files ([`decode_key`]): 32 bytes, either raw or as 64 hexadecimal digits (surrounding
 //! whitespace ignored). `edgeplan keygen` writes hex: the secret 32-byte Ed25519 seed to
 //! `KEY` after [`SECRET_LABEL`], and the public key to `KEY.pub` (bare digits; a reader also
-//! accepts them after [`PUBLIC_LABEL`]). The labels let each side refuse the other's file.
+//! accepts them after [`PUBLIC_LABEL`]). The labels let each side refuse the other's file;
+//! after a label only the 64 digits are read ([`decode_hex_key`]), never 32 raw bytes.
 
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
@@ -119,18 +120,24 @@ pub fn read_key_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
 }
 
 /// Parses a key file's contents: exactly 32 raw bytes, or 64 hexadecimal digits with optional
-/// surrounding whitespace. `None` for anything else.
+/// surrounding whitespace ([`decode_hex_key`]). `None` for anything else.
 pub fn decode_key(bytes: &[u8]) -> Option<[u8; 32]> {
-    let text = core::str::from_utf8(bytes).ok().map(str::trim);
-    if let Some(t) = text.filter(|t| t.len() == 64 && t.bytes().all(|b| b.is_ascii_hexdigit())) {
-        let mut out = [0u8; 32];
-        for (o, pair) in out.iter_mut().zip(t.as_bytes().chunks_exact(2)) {
-            let hex = core::str::from_utf8(pair).ok()?;
-            *o = u8::from_str_radix(hex, 16).ok()?;
-        }
-        return Some(out);
+    decode_hex_key(bytes).or_else(|| <[u8; 32]>::try_from(bytes).ok())
+}
+
+/// 64 hexadecimal digits with optional surrounding whitespace, as 32 bytes; `None` for anything
+/// else. What follows a key file's label ([`SECRET_LABEL`], [`PUBLIC_LABEL`]) must be this: a
+/// labelled file cut short (32 hex digits are 32 bytes too) must not read as a raw key.
+pub fn decode_hex_key(bytes: &[u8]) -> Option<[u8; 32]> {
+    let t = core::str::from_utf8(bytes).ok()?.trim();
+    if t.len() != 64 || !t.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
     }
-    <[u8; 32]>::try_from(bytes).ok()
+    let mut out = [0u8; 32];
+    for (o, pair) in out.iter_mut().zip(t.as_bytes().chunks_exact(2)) {
+        *o = u8::from_str_radix(core::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(out)
 }
 
 /// Lower-case hexadecimal of `bytes` (the key file format [`decode_key`] reads).
@@ -389,6 +396,17 @@ mod tests {
         );
         assert_eq!(encode_hex(&want), hex);
         assert_eq!(decode_key(&[7u8; 32]), Some([7u8; 32]));
+        // 32 hex digits are 32 bytes: a raw key, but never a labelled file's hex key.
+        let half = "ab".repeat(16);
+        assert_eq!(
+            decode_key(half.as_bytes()),
+            Some([b'a', b'b'].repeat(16).try_into().unwrap())
+        );
+        assert_eq!(decode_hex_key(half.as_bytes()), None);
+        assert_eq!(
+            decode_hex_key(format!(" {hex}\n").as_bytes()).map(|k| k.to_vec()),
+            decode_key(hex.as_bytes()).map(|k| k.to_vec())
+        );
         assert_eq!(decode_key(&[7u8; 31]), None);
         assert_eq!(decode_key("zz".repeat(32).as_bytes()), None);
         assert_eq!(decode_key("+1".repeat(32).as_bytes()), None);

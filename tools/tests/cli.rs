@@ -1872,6 +1872,16 @@ fn signing_refuses_the_wrong_key_files() {
         &["sign", s(&plan), "--key", s(&pub1)],
         &["k1.pub", "public key"],
     );
+    // A secret key file cut short after its label (32 of the 64 hex digits are 32 bytes) was
+    // read as a raw seed and signed with a key nobody holds.
+    let k1_text = std::fs::read(&k1).unwrap();
+    let label_end = k1_text.iter().position(|&b| b == b' ').unwrap() + 1;
+    let short = t.path().join("short");
+    std::fs::write(&short, &k1_text[..label_end + 32]).unwrap();
+    refused(
+        &["sign", s(&plan), "--key", s(&short), "--resign"],
+        &["short", "expected a secret key"],
+    );
     // keygen onto an existing file (here the plan) says the file exists, not that it is a key.
     refused(
         &["keygen", "--out", s(&plan)],
@@ -1924,6 +1934,25 @@ fn signing_refuses_the_wrong_key_files() {
         "secret key as trusted key",
         &o,
         &["k2", "secret key", "KEY.pub"],
+        out_dir.path(),
+    );
+    // A labelled public key cut to 32 hex digits is not a raw key either.
+    let pub2 = std::fs::read_to_string(t.path().join("k2.pub")).unwrap();
+    let short_pub = t.path().join("short.pub");
+    std::fs::write(
+        &short_pub,
+        format!("edgediff-ed25519-public-key {}", &pub2.trim()[..32]),
+    )
+    .unwrap();
+    let o = generate(
+        &plan,
+        &out_dir.path().join("x.png"),
+        &["--trusted-key", s(&short_pub)],
+    );
+    assert_refused(
+        "truncated labelled public key",
+        &o,
+        &["short.pub", "64 hexadecimal digits"],
         out_dir.path(),
     );
     let o = generate(
