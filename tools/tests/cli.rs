@@ -791,6 +791,62 @@ fn verify_runs_an_aarch64_plan_against_the_fixture() {
     let out = run(EDGEPLAN, &args);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("differ from the reference"));
+    // A reference whose final latents have another shape (here one element) or are not finite
+    // was compared over the shorter array, or NaN-blind, and passed.
+    let bytes = std::fs::read(&reference).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let noise = st.tensor("initial_noise").unwrap();
+    let nan = f32::NAN.to_le_bytes().repeat(noise.data().len() / 4);
+    let one = 0f32.to_le_bytes();
+    for (label, shape, data, needles) in [
+        (
+            "[1]",
+            vec![1],
+            &one[..],
+            ["final_latents is [1]", "expected [1, 4, 8, 8]"],
+        ),
+        (
+            "NaN",
+            noise.shape().to_vec(),
+            &nan[..],
+            ["final_latents holds NaN", "finite"],
+        ),
+    ] {
+        let bad = dir.path().join("bad-ref.safetensors");
+        let latents =
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape, data).unwrap();
+        let noise_view = safetensors::tensor::TensorView::new(
+            safetensors::Dtype::F32,
+            noise.shape().to_vec(),
+            noise.data(),
+        )
+        .unwrap();
+        std::fs::write(
+            &bad,
+            safetensors::serialize(
+                [("initial_noise", noise_view), ("final_latents", latents)],
+                None,
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let args = [
+            "verify",
+            s(&plan),
+            "--reference",
+            s(&bad),
+            "-p",
+            "a lovely cat",
+            "--steps",
+            "4",
+        ];
+        let out = run(EDGEPLAN, &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{label}: {err}");
+        for n in needles.iter().chain(&["bad-ref.safetensors"]) {
+            assert!(err.contains(n), "{label}: no `{n}` in {err}");
+        }
+    }
 
     // The same with Q8_0 weights, which the aarch64 target repacks (Interleaved4x8): inspect
     // shows the layout and verify runs the repacked plan here. The bound is twice the rel L2

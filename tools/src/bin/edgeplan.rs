@@ -987,12 +987,29 @@ fn compare_with_reference(
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|e| anyhow::anyhow!("{}: not a valid safetensors file: {e}", path.display()))?;
     let (shape, noise) = read_f32(&st, "initial_noise", path)?;
-    let (_, want) = read_f32(&st, "final_latents", path)?;
+    let (want_shape, want) = read_f32(&st, "final_latents", path)?;
     if shape.len() != 4 || shape[0] != 1 {
         bail!(
             "{}: initial_noise is {shape:?}, expected [1, 4, h, w]",
             path.display()
         );
+    }
+    // The sampler's latents have the noise's shape: a reference of another shape (or an empty
+    // one) would otherwise be compared over the shorter of the two and could pass.
+    if want_shape != shape {
+        bail!(
+            "{}: final_latents is {want_shape:?}, expected {shape:?} (the shape of initial_noise)",
+            path.display()
+        );
+    }
+    for (name, v) in [("initial_noise", &noise), ("final_latents", &want)] {
+        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+            bail!(
+                "{}: {name} holds {} at element {i}: expected finite values",
+                path.display(),
+                v[i]
+            );
+        }
     }
     let ds = plan.meta().vae.downscale as usize;
     let method = r
@@ -1016,7 +1033,14 @@ fn compare_with_reference(
         decoder: Default::default(),
         preview: None,
     };
-    let out = edge_runtime::generate(&mut session, &params, &mut |_| {})?;
+    let out = edge_runtime::generate(&mut session, &params, &mut |_| {}).with_context(|| {
+        format!(
+            "{}: sampling from initial_noise {shape:?} ({}x{} pixels)",
+            path.display(),
+            params.width,
+            params.height
+        )
+    })?;
     let max_ref = want.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
     let max_diff = out.latents.iter().zip(&want).fold(0f64, |m, (&a, &b)| {
         m.max((f64::from(a) - f64::from(b)).abs())
@@ -1035,7 +1059,8 @@ fn compare_with_reference(
         plan.meta().model.name,
         path.display()
     );
-    if score > r.tolerance {
+    // Not `score > tolerance`: a NaN in the latents must fail the check, not pass it.
+    if !(score <= r.tolerance) {
         bail!(
             "{}: final latents differ from the reference by {score:.3e} (more than --tolerance {})",
             path.display(),
