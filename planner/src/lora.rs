@@ -476,12 +476,17 @@ impl LoraMerge {
     /// Adds every update of weight `name` to `w` (`[out, in]` row-major f32, the rows
     /// `row_offset..row_offset + out` of a fused tensor whose rows are `in_features` long):
     /// `w += (B @ A) · scale` per file in order, `B @ A` summed over the rank in index order.
-    pub fn apply(&self, name: &str, w: &mut [f32]) {
+    ///
+    /// Errors: [`PlanError::Invalid`] naming the LoRA file, its layer key, the weight and the
+    /// first flat index where the merged weight is not finite (finite factors whose product
+    /// overflows f32: a weight the runtime would turn into NaN latents).
+    pub fn apply(&self, name: &str, w: &mut [f32]) -> Result<()> {
         let Some(ds) = self.deltas.get(name) else {
-            return;
+            return Ok(());
         };
         for d in ds {
-            let l = &self.files[d.file].layers[d.layer];
+            let f = &self.files[d.file];
+            let l = &f.layers[d.layer];
             let (r, n) = (l.rank, l.in_features);
             for (o, row) in w.chunks_exact_mut(n).take(l.out_features).enumerate() {
                 let b = &l.b[o * r..(o + 1) * r];
@@ -493,7 +498,17 @@ impl LoraMerge {
                     *x += acc * d.scale;
                 }
             }
+            if let Some(i) = w.iter().position(|x| !x.is_finite()) {
+                return Err(PlanError::Invalid(format!(
+                    "LoRA {}: layer `{}` merged into `{name}` gives {} at flat index {i}; merged \
+                     weights must be finite (the update (B @ A) · scale overflows f32)",
+                    f.path.display(),
+                    l.key,
+                    w[i]
+                )));
+            }
         }
+        Ok(())
     }
 }
 
@@ -539,9 +554,42 @@ mod tests {
         let layers = BTreeMap::from([("l.weight".to_string(), [2u64, 2])]);
         let m = LoraMerge::bind(vec![(file, 0.5)], &layers).unwrap();
         let mut w = vec![0f32; 4];
-        m.apply("l.weight", &mut w);
+        m.apply("l.weight", &mut w).unwrap();
         // scale = 0.5 · 2 / 1 = 1; B @ A = [[3, 6], [4, 8]]
         assert_eq!(w, vec![3.0, 6.0, 4.0, 8.0]);
         assert_eq!(m.infos()[0].rank, 1);
+    }
+
+    /// Finite factors whose product overflows f32 are refused, naming the file, its layer,
+    /// the weight and the index (the merged weight was planned and sampling diverged).
+    #[test]
+    fn apply_refuses_an_update_that_overflows() {
+        let file = LoraFile {
+            path: "big.safetensors".into(),
+            digest: [0; 32],
+            format: LoraFormat::Kohya,
+            layers: vec![LoraLayer {
+                key: "lora_unet_l".into(),
+                rank: 1,
+                in_features: 2,
+                out_features: 2,
+                a: vec![1.0, 1e30],
+                b: vec![1.0, 1e30],
+                alpha: None,
+            }],
+        };
+        let layers = BTreeMap::from([("l.weight".to_string(), [2u64, 2])]);
+        let m = LoraMerge::bind(vec![(file, 1.0)], &layers).unwrap();
+        let mut w = vec![0f32; 4];
+        let e = m.apply("l.weight", &mut w).unwrap_err().to_string();
+        for n in [
+            "big.safetensors",
+            "lora_unet_l",
+            "l.weight",
+            "inf",
+            "flat index 3",
+        ] {
+            assert!(e.contains(n), "no `{n}` in {e}");
+        }
     }
 }

@@ -110,7 +110,7 @@ impl WeightResolver for SourceResolver<'_> {
     /// name when it differs, and the expected shape; [`PlanError::WeightShape`] naming the part whose shape disagrees.
     fn resolve(&self, spec: &WeightSpec, shape: &[u64]) -> Result<LoadedWeight> {
         let w = self.resolve_quietly(spec, shape)?;
-        let w = self.merge_lora(spec, w);
+        let w = self.merge_lora(spec, w)?;
         self.progress.report(CompileProgress::Read {
             bytes: w.bytes.len() as u64,
         });
@@ -219,13 +219,14 @@ impl SourceResolver<'_> {
     }
 
     /// Merges the LoRA updates of `spec`'s parts (each part's rows in turn) into `w`, in f32;
-    /// `w` is returned unchanged when no part is adapted.
-    fn merge_lora(&self, spec: &WeightSpec, w: LoadedWeight) -> LoadedWeight {
+    /// `w` is returned unchanged when no part is adapted. Errors where a merged weight is not
+    /// finite ([`crate::lora::LoraMerge::apply`]).
+    fn merge_lora(&self, spec: &WeightSpec, w: LoadedWeight) -> Result<LoadedWeight> {
         let Some(lora) = self.lora else {
-            return w;
+            return Ok(w);
         };
         if !spec.parts.iter().any(|p| lora.touches(p)) {
-            return w;
+            return Ok(w);
         }
         let dims: Vec<usize> = w.shape.iter().map(|&d| d as usize).collect();
         let mut f = crate::load::to_f32(&crate::load::RawTensor {
@@ -235,14 +236,14 @@ impl SourceResolver<'_> {
         });
         let part_len = f.len() / spec.parts.len().max(1);
         for (part, rows) in spec.parts.iter().zip(f.chunks_exact_mut(part_len.max(1))) {
-            lora.apply(part, rows);
+            lora.apply(part, rows)?;
         }
-        LoadedWeight {
+        Ok(LoadedWeight {
             dtype: DType::F32,
             shape: w.shape,
             bytes: f.iter().flat_map(|x| x.to_le_bytes()).collect(),
             checkpoint_dtype: w.checkpoint_dtype,
-        }
+        })
     }
 }
 
