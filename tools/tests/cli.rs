@@ -2027,6 +2027,7 @@ fn quant_rules_that_match_nothing_are_refused() {
         ("no_such_layer=q8_0", None),
         ("norm=q8_0", None), // only never-quantized tensors
         ("transformer_blocks=q4_0", Some("attn1=q8_0")), // shadowed: the first rule takes all
+        ("=q8_0", None),     // empty pattern: every matrix
     ] {
         let t = tempfile::tempdir().unwrap();
         let out = t.path().join("q.plan");
@@ -2720,6 +2721,12 @@ fn img2img_follows_the_reference_and_refuses_bad_init_images() {
         "strength alone",
         &["--strength", "0.5"],
         &["--strength", "-i/--init-img"],
+    );
+    // A negative value reaches the range check instead of clap's "unexpected argument".
+    refused(
+        "negative strength",
+        &["-i", s(&input), "--strength", "-0.1"],
+        &["--strength -0.1", "(0, 1]"],
     );
     // The output may not be the init image.
     let victim = out_dir.join("in.png");

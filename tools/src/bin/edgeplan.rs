@@ -108,7 +108,7 @@ struct ReferenceArgs {
     /// Largest accepted max |ours − reference| / max(1, max |reference|). The default fits plans
     /// with the reference's weights (f32/f16); quantized plans differ by their weight
     /// quantization (about 2e-2 to 5e-2 on the fixtures), so give a bound such as 0.05.
-    #[arg(long, default_value_t = 1e-3)]
+    #[arg(long, default_value_t = 1e-3, allow_negative_numbers = true)]
     tolerance: f64,
 }
 
@@ -414,6 +414,12 @@ fn compile(a: CompileArgs) -> Result<()> {
         let (p, t) = r
             .split_once('=')
             .with_context(|| format!("--quant-rule `{r}`: expected PATTERN=TYPE"))?;
+        if p.trim().is_empty() {
+            bail!(
+                "--quant-rule `{r}`: the pattern is empty (it would match every matrix weight: \
+                 give --quant TYPE for that)"
+            );
+        }
         policy
             .rules
             .push((p.to_string(), parse_type(t, "--quant-rule")?));

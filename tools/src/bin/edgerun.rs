@@ -53,7 +53,11 @@ struct ServeArgs {
     #[arg(long = "listen-ip", default_value = "127.0.0.1")]
     listen_ip: std::net::IpAddr,
     /// Port to listen on (0: a free one, printed at start).
-    #[arg(long = "listen-port", default_value_t = 1234)]
+    #[arg(
+        long = "listen-port",
+        default_value_t = 1234,
+        allow_negative_numbers = true
+    )]
     listen_port: u16,
     /// Require `Authorization: Bearer KEY` on every route but `/` and `/health`.
     #[arg(long = "api-key")]
@@ -364,7 +368,7 @@ struct GenArgs {
     /// Image to image: how much of the schedule runs, in (0, 1] (default 0.75): ⌊steps ·
     /// strength⌋ steps run from the image noised to that step's level; small values keep
     /// more of the image.
-    #[arg(long = "strength")]
+    #[arg(long = "strength", allow_negative_numbers = true)]
     strength: Option<f64>,
     /// Decoder of the image: `vae` (default; the pipeline's AutoencoderKL) or `tae` (the plan's
     /// tiny decoder, TAESD: fast, approximate; `edgeplan compile --taesd`).
@@ -378,7 +382,11 @@ struct GenArgs {
     #[arg(long = "preview-path", default_value = "preview.png")]
     preview_path: PathBuf,
     /// A preview after every N-th step (and after the last).
-    #[arg(long = "preview-interval", default_value_t = 1)]
+    #[arg(
+        long = "preview-interval",
+        default_value_t = 1,
+        allow_negative_numbers = true
+    )]
     preview_interval: usize,
     /// Preview the noisy latents of the step instead of the denoiser's clean estimate.
     #[arg(long = "preview-noisy")]
@@ -1132,7 +1140,7 @@ fn generate(a: GenArgs) -> Result<()> {
         bar.finish_and_clear();
         if out.truncated {
             say!(
-                "warning: the prompt was longer than the plan's {} tokens and was truncated",
+                "warning: the prompt or the negative prompt was longer than the plan's {} tokens and was truncated",
                 meta.text.max_sequence_length
             );
         }
