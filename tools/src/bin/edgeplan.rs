@@ -1066,7 +1066,7 @@ fn compare_with_reference(
         path.display()
     );
     // Not `score > tolerance`: a NaN in the latents must fail the check, not pass it.
-    if !(score <= r.tolerance) {
+    if score.is_nan() || score > r.tolerance {
         bail!(
             "{}: final latents differ from the reference by {score:.3e} (more than --tolerance {})",
             path.display(),
