@@ -531,28 +531,36 @@ mod tests {
         assert!(LoraRequest::parse("a:1000").is_err());
     }
 
-    #[test]
-    fn apply_adds_b_times_a_scaled() {
-        let layer = LoraLayer {
-            key: "x".into(),
-            rank: 1,
-            in_features: 2,
-            out_features: 2,
-            a: vec![1.0, 2.0],
-            b: vec![3.0, 4.0],
-            alpha: Some(2.0),
-        };
+    /// A kohya file `path` with one rank-1 layer `lora_unet_l` of 2 × 2 adapting `l.weight`,
+    /// bound with `multiplier`.
+    fn one_layer(
+        path: &str,
+        a: [f32; 2],
+        b: [f32; 2],
+        alpha: Option<f32>,
+        multiplier: f32,
+    ) -> LoraMerge {
         let file = LoraFile {
-            path: "f".into(),
+            path: path.into(),
             digest: [0; 32],
             format: LoraFormat::Kohya,
             layers: vec![LoraLayer {
                 key: "lora_unet_l".into(),
-                ..layer
+                rank: 1,
+                in_features: 2,
+                out_features: 2,
+                a: a.to_vec(),
+                b: b.to_vec(),
+                alpha,
             }],
         };
         let layers = BTreeMap::from([("l.weight".to_string(), [2u64, 2])]);
-        let m = LoraMerge::bind(vec![(file, 0.5)], &layers).unwrap();
+        LoraMerge::bind(vec![(file, multiplier)], &layers).unwrap()
+    }
+
+    #[test]
+    fn apply_adds_b_times_a_scaled() {
+        let m = one_layer("f", [1.0, 2.0], [3.0, 4.0], Some(2.0), 0.5);
         let mut w = vec![0f32; 4];
         m.apply("l.weight", &mut w).unwrap();
         // scale = 0.5 · 2 / 1 = 1; B @ A = [[3, 6], [4, 8]]
@@ -564,22 +572,7 @@ mod tests {
     /// the weight and the index (the merged weight was planned and sampling diverged).
     #[test]
     fn apply_refuses_an_update_that_overflows() {
-        let file = LoraFile {
-            path: "big.safetensors".into(),
-            digest: [0; 32],
-            format: LoraFormat::Kohya,
-            layers: vec![LoraLayer {
-                key: "lora_unet_l".into(),
-                rank: 1,
-                in_features: 2,
-                out_features: 2,
-                a: vec![1.0, 1e30],
-                b: vec![1.0, 1e30],
-                alpha: None,
-            }],
-        };
-        let layers = BTreeMap::from([("l.weight".to_string(), [2u64, 2])]);
-        let m = LoraMerge::bind(vec![(file, 1.0)], &layers).unwrap();
+        let m = one_layer("big.safetensors", [1.0, 1e30], [1.0, 1e30], None, 1.0);
         let mut w = vec![0f32; 4];
         let e = m.apply("l.weight", &mut w).unwrap_err().to_string();
         for n in [
