@@ -98,18 +98,15 @@ impl GenerationInfo {
 
 /// `s` with `\`, newline and carriage return escaped, so it stays on one line, NUL as `\0`
 /// (a NUL ends a PNG text chunk's keyword or hides what follows it), and every other control
-/// character and the Unicode line and paragraph separators as `\uXXXX` (PNG text chunks
-/// allow no control character but the line feed, and some readers break lines at U+2028).
+/// character and the Unicode line and paragraph separators as `\u` and four hex digits (PNG
+/// text chunks allow no control character but the line feed, and some readers break lines at
+/// U+2028).
 fn escape_lines(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
-            '\\' => o.push_str("\\\\"),
-            '\n' => o.push_str("\\n"),
-            '\r' => o.push_str("\\r"),
             '\0' => o.push_str("\\0"),
-            c if needs_escape(c) => o.push_str(&format!("\\u{:04x}", c as u32)),
-            c => o.push(c),
+            c => push_escaped(&mut o, c),
         }
     }
     o
@@ -119,6 +116,18 @@ fn escape_lines(s: &str) -> String {
 /// parameters text.
 fn needs_escape(c: char) -> bool {
     c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
+}
+
+/// Appends `c` to `o`: `\` as `\\`, line feed and carriage return as `\n` and `\r`, the other
+/// characters [`needs_escape`] names as `\u` and four hex digits, the rest as is.
+fn push_escaped(o: &mut String, c: char) {
+    match c {
+        '\\' => o.push_str("\\\\"),
+        '\n' => o.push_str("\\n"),
+        '\r' => o.push_str("\\r"),
+        c if needs_escape(c) => o.push_str(&format!("\\u{:04x}", c as u32)),
+        c => o.push(c),
+    }
 }
 
 /// A field value as A1111 writes it: as is, or as a JSON string when it holds `,`, `:`, `"`,
@@ -131,11 +140,7 @@ fn quote_field(v: &str) -> String {
     for c in v.chars() {
         match c {
             '"' => q.push_str("\\\""),
-            '\\' => q.push_str("\\\\"),
-            '\n' => q.push_str("\\n"),
-            '\r' => q.push_str("\\r"),
-            c if needs_escape(c) => q.push_str(&format!("\\u{:04x}", c as u32)),
-            c => q.push(c),
+            c => push_escaped(&mut q, c),
         }
     }
     q.push('"');
