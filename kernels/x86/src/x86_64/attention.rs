@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 
 use edge_kernels::{AttentionOps, BlockState, QueryBlock, KEY_TILE, QUERY_TILE};
 
-use super::vmath::{exp16_nonpositive, exp8, mask, transpose16, transpose8};
+use super::vmath::{exp16_nonpositive, exp8_nonpositive, mask, transpose16, transpose8};
 
 /// AVX2 step: the block's rows together, as [`AVX512`] does, in 8-lane registers (16 keys ×
 /// 4 rows of scores, 16 head channels × 4 rows of accumulators at a time).
@@ -255,8 +255,7 @@ unsafe fn scores16_avx2(
 }
 
 /// [`block_tile_avx2`]: the steps of [`block_avx512`] in the same order on 8 lanes — scores of
-/// 4 rows × 16 keys at a time, per row the score terms, the tile maximum, the weights
-/// `exp(s − m')` and their `tile_sum` (16 lanes as two registers, then the halving tree), then
+/// 4 rows × 16 keys at a time, the online softmax ([`softmax_avx2`]), then
 /// `acc[r] = fma(w[r][j], v[j], acc[r])` over 16-channel groups with each value chunk loaded
 /// once for all rows (keys in increasing order per element).
 #[target_feature(enable = "avx2,fma")]
@@ -273,95 +272,8 @@ unsafe fn block_avx2<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut 
         // every query row holds `hd` elements and `16·c0 + 16 ≤ 16·nc ≤ KEY_TILE`.
         unsafe { scores16_avx2(&qs, keys, hd, c0, &mut dots) };
     }
-    let keep = b.key_mask.map(|x| &x[b.j0..b.j0 + nk]);
-    let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
-    let n8 = nk.div_ceil(8);
-    let mut row_max = [f32::NEG_INFINITY; 8];
-    for r in 0..nq {
-        let bias = b
-            .bias
-            .map(|x| &x[(b.h * p.lq + b.i0 + r) * p.lk + b.j0..][..nk]);
-        let mut mx = ninf;
-        for c in 0..n8 {
-            let j = 8 * c;
-            let m = mask8(nk - j);
-            // SAFETY: the masked loads cover `j..nk` of the `nk`-long bias and mask slices;
-            // `dots[r]` and `st.scores[r]` hold `KEY_TILE ≥ j + 8` f32.
-            unsafe {
-                let mut x = _mm256_mul_ps(
-                    _mm256_set1_ps(p.scale),
-                    _mm256_loadu_ps(dots[r].as_ptr().add(j)),
-                );
-                if let Some(bs) = bias {
-                    x = _mm256_add_ps(x, _mm256_maskload_ps(bs.as_ptr().add(j), m));
-                }
-                if let Some(km) = keep {
-                    let drop = _mm256_sub_ps(
-                        _mm256_set1_ps(1.0),
-                        _mm256_maskload_ps(km.as_ptr().add(j), m),
-                    );
-                    x = _mm256_add_ps(x, _mm256_mul_ps(drop, _mm256_set1_ps(p.masked_value)));
-                }
-                _mm256_storeu_ps(st.scores[r].as_mut_ptr().add(j), x);
-                // `vmaxps(new, running)` returns `running` for a NaN score, as `f32::max`
-                // skips it; lanes past the keys are −∞.
-                let xm = _mm256_blendv_ps(ninf, x, _mm256_castsi256_ps(m));
-                mx = _mm256_max_ps(xm, mx);
-            }
-        }
-        let h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps::<1>(mx));
-        let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        row_max[r] = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps::<1>(h, h)));
-    }
-    // Lane r: the row's running maximum, then the new one, the correction `exp(m − m')`.
-    let mut old = [f32::NEG_INFINITY; 8];
-    old[..QUERY_TILE].copy_from_slice(&st.run_max);
-    // SAFETY: both arrays hold 8 f32.
-    let (old, tmax) = unsafe {
-        (
-            _mm256_loadu_ps(old.as_ptr()),
-            _mm256_loadu_ps(row_max.as_ptr()),
-        )
-    };
-    let new_max = _mm256_max_ps(tmax, old);
-    let corr_v = exp8(_mm256_sub_ps(old, new_max));
-    let mut corr = [0f32; 8];
-    let mut nmax = [0f32; 8];
-    // SAFETY: both arrays hold 8 f32.
-    unsafe {
-        _mm256_storeu_ps(corr.as_mut_ptr(), corr_v);
-        _mm256_storeu_ps(nmax.as_mut_ptr(), new_max);
-    }
-    for r in 0..nq {
-        let nm = _mm256_set1_ps(nmax[r]);
-        // `tile_sum`'s 16 lanes: keys `16c .. 16c + 8` into `lo`, `16c + 8 .. 16c + 16` into
-        // `hi` (zeros past the keys add nothing: the weights are never −0).
-        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let weights = |c: usize, st: &mut BlockState<D>| {
-            let m = _mm256_castsi256_ps(mask8(nk - 8 * c));
-            // SAFETY: `8c + 8 ≤ KEY_TILE`, inside the row's score array.
-            unsafe {
-                let x = _mm256_loadu_ps(st.scores[r].as_ptr().add(8 * c));
-                let w = _mm256_and_ps(m, exp8(_mm256_sub_ps(x, nm)));
-                _mm256_storeu_ps(st.scores[r].as_mut_ptr().add(8 * c), w);
-                w
-            }
-        };
-        for c in (0..n8).step_by(2) {
-            lo = _mm256_add_ps(lo, weights(c, st));
-            if c + 1 < n8 {
-                hi = _mm256_add_ps(hi, weights(c + 1, st));
-            }
-        }
-        // The halving tree: lanes l + 8, l + 4, l + 2, l + 1 onto l.
-        let t = _mm256_add_ps(lo, hi);
-        let t = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t));
-        let t = _mm_add_ps(t, _mm_movehl_ps(t, t));
-        let t = _mm_add_ss(t, _mm_shuffle_ps::<1>(t, t));
-        st.run_sum[r] = st.run_sum[r] * corr[r] + _mm_cvtss_f32(t);
-        st.run_max[r] = nmax[r];
-    }
-    let corr: [f32; QUERY_TILE] = std::array::from_fn(|r| corr[r]);
+    // SAFETY: AVX2 and FMA are enabled here.
+    let corr = unsafe { softmax_avx2(b, &dots, st) };
     // The packed values, `[nk, hd]` (`QueryBlock::check_step`).
     let vp = b.values.as_ptr();
     for d0 in (0..hd).step_by(16) {
@@ -380,6 +292,144 @@ unsafe fn block_avx2<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut 
             }
         }
     }
+}
+
+/// The online softmax of the block's rows from their dot products `dots` on 8 lanes: the
+/// steps of [`softmax_avx512`] in the same order (the score terms `scale·dot`, `+ bias[j]`,
+/// `+ (1 − mask[j])·masked_value`; the tile maximum with lanes past the keys at −∞ and NaN
+/// scores skipped by `vmaxps(new, running)`; the weights `exp(s − m')`, zero past the keys;
+/// their `tile_sum` as 16 lanes held in two registers, keys `16c .. 16c + 8` in `lo` and
+/// `16c + 8 .. 16c + 16` in `hi`, then the halving tree), writing the weights to `st.scores`,
+/// updating the running maximum and sum and returning each row's correction `exp(m − m')`.
+///
+/// Each step runs for the 4 rows of the block before the next chunk (rows past `nq` repeat the
+/// last row and are dropped), so the rows' dependency chains overlap; chunks wholly inside the
+/// tile's keys take whole loads and no mask; the weights' `exp` is [`exp8_nonpositive`]
+/// (`s − m' ≤ 0` on the keys' lanes). Row by row with masks on every chunk and the full
+/// [`exp8`], the softmax took about a third of the attention's time (BENCHMARKS.md, "AVX2
+/// softmax"). The same operations on every lane that reaches the output: the same bits.
+///
+/// # Safety
+/// AVX2 and FMA present.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_avx2<const D: usize>(
+    b: &QueryBlock<'_>,
+    dots: &[[f32; KEY_TILE]; QUERY_TILE],
+    st: &mut BlockState<D>,
+) -> [f32; QUERY_TILE] {
+    let (p, nq, nk) = (b.p, b.nq, b.nk);
+    let n8 = nk.div_ceil(8);
+    let keep = b.key_mask.map(|x| &x[b.j0..b.j0 + nk]);
+    let bias: [Option<&[f32]>; QUERY_TILE] = std::array::from_fn(|r| {
+        b.bias
+            .map(|x| &x[(b.h * p.lq + b.i0 + r.min(nq - 1)) * p.lk + b.j0..][..nk])
+    });
+    let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
+    let scale = _mm256_set1_ps(p.scale);
+    let mut mx = [ninf; QUERY_TILE];
+    for c in 0..n8 {
+        let j = 8 * c;
+        let whole = j + 8 <= nk;
+        let m = mask8(nk - j);
+        // Chunk `c` of one of the `nk`-long bias and mask slices.
+        let load = |src: &[f32]| {
+            assert!(src.len() >= nk);
+            // SAFETY: whole registers (`j + 8 ≤ nk`) lie inside `src`, masked ones stop at
+            // `nk ≤ src.len()`.
+            unsafe {
+                if whole {
+                    _mm256_loadu_ps(src.as_ptr().add(j))
+                } else {
+                    _mm256_maskload_ps(src.as_ptr().add(j), m)
+                }
+            }
+        };
+        // `(1 − mask[j])·masked_value`, the same for every row.
+        let dropped = keep.map(|km| {
+            _mm256_mul_ps(
+                _mm256_sub_ps(_mm256_set1_ps(1.0), load(km)),
+                _mm256_set1_ps(p.masked_value),
+            )
+        });
+        for r in 0..QUERY_TILE {
+            // SAFETY: `dots[r]` and `st.scores[r]` hold `KEY_TILE ≥ j + 8` f32.
+            unsafe {
+                let mut x = _mm256_mul_ps(scale, _mm256_loadu_ps(dots[r].as_ptr().add(j)));
+                if let Some(bs) = bias[r] {
+                    x = _mm256_add_ps(x, load(bs));
+                }
+                if let Some(dm) = dropped {
+                    x = _mm256_add_ps(x, dm);
+                }
+                _mm256_storeu_ps(st.scores[r].as_mut_ptr().add(j), x);
+                let xm = if whole {
+                    x
+                } else {
+                    _mm256_blendv_ps(ninf, x, _mm256_castsi256_ps(m))
+                };
+                mx[r] = _mm256_max_ps(xm, mx[r]);
+            }
+        }
+    }
+    let mut row_max = [f32::NEG_INFINITY; 8];
+    for (r, v) in mx.iter().enumerate() {
+        let h = _mm_max_ps(_mm256_castps256_ps128(*v), _mm256_extractf128_ps::<1>(*v));
+        let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        row_max[r] = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps::<1>(h, h)));
+    }
+    // Lane r: the row's running maximum, then the new one, the correction `exp(m − m')`.
+    let mut old = [f32::NEG_INFINITY; 8];
+    old[..QUERY_TILE].copy_from_slice(&st.run_max);
+    // SAFETY: both arrays hold 8 f32.
+    let (old, tmax) = unsafe {
+        (
+            _mm256_loadu_ps(old.as_ptr()),
+            _mm256_loadu_ps(row_max.as_ptr()),
+        )
+    };
+    let new_max = _mm256_max_ps(tmax, old);
+    // `old ≤ new_max` per lane (or NaN lanes): `exp8_nonpositive`'s contract.
+    let corr_v = exp8_nonpositive(_mm256_sub_ps(old, new_max));
+    let mut corr = [0f32; 8];
+    let mut nmax = [0f32; 8];
+    // SAFETY: both arrays hold 8 f32.
+    unsafe {
+        _mm256_storeu_ps(corr.as_mut_ptr(), corr_v);
+        _mm256_storeu_ps(nmax.as_mut_ptr(), new_max);
+    }
+    let mut lo = [_mm256_setzero_ps(); QUERY_TILE];
+    let mut hi = [_mm256_setzero_ps(); QUERY_TILE];
+    for c in 0..n8 {
+        let whole = 8 * c + 8 <= nk;
+        let m = _mm256_castsi256_ps(mask8(nk - 8 * c));
+        for r in 0..QUERY_TILE {
+            // SAFETY: `8c + 8 ≤ KEY_TILE`, inside the row's score array.
+            unsafe {
+                let x = _mm256_loadu_ps(st.scores[r].as_ptr().add(8 * c));
+                // Lanes of the tile's keys are at most the new maximum (or NaN); the others,
+                // which may exceed it, are zeroed whatever they give.
+                let e = exp8_nonpositive(_mm256_sub_ps(x, _mm256_set1_ps(nmax[r])));
+                let w = if whole { e } else { _mm256_and_ps(m, e) };
+                _mm256_storeu_ps(st.scores[r].as_mut_ptr().add(8 * c), w);
+                if c % 2 == 0 {
+                    lo[r] = _mm256_add_ps(lo[r], w);
+                } else {
+                    hi[r] = _mm256_add_ps(hi[r], w);
+                }
+            }
+        }
+    }
+    for r in 0..nq {
+        // The halving tree: lanes l + 8, l + 4, l + 2, l + 1 onto l.
+        let t = _mm256_add_ps(lo[r], hi[r]);
+        let t = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t));
+        let t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+        let t = _mm_add_ss(t, _mm_shuffle_ps::<1>(t, t));
+        st.run_sum[r] = st.run_sum[r] * corr[r] + _mm_cvtss_f32(t);
+        st.run_max[r] = nmax[r];
+    }
+    std::array::from_fn(|r| corr[r])
 }
 
 /// [`acc_group`] on 8 lanes for channels `d0 .. d0 + lanes` (`lanes ≤ 8·NC`, `NC ≤ 2`
