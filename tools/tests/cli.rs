@@ -2854,6 +2854,25 @@ fn taesd_decodes_and_previews() {
         &["--preview", "tae", "--preview-path", s(&out)],
     );
     assert_refused("preview over the output", &o, &["--preview-path"], &out_dir);
+    // The preview options without a preview are refused, not ignored.
+    let live = out_dir.join("live.png");
+    for (extra, flag) in [
+        (vec!["--preview-path", s(&live)], "--preview-path"),
+        (vec!["--preview-interval", "2"], "--preview-interval"),
+        (vec!["--preview-noisy"], "--preview-noisy"),
+        (
+            vec!["--preview", "none", "--preview-path", s(&live)],
+            "--preview-path",
+        ),
+    ] {
+        let o = generate_cat(&plan, &out, &extra);
+        assert_refused(
+            &format!("{extra:?} without a preview"),
+            &o,
+            &[flag, "applies to previews only", "--preview tae|vae"],
+            &out_dir,
+        );
+    }
     let bare = t.path().join("bare.plan");
     let o = run(EDGEPLAN, &compile_args(s(&model), s(&bare), "64"));
     assert!(o.status.success());

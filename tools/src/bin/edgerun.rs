@@ -378,17 +378,15 @@ struct GenArgs {
     /// (the plan's tiny decoder) or `vae`; written atomically to --preview-path.
     #[arg(long = "preview", default_value = "none")]
     preview: String,
-    /// Where previews are written (a .png name; replaced at every preview).
-    #[arg(long = "preview-path", default_value = "preview.png")]
-    preview_path: PathBuf,
-    /// A preview after every N-th step (and after the last).
-    #[arg(
-        long = "preview-interval",
-        default_value_t = 1,
-        allow_negative_numbers = true
-    )]
-    preview_interval: usize,
-    /// Preview the noisy latents of the step instead of the denoiser's clean estimate.
+    /// Where previews are written (a .png name; replaced at every preview; default
+    /// preview.png in the working folder). Only with --preview.
+    #[arg(long = "preview-path")]
+    preview_path: Option<PathBuf>,
+    /// A preview after every N-th step (and after the last; default 1). Only with --preview.
+    #[arg(long = "preview-interval", allow_negative_numbers = true)]
+    preview_interval: Option<usize>,
+    /// Preview the noisy latents of the step instead of the denoiser's clean estimate. Only
+    /// with --preview.
     #[arg(long = "preview-noisy")]
     preview_noisy: bool,
     /// Also write the final latents (before VAE decoding) as safetensors `latents` [1, 4, H/8, W/8]
@@ -802,17 +800,33 @@ fn generate(a: GenArgs) -> Result<()> {
             }
         };
     let decoder = parse_decoder(&a.decoder, "--decoder", false)?.unwrap_or_default();
+    let preview_path = a
+        .preview_path
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("preview.png"));
     let preview = match parse_decoder(&a.preview, "--preview", true)? {
-        None => None,
+        None => {
+            // The preview options are not ignored silently without a preview.
+            let given = [
+                ("--preview-path", a.preview_path.is_some()),
+                ("--preview-interval", a.preview_interval.is_some()),
+                ("--preview-noisy", a.preview_noisy),
+            ];
+            if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
+                bail!("{flag} applies to previews only: give --preview tae|vae");
+            }
+            None
+        }
         Some(d) => {
-            if a.preview_interval == 0 {
+            let interval = a.preview_interval.unwrap_or(1);
+            if interval == 0 {
                 bail!("--preview-interval 0: expected at least 1");
             }
-            check_output_file("--preview-path", &a.preview_path)?;
-            check_extension("--preview-path", &a.preview_path, "PNG", "png")?;
+            check_output_file("--preview-path", &preview_path)?;
+            check_extension("--preview-path", &preview_path, "PNG", "png")?;
             Some(edge_runtime::PreviewSpec {
                 decoder: d,
-                interval: a.preview_interval,
+                interval,
                 noisy: a.preview_noisy,
             })
         }
@@ -870,7 +884,7 @@ fn generate(a: GenArgs) -> Result<()> {
     let mut outputs: Vec<(&str, &Path)> = pngs.iter().map(|p| ("-o", p.as_path())).collect();
     outputs.extend(latent_files.iter().map(|p| ("--latents-out", p.as_path())));
     if preview.is_some() {
-        outputs.push(("--preview-path", a.preview_path.as_path()));
+        outputs.push(("--preview-path", preview_path.as_path()));
     }
     refuse_clobber(&inputs, &outputs)?;
     check_extension("-o", &a.output, "PNG", "png")?;
@@ -1080,7 +1094,7 @@ fn generate(a: GenArgs) -> Result<()> {
             reset_peak_rss();
         }
         let mut last = Instant::now();
-        let preview_path = a.preview_path.clone();
+        let preview_path = preview_path.clone();
         let mut on_preview = |p: edge_runtime::Preview<'_>| {
             edge_runtime::image::write_png(
                 &preview_path,
