@@ -172,7 +172,9 @@ impl SecretKey {
             });
         }
         for p in [path, pub_path.as_path()] {
-            if p.exists() {
+            // Any entry, a dangling symbolic link included (`exists` follows links, and
+            // `create_new` refuses the link with a bare "File exists").
+            if p.symlink_metadata().is_ok() {
                 return Err(SignError::KeyExists {
                     path: p.display().to_string(),
                 });
@@ -304,6 +306,19 @@ mod tests {
             key.write_pair(&path),
             Err(SignError::KeyExists { .. })
         ));
+        // A dangling symbolic link is an existing entry too, named as one.
+        #[cfg(unix)]
+        {
+            let link = dir.path().join("link");
+            std::os::unix::fs::symlink(dir.path().join("nowhere"), &link).unwrap();
+            let err = key.write_pair(&link).unwrap_err();
+            assert!(matches!(err, SignError::KeyExists { .. }), "{err}");
+            assert!(
+                err.to_string().contains("link: the file already exists"),
+                "{err}"
+            );
+            assert!(!dir.path().join("nowhere").exists());
+        }
         // Raw 32-byte seeds are refused (a public key looks the same), naming the way out.
         let raw = dir.path().join("raw");
         std::fs::write(&raw, key.key.as_bytes()).unwrap();
