@@ -56,7 +56,10 @@ pub enum TokenizerLoadError {
     #[error("{path}: {what}")]
     Malformed { path: PathBuf, what: String },
     /// The protobuf of `spiece.model` does not decode.
-    #[error("{path}: protobuf is malformed at byte {offset}: {what}")]
+    #[error(
+        "{path}: not a SentencePiece model (its protobuf is malformed at byte {offset}: {what}); \
+         a tokenizer is a spiece.model or a tokenizer.json"
+    )]
     Protobuf {
         path: PathBuf,
         offset: usize,
@@ -1111,6 +1114,15 @@ mod tests {
         let err = load_spiece_model(&spm).unwrap_err();
         assert!(matches!(err, TokenizerLoadError::Protobuf { .. }), "{err}");
         assert!(err.to_string().contains("spiece.model"));
+        // Another kind of file (a PNG given as the tokenizer) says what was expected.
+        let png = tmp.path().join("cat.png");
+        std::fs::write(&png, b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR").unwrap();
+        let err = load_spiece_model(&png).unwrap_err().to_string();
+        assert!(
+            err.contains("cat.png: not a SentencePiece model")
+                && err.contains("a spiece.model or a tokenizer.json"),
+            "{err}"
+        );
 
         let json = tmp.path().join("tokenizer.json");
         std::fs::write(&json, r#"{"model": {"type": "BPE"}}"#).unwrap();
