@@ -30,9 +30,11 @@ use zerocopy::IntoBytes;
 
 use crate::table::EpilogueFn;
 
-/// Input features per cache block: a packed panel block is `KC · cols` f32 (at most 32 KiB, so
-/// that it stays in a 48 KiB L1 data cache while a task's row tiles pass over it; 256 measured
-/// 9–18 % slower on the VAE convolutions and the f32 linear of `kbench`, 64 no faster).
+/// Input features per cache block of the generic, NEON and AVX-512 tiles ([`F32Tile::kc`]): a
+/// packed panel block is `KC · cols` f32 (at most 32 KiB, so that it stays in a 48 KiB L1 data
+/// cache while a task's row tiles pass over it; 256 measured 9–18 % slower on the VAE
+/// convolutions and the f32 linear of `kbench` with the AVX-512 tile's 64 columns, 64 no
+/// faster).
 pub const KC: usize = 128;
 /// Largest number of rows of `x` a [`F32Tile`] may declare.
 pub const MAX_TILE_ROWS: usize = 8;
@@ -134,10 +136,16 @@ pub struct F32Tile {
     /// has few independent accumulators; same bits either way).
     pub any_rows: bool,
     /// Software prefetch ([`no_prefetch`] or a SIMD twin's): while a tile call runs, the driver
-    /// prefetches the rows of `x` that the next call reads (each call's `rows × KC` slice starts
+    /// prefetches the rows of `x` that the next call reads (each call's `rows × kc` slice starts
     /// short new streams that the hardware prefetchers pick up too late: BENCHMARKS.md,
     /// "prefetch").
     pub prefetch: PrefetchFn,
+    /// Input features per cache block, the `kc` of each [`F32Tile::run`] call (at least 1):
+    /// [`KC`], or more for a narrow tile whose `kc · cols` panel block stays small (each call
+    /// loads and stores its accumulators and the driver prepares its rows, so longer calls
+    /// cost less per feature). Any value gives the same bits: a partial sum passes through
+    /// memory exactly.
+    pub kc: usize,
 }
 
 impl F32Tile {
@@ -166,11 +174,14 @@ impl F32Tile {
         assert!(
             (1..=MAX_TILE_ROWS).contains(&self.rows)
                 && self.cols >= 1
-                && MAX_TILE_COLS.is_multiple_of(self.cols),
-            "gemm: tile {} is {}x{}: rows must be 1..={MAX_TILE_ROWS} and cols divide {MAX_TILE_COLS}",
+                && MAX_TILE_COLS.is_multiple_of(self.cols)
+                && self.kc >= 1,
+            "gemm: tile {} is {}x{} with blocks of {} features: rows must be 1..={MAX_TILE_ROWS}, \
+             cols divide {MAX_TILE_COLS} and blocks hold a feature or more",
             self.name,
             self.rows,
-            self.cols
+            self.cols,
+            self.kc
         );
     }
 }
@@ -184,6 +195,7 @@ pub const GENERIC_TILE: F32Tile = F32Tile {
     pack: pack_panel,
     any_rows: false,
     prefetch: no_prefetch,
+    kc: KC,
 };
 
 fn generic_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {
@@ -456,8 +468,8 @@ pub(crate) fn run_block(
     let (tr, tc) = (tile.rows, tile.cols);
     for p0 in (0..cn).step_by(tc) {
         let p = (c0 + p0) / tc;
-        for k0 in (0..k).step_by(KC) {
-            let kc = KC.min(k - k0);
+        for k0 in (0..k).step_by(tile.kc) {
+            let kc = tile.kc.min(k - k0);
             let panel = &panels[(p * k + k0) * tc..][..kc * tc];
             let mut r0 = 0;
             while r0 < rows {
@@ -475,7 +487,7 @@ pub(crate) fn run_block(
                 let (n0, nk0) = if r0 + nr < rows {
                     (r0 + nr, k0)
                 } else {
-                    (0, k0 + KC)
+                    (0, k0 + tile.kc)
                 };
                 if nk0 < k {
                     for r in n0..(n0 + tr).min(rows) {

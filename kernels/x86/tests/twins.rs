@@ -113,11 +113,13 @@ fn linear_matches_generic_bit_for_bit() {
         (9, 100, 13),
         (13, 64, 70),
         (70, 23, 19),
-        // Past one cache block of features (128) and one column block (64), few and many rows.
+        // Past one cache block of features (128; 256 for the AVX2 tile) and one column block
+        // (64), few and many rows.
         (3, 300, 150),
         (8, 129, 64),
         (6, 1, 65),
         (70, 260, 131),
+        (14, 530, 40),
     ];
     let blocks = [
         (4, 32, 16),

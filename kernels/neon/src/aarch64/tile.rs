@@ -19,6 +19,7 @@ pub(super) const NEON: F32Tile = F32Tile {
     pack: edge_kernels::pack_panel,
     any_rows: false,
     prefetch: edge_kernels::no_prefetch,
+    kc: edge_kernels::KC,
 };
 
 fn neon_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {

@@ -13,7 +13,11 @@ use edge_schema::DType;
 use super::vmath::{mask, transpose16, transpose8};
 
 /// AVX2 + FMA: 6 rows × 16 columns (12 ymm accumulators, 2 weight vectors, 1 broadcast); the
-/// rows left after a block's whole tiles go in one call of 2 to 5 rows (`any_rows`).
+/// rows left after a block's whole tiles go in one call of 2 to 5 rows (`any_rows`). Blocks of
+/// 256 features: the panel block is then 16 KiB, and on the Zen 3 host the driver's work per
+/// call (rows, prefetch, checks, the accumulators' loads and stores) took about an eighth of
+/// the F16 NFE's `linear` samples at 128 (`perf`; `kbench 1 "linear f16"`, 8 alternations:
+/// 1.08–1.14× at 256, BENCHMARKS.md, "AVX2 feature blocks").
 pub(crate) const AVX2: F32Tile = F32Tile {
     name: "avx2_f32_6x16",
     rows: 6,
@@ -22,6 +26,7 @@ pub(crate) const AVX2: F32Tile = F32Tile {
     pack: pack_avx2,
     any_rows: true,
     prefetch,
+    kc: 256,
 };
 
 /// AVX-512: 6 rows × 64 columns (24 zmm accumulators, 4 weight vectors, 1 broadcast); the
@@ -35,6 +40,7 @@ pub(crate) const AVX512: F32Tile = F32Tile {
     pack: pack_avx512,
     any_rows: true,
     prefetch,
+    kc: edge_kernels::KC,
 };
 
 /// [`edge_kernels::PrefetchFn`] on x86-64: one `prefetcht0` per 64-byte line of `bytes`, so the
