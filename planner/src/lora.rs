@@ -498,7 +498,9 @@ impl LoraMerge {
                     *x += acc * d.scale;
                 }
             }
-            if let Some(i) = w.iter().position(|x| !x.is_finite()) {
+            // Only the rows this update wrote (the others were checked by their own update).
+            let touched = (l.out_features * n).min(w.len());
+            if let Some(i) = w[..touched].iter().position(|x| !x.is_finite()) {
                 return Err(PlanError::Invalid(format!(
                     "LoRA {}: layer `{}` merged into `{name}` gives {} at flat index {i}; merged \
                      weights must be finite (the update (B @ A) · scale overflows f32)",
