@@ -915,27 +915,80 @@ fn generate_diverging_guidance_is_refused() {
     assert_refused(
         "--cfg-scale 1e38",
         &o,
-        &["--cfg-scale", "expected a number up to 100"],
+        &["--cfg-scale", "expected a number from 0 to 100"],
         t.path(),
     );
 }
 
-/// A negative guidance scale turns guidance off (as diffusers does for any scale up to 1),
-/// with a warning naming the flag; a scale of 1 says nothing.
+/// When the PNG cannot be written after its `--latents-out` file was (here a file-size limit of
+/// 4 KiB, `RLIMIT_FSIZE` with `SIGXFSZ` ignored, so the write fails with EFBIG as on a full
+/// disk), the run fails naming `-o` and removes the latents it wrote: no latents without their
+/// image, no temporary file left.
+#[cfg(unix)]
 #[test]
-fn negative_guidance_scale_warns() {
+fn latents_out_removed_when_the_png_write_fails() {
+    use std::os::unix::process::CommandExt;
+    let t = tempfile::tempdir().unwrap();
+    let png = t.path().join("out.png");
+    let lat = t.path().join("lat.safetensors");
+    let mut cmd = Command::new(EDGERUN);
+    cmd.args([
+        "generate",
+        "--plan",
+        s(demo_plan()),
+        "-p",
+        PROMPT,
+        "--steps",
+        "2",
+        "-o",
+        s(&png),
+        "--latents-out",
+        s(&lat),
+    ]);
+    // SAFETY: between fork and exec only async-signal-safe calls (setrlimit, signal) run; an
+    // ignored signal stays ignored across exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 4096,
+                rlim_max: 4096,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let o = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains(s(&png)), "the error names -o: {err}");
+    assert_eq!(
+        entries(t.path()),
+        Vec::<String>::new(),
+        "files left after the failed PNG write: {err}"
+    );
+}
+
+/// A negative guidance scale is refused as the server refuses it (a scale up to 1 turns guidance
+/// off, as in diffusers), naming the flag and the range; a scale of 0 or 1 says nothing.
+#[test]
+fn negative_guidance_scale_is_refused() {
     let t = tempfile::tempdir().unwrap();
     let png = t.path().join("out.png");
     let o = generate(demo_plan(), &png, &["--cfg-scale", "-5"]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{err}");
-    assert!(
-        err.contains("warning: --cfg-scale -5") && err.contains("guidance off"),
-        "{err}"
+    assert_refused(
+        "--cfg-scale -5",
+        &o,
+        &["--cfg-scale -5", "expected a number from 0 to 100"],
+        t.path(),
     );
-    let o = generate(demo_plan(), &png, &["--cfg-scale", "1"]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success() && !err.contains("--cfg-scale"), "{err}");
+    for ok in ["0", "1"] {
+        let o = generate(demo_plan(), &png, &["--cfg-scale", ok]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success() && !err.contains("--cfg-scale"), "{err}");
+    }
 }
 
 /// `-o` naming a directory or a device is refused and left as it was (a rename would replace

@@ -294,7 +294,7 @@ struct GenArgs {
     /// Denoising steps.
     #[arg(long, default_value_t = 20, allow_hyphen_values = true, value_parser = whole_number)]
     steps: usize,
-    /// Classifier-free guidance scale (≤ 1 disables guidance; at most 100).
+    /// Classifier-free guidance scale, 0 to 100 (≤ 1 disables guidance).
     #[arg(long = "cfg-scale", default_value_t = 4.5, allow_hyphen_values = true)]
     cfg_scale: f32,
     /// Sampler: dpm++2m (also dpmpp2m, dpm++, dpmpp), euler, euler_a, heun, dpm2, ddim, lcm or
@@ -852,16 +852,11 @@ fn generate(a: GenArgs) -> Result<()> {
     if !(1..=1000).contains(&a.batch_count) {
         bail!("-b/--batch-count {}: expected 1 to 1000", a.batch_count);
     }
-    if !a.cfg_scale.is_finite() || a.cfg_scale > 100.0 {
+    // The server's bound (`serve`, `cfg_scale` from 0 to 100): a negative scale would only
+    // turn guidance off, as any scale up to 1 does, so it is more likely a slip than a wish.
+    if !(0.0..=100.0).contains(&a.cfg_scale) {
         bail!(
-            "--cfg-scale {}: expected a number up to 100 (PixArt uses 4.5; ≤ 1 disables guidance)",
-            a.cfg_scale
-        );
-    }
-    if a.cfg_scale < 0.0 {
-        eprintln!(
-            "warning: --cfg-scale {}: a negative scale turns guidance off, as any scale up to 1 \
-             does (diffusers guides only above 1); PixArt uses 4.5",
+            "--cfg-scale {}: expected a number from 0 to 100 (PixArt uses 4.5; ≤ 1 disables guidance)",
             a.cfg_scale
         );
     }
@@ -1195,7 +1190,15 @@ fn generate(a: GenArgs) -> Result<()> {
                 )
             }),
         };
-        edge_runtime::image::write_png(output, &out.rgb, width, height, &fields.png_text())?;
+        if let Err(e) =
+            edge_runtime::image::write_png(output, &out.rgb, width, height, &fields.png_text())
+        {
+            // The image and its latents are one result: no latents file without its PNG.
+            if let Some(p) = latent_files.get(i) {
+                let _ = std::fs::remove_file(p);
+            }
+            return Err(e.into());
+        }
         if !a.quiet {
             say!(
                 "wrote {} ({width}x{height}) in {:.2}s",
