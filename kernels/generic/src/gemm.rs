@@ -26,7 +26,6 @@
 use std::sync::Mutex;
 
 use rayon::prelude::*;
-use zerocopy::IntoBytes;
 
 use crate::table::EpilogueFn;
 
@@ -38,6 +37,8 @@ use crate::table::EpilogueFn;
 pub const KC: usize = 128;
 /// Largest number of rows of `x` a [`F32Tile`] may declare.
 pub const MAX_TILE_ROWS: usize = 8;
+/// Most rows of `x` in one [`F32Tile::run`] call: the driver's row blocks of 8 register tiles.
+pub const MAX_BLOCK_ROWS: usize = 8 * MAX_TILE_ROWS;
 /// Largest number of output columns a [`F32Tile`] may declare; `cols` must divide it.
 pub const MAX_TILE_COLS: usize = 64;
 
@@ -91,19 +92,6 @@ pub fn pack_panel(
     }
 }
 
-/// [`F32Tile::prefetch`]'s signature: `prefetch(bytes)` asks the core to bring `bytes` into its
-/// L1 data cache (a software prefetch: no wait, no fault, no effect on any result).
-pub type PrefetchFn = fn(bytes: &[u8]);
-
-/// Features of each row of `x` that the driver prefetches for the next tile call (two cache
-/// lines; `kbench 1 "linear f16"`, m = 1024: the whole `KC` slice measured 1–2 % slower, one to
-/// four lines alike).
-const PREFETCH_X: usize = 32;
-
-/// The portable [`PrefetchFn`]: does nothing (the generic kernels leave prefetching to the
-/// hardware).
-pub fn no_prefetch(_bytes: &[u8]) {}
-
 /// Input features per packing task of the f32 `linear` (at most what one [`PackFn`] call
 /// packs).
 pub const PACK_FEATURES: usize = 256;
@@ -111,19 +99,24 @@ pub const PACK_FEATURES: usize = 256;
 /// A register-tile microkernel of the blocked f32 GEMM driver: the only per-ISA part of the f32
 /// `linear` and `conv2d` kernels.
 ///
-/// `run(xs, panel, kc, acc, ld)` gets `xs.len()` rows of `x` (either `rows` or 1), each at least
-/// `kc` f32 (the driver passes them from the block's first feature), a packed panel of `kc × cols`
-/// f32 (`panel[t·cols + c]` is output column `c`'s weight for feature `t`), and the tile's
-/// accumulators `acc[r·ld + c]` (`r < xs.len()`, `c < cols`, `ld ≥ cols`; read and written). For
-/// every `r`, `c` and `t = 0..kc` in increasing order it must compute `acc[r·ld + c] =
-/// fma(xs[r][t], panel[t·cols + c], acc[r·ld + c])` with one rounding (module doc): a SIMD tile
-/// keeps each column in a lane, so the bits are the generic tile's for any `rows × cols`
-/// (tested for every twin).
+/// `run(xs, panel, kc, acc, ld)` gets a block of `xs.len()` rows of `x` (1 to [`MAX_BLOCK_ROWS`]),
+/// each starting at the block's first feature and at least `kc` f32 long (the driver passes each
+/// row to its end, so a tile may prefetch the next feature block's head past `kc`: reads only),
+/// a packed panel of `kc × cols` f32 (`panel[t·cols + c]` is output column `c`'s weight for
+/// feature `t`), and the block's accumulators `acc[r·ld + c]` (`r < xs.len()`, `c < cols`,
+/// `ld ≥ cols`; read and written). For every `r`, `c` and `t = 0..kc` in increasing order it must
+/// compute `acc[r·ld + c] = fma(xs[r][t], panel[t·cols + c], acc[r·ld + c])` with one rounding
+/// (module doc): a SIMD tile keeps each column in a lane, so the bits are the generic tile's for
+/// any `rows × cols` (tested for every twin). A SIMD tile walks the block in register tiles of
+/// `rows` ([`F32Tile::each_row_tile`]) inside the call, so the driver pays one indirect call, one
+/// argument check and one slice setup per panel block, not per register tile (those took 6–8 %
+/// of the AVX2 `linear f16` samples when the driver called once per register tile:
+/// BENCHMARKS.md, "row blocks in the tile").
 #[derive(Clone, Copy, Debug)]
 pub struct F32Tile {
     /// Name for logs, `{isa}_{dtype}_{rows}x{cols}`.
     pub name: &'static str,
-    /// Rows of `x` per tile, `1..=MAX_TILE_ROWS`.
+    /// Rows of `x` per register tile, `1..=MAX_TILE_ROWS`.
     pub rows: usize,
     /// Output columns per tile; divides [`MAX_TILE_COLS`].
     pub cols: usize,
@@ -131,35 +124,26 @@ pub struct F32Tile {
     pub run: TileFn,
     /// Packs weight columns into this tile's panels ([`pack_panel`] or a SIMD twin).
     pub pack: PackFn,
-    /// Whether `run` also takes `2 .. rows` rows: the driver then hands the rows left after
-    /// the whole tiles of a block over in one call instead of one at a time (a one-row tile
-    /// has few independent accumulators; same bits either way).
+    /// Whether the register tile also takes `2 .. rows` rows: the rows left after a block's
+    /// whole register tiles then go in one pass instead of one at a time (a one-row tile has
+    /// few independent accumulators; same bits either way). See [`F32Tile::each_row_tile`].
     pub any_rows: bool,
-    /// Software prefetch ([`no_prefetch`] or a SIMD twin's): while a tile call runs, the driver
-    /// prefetches the rows of `x` that the next call reads (each call's `rows × kc` slice starts
-    /// short new streams that the hardware prefetchers pick up too late: BENCHMARKS.md,
-    /// "prefetch").
-    pub prefetch: PrefetchFn,
     /// Input features per cache block, the `kc` of each [`F32Tile::run`] call (at least 1):
     /// [`KC`], or more for a narrow tile whose `kc · cols` panel block stays small (each call
-    /// loads and stores its accumulators and the driver prepares its rows, so longer calls
-    /// cost less per feature). Any value gives the same bits: a partial sum passes through
-    /// memory exactly.
+    /// loads and stores its accumulators, so longer calls cost less per feature). Any value
+    /// gives the same bits: a partial sum passes through memory exactly.
     pub kc: usize,
 }
 
 impl F32Tile {
-    /// Asserts what [`F32Tile::run`] may rely on, for a tile of `self.cols` columns whose
-    /// implementation takes `xs.len()` of `self.rows` or 1 (any of `1..=rows` with
-    /// [`F32Tile::any_rows`]): every row of `xs` holds `kc` f32,
-    /// the panel `kc · cols`, `ld ≥ cols` and `acc` the `(xs.len() − 1)·ld + cols` elements it
-    /// writes. SIMD tiles call it before their unchecked loads.
+    /// Asserts what [`F32Tile::run`] may rely on: 1 to [`MAX_BLOCK_ROWS`] rows in `xs`, each
+    /// holding `kc` f32 or more, a panel of `kc · cols`, `ld ≥ cols` and `acc` the
+    /// `(xs.len() − 1)·ld + cols` elements it writes. SIMD tiles call it before their unchecked
+    /// loads.
     pub fn check_args(&self, xs: &[&[f32]], panel: &[f32], kc: usize, acc: &[f32], ld: usize) {
         let c = self.cols;
         assert!(
-            (xs.len() == self.rows
-                || xs.len() == 1
-                || (self.any_rows && (1..self.rows).contains(&xs.len())))
+            (1..=MAX_BLOCK_ROWS).contains(&xs.len())
                 && ld >= c
                 && acc.len() >= (xs.len() - 1) * ld + c,
             "{}: {} rows, ld {ld}, {} accumulators",
@@ -168,6 +152,25 @@ impl F32Tile {
             acc.len()
         );
         assert!(panel.len() >= kc * c && xs.iter().all(|s| s.len() >= kc));
+    }
+
+    /// Calls `f(r0, nr)` for the register tiles of a block of `n` rows, in row order: whole
+    /// tiles of `rows`, then the rest in one tile of `n mod rows` rows ([`F32Tile::any_rows`])
+    /// or in tiles of one row.
+    #[inline(always)]
+    pub fn each_row_tile(&self, n: usize, mut f: impl FnMut(usize, usize)) {
+        let mut r0 = 0;
+        while r0 < n {
+            let nr = if n - r0 >= self.rows {
+                self.rows
+            } else if self.any_rows {
+                n - r0
+            } else {
+                1
+            };
+            f(r0, nr);
+            r0 += nr;
+        }
     }
 
     fn check(&self) {
@@ -194,7 +197,6 @@ pub const GENERIC_TILE: F32Tile = F32Tile {
     run: generic_tile,
     pack: pack_panel,
     any_rows: false,
-    prefetch: no_prefetch,
     kc: KC,
 };
 
@@ -451,8 +453,10 @@ fn rows_into(
 }
 
 /// Accumulates `res[r·COL_BLOCK + c] += dot(x[i0 + r], w[c0 + c])` (fused, in feature order, on
-/// top of what `res` holds) for `r < rows`, `c < cn` (`cn ≤ COL_BLOCK`, `c0` a multiple of it),
-/// reading the packed panels in place.
+/// top of what `res` holds) for `r < rows` (at most [`MAX_BLOCK_ROWS`]), `c < cn` (`cn ≤
+/// COL_BLOCK`, `c0` a multiple of it), reading the packed panels in place: one
+/// [`F32Tile::run`] per panel and feature block, with every row from the block's first feature
+/// to its end.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_block(
     tile: &F32Tile,
@@ -465,40 +469,21 @@ pub(crate) fn run_block(
     cn: usize,
     res: &mut [f32],
 ) {
-    let (tr, tc) = (tile.rows, tile.cols);
+    assert!(
+        (1..=MAX_BLOCK_ROWS).contains(&rows) && x.len() >= (i0 + rows) * k,
+        "gemm: a block of {rows} rows"
+    );
+    let tc = tile.cols;
+    let mut xs: [&[f32]; MAX_BLOCK_ROWS] = [&[]; MAX_BLOCK_ROWS];
     for p0 in (0..cn).step_by(tc) {
         let p = (c0 + p0) / tc;
         for k0 in (0..k).step_by(tile.kc) {
             let kc = tile.kc.min(k - k0);
             let panel = &panels[(p * k + k0) * tc..][..kc * tc];
-            let mut r0 = 0;
-            while r0 < rows {
-                let nr = if rows - r0 >= tr {
-                    tr
-                } else if tile.any_rows {
-                    rows - r0
-                } else {
-                    1
-                };
-                let xs: [&[f32]; MAX_TILE_ROWS] =
-                    std::array::from_fn(|r| &x[(i0 + r0 + r.min(nr - 1)) * k + k0..][..kc]);
-                // The rows of the next call: the next tile's, or the first tile's of the next
-                // feature block; the head of each, the hardware prefetchers follow.
-                let (n0, nk0) = if r0 + nr < rows {
-                    (r0 + nr, k0)
-                } else {
-                    (0, k0 + tile.kc)
-                };
-                if nk0 < k {
-                    for r in n0..(n0 + tr).min(rows) {
-                        let next = &x[(i0 + r) * k + nk0..][..PREFETCH_X.min(k - nk0)];
-                        (tile.prefetch)(next.as_bytes());
-                    }
-                }
-                let acc = &mut res[r0 * COL_BLOCK + p0..];
-                (tile.run)(&xs[..nr], panel, kc, acc, COL_BLOCK);
-                r0 += nr;
+            for (r, xr) in xs[..rows].iter_mut().enumerate() {
+                *xr = &x[(i0 + r) * k + k0..(i0 + r + 1) * k];
             }
+            (tile.run)(&xs[..rows], panel, kc, &mut res[p0..], COL_BLOCK);
         }
     }
 }

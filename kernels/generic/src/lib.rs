@@ -59,7 +59,7 @@ pub use elementwise::{
 };
 pub use embed::{embedding, t5_position_bias, t5_relative_position_bucket, timestep_embedding};
 pub use gemm::{
-    no_prefetch, pack_panel, F32Tile, PackFn, PrefetchFn, TileFn, GENERIC_TILE, KC, MAX_TILE_COLS,
+    pack_panel, F32Tile, PackFn, TileFn, GENERIC_TILE, KC, MAX_BLOCK_ROWS, MAX_TILE_COLS,
     MAX_TILE_ROWS, PACK_FEATURES, PANEL_SLOTS,
 };
 pub use layout::{concat_axis, concat_part, permute, slice_axis, upsample_nearest2x, MAX_RANK};

@@ -18,21 +18,24 @@ pub(super) const NEON: F32Tile = F32Tile {
     run: neon_tile,
     pack: edge_kernels::pack_panel,
     any_rows: false,
-    prefetch: edge_kernels::no_prefetch,
     kc: edge_kernels::KC,
 };
 
 fn neon_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {
     NEON.check_args(xs, panel, kc, acc, ld);
-    // SAFETY: Advanced SIMD is part of every aarch64 target; every slice is as long as `F32Tile::check_args`
-    // asserted and the accesses below stay inside those lengths.
-    unsafe {
-        if xs.len() == 6 {
-            rc::<6>(xs, panel, kc, acc, ld)
-        } else {
-            rc::<1>(xs, panel, kc, acc, ld)
+    NEON.each_row_tile(xs.len(), |r0, nr| {
+        let (rows, acc) = (&xs[r0..r0 + nr], &mut acc[r0 * ld..]);
+        // SAFETY: Advanced SIMD is part of every aarch64 target; every row holds `kc` f32, the
+        // panel `16·kc` and `acc` from row `r0` on the `(nr − 1)·ld + 16` it writes
+        // (`F32Tile::check_args` asserted them for all the rows).
+        unsafe {
+            if nr == 6 {
+                rc::<6>(rows, panel, kc, acc, ld)
+            } else {
+                rc::<1>(rows, panel, kc, acc, ld)
+            }
         }
-    }
+    });
 }
 
 /// # Safety

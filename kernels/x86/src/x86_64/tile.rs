@@ -13,7 +13,7 @@ use edge_schema::DType;
 use super::vmath::{mask, transpose16, transpose8};
 
 /// AVX2 + FMA: 6 rows × 16 columns (12 ymm accumulators, 2 weight vectors, 1 broadcast); the
-/// rows left after a block's whole tiles go in one call of 2 to 5 rows (`any_rows`). Blocks of
+/// rows left after a block's whole tiles go in one tile of 2 to 5 rows (`any_rows`). Blocks of
 /// 256 features: the panel block is then 16 KiB, and on the Zen 3 host the driver's work per
 /// call (rows, prefetch, checks, the accumulators' loads and stores) took about an eighth of
 /// the F16 NFE's `linear` samples at 128 (`perf`; `kbench 1 "linear f16"`, 8 alternations:
@@ -25,12 +25,11 @@ pub(crate) const AVX2: F32Tile = F32Tile {
     run: avx2_tile,
     pack: pack_avx2,
     any_rows: true,
-    prefetch,
     kc: 256,
 };
 
 /// AVX-512: 6 rows × 64 columns (24 zmm accumulators, 4 weight vectors, 1 broadcast); the
-/// rows left after a block's whole tiles go in one call of 2 to 5 rows (`any_rows`: a 1-row
+/// rows left after a block's whole tiles go in one tile of 2 to 5 rows (`any_rows`: a 1-row
 /// call has 4 independent accumulators, fewer than the `vfmadd` latency hides).
 pub(crate) const AVX512: F32Tile = F32Tile {
     name: "avx512_f32_6x64",
@@ -39,17 +38,33 @@ pub(crate) const AVX512: F32Tile = F32Tile {
     run: avx512_tile,
     pack: pack_avx512,
     any_rows: true,
-    prefetch,
     kc: edge_kernels::KC,
 };
 
-/// [`edge_kernels::PrefetchFn`] on x86-64: one `prefetcht0` per 64-byte line of `bytes`, so the
-/// driver's next row tile finds its rows of `x` in L1 (BENCHMARKS.md, "prefetch").
-fn prefetch(bytes: &[u8]) {
-    for line in bytes.chunks(64) {
-        // SAFETY: `prefetcht0` (SSE, part of x86-64) only hints the cache: it never faults, and
-        // the address lies inside `bytes`.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr() as *const i8) };
+/// Features of each row that a tile prefetches for its next register tile (two cache lines;
+/// `kbench 1 "linear f16"`, m = 1024: the whole `KC` slice measured 1–2 % slower, one to four
+/// lines alike).
+const PREFETCH_X: usize = 32;
+
+/// One `prefetcht0` per 64-byte line of the first [`PREFETCH_X`] features of the rows of `x` that
+/// the register tile after `(r0, nr)` reads: the next tile's rows of this feature block, or after
+/// the block's last tile the first tile's rows from feature `kc` on (the next feature block's
+/// head, where the driver's rows reach it). Each tile's `rows × kc` slice starts short new
+/// streams that the hardware prefetchers pick up too late (BENCHMARKS.md, "prefetch").
+#[inline(always)]
+fn prefetch_next(xs: &[&[f32]], r0: usize, nr: usize, rows: usize, kc: usize) {
+    let (n0, from) = if r0 + nr < xs.len() {
+        (r0 + nr, 0)
+    } else {
+        (0, kc)
+    };
+    for x in &xs[n0..(n0 + rows).min(xs.len())] {
+        let head = x.get(from..).unwrap_or(&[]);
+        for line in head[..head.len().min(PREFETCH_X)].chunks(16) {
+            // SAFETY: `prefetcht0` (SSE, part of x86-64) only hints the cache: it never faults,
+            // and the address lies inside the row.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr() as *const i8) };
+        }
     }
 }
 
@@ -69,10 +84,15 @@ macro_rules! by_rows {
 
 fn avx2_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {
     AVX2.check_args(xs, panel, kc, acc, ld);
-    // SAFETY: AVX2 and FMA are the features these functions enable; this tile is put in a kernel
-    // table only by `crate::x86_64` after `edge_kernels::cpu::features()` reported both. Every
-    // slice is as long as `F32Tile::check_args` asserted and the accesses stay below those lengths.
-    unsafe { by_rows!(avx2_rc, xs.len(), (xs, panel, kc, acc, ld)) }
+    AVX2.each_row_tile(xs.len(), |r0, nr| {
+        prefetch_next(xs, r0, nr, AVX2.rows, kc);
+        let (rows, acc) = (&xs[r0..r0 + nr], &mut acc[r0 * ld..]);
+        // SAFETY: AVX2 and FMA are the features these functions enable; this tile is put in a
+        // kernel table only by `crate::x86_64` after `edge_kernels::cpu::features()` reported
+        // both. Every row holds `kc` f32, the panel `16·kc` and `acc` from row `r0` on the
+        // `(nr − 1)·ld + 16` it writes (`F32Tile::check_args` asserted them for all the rows).
+        unsafe { by_rows!(avx2_rc, nr, (rows, panel, kc, acc, ld)) }
+    });
 }
 
 /// # Safety
@@ -119,11 +139,16 @@ unsafe fn avx2_rc<const R: usize>(
 
 fn avx512_tile(xs: &[&[f32]], panel: &[f32], kc: usize, acc: &mut [f32], ld: usize) {
     AVX512.check_args(xs, panel, kc, acc, ld);
-    // SAFETY: AVX-512F is the only feature these functions enable (its `vfmadd` forms are part
-    // of the foundation); this tile is put in a kernel table only by `crate::x86_64` after
-    // `edge_kernels::cpu::features()` reported AVX-512F. Every slice is as long as asserted
-    // above and the accesses stay below those lengths.
-    unsafe { by_rows!(avx512_rc, xs.len(), (xs, panel, kc, acc, ld)) }
+    AVX512.each_row_tile(xs.len(), |r0, nr| {
+        prefetch_next(xs, r0, nr, AVX512.rows, kc);
+        let (rows, acc) = (&xs[r0..r0 + nr], &mut acc[r0 * ld..]);
+        // SAFETY: AVX-512F is the only feature these functions enable (its `vfmadd` forms are
+        // part of the foundation); this tile is put in a kernel table only by `crate::x86_64`
+        // after `edge_kernels::cpu::features()` reported AVX-512F. Every row holds `kc` f32, the
+        // panel `64·kc` and `acc` from row `r0` on the `(nr − 1)·ld + 64` it writes (asserted
+        // for all the rows above).
+        unsafe { by_rows!(avx512_rc, nr, (rows, panel, kc, acc, ld)) }
+    });
 }
 
 /// # Safety
