@@ -559,6 +559,7 @@ fn attention_matches_generic_bit_for_bit() {
         (8, 20, 1, 512, false, false),
         (45, 100, 2, 72, true, false),
         (70, 300, 3, 24, false, true),
+        (6, 66, 2, 120, false, true),
         (13, 200, 2, 72, true, true),
     ];
     for (label, t) in tables() {
