@@ -2473,7 +2473,7 @@ fn unusable_outputs_and_schedules_are_refused_before_any_work() {
         ),
         (
             vec!["--cfg-scale".into(), "1e30".into()],
-            "--cfg-scale 1000000000000000000000000000000: expected a number up to 100",
+            "--cfg-scale 1000000000000000000000000000000: expected a number from 0 to 100",
         ),
     ];
     for (args, text) in &cases {
