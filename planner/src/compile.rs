@@ -77,6 +77,15 @@ pub struct CompileOptions {
     /// kernel elsewhere). The text encoder and the VAE keep f32 products. Refused for a cuda
     /// target (its GPU attention is f32).
     pub attention_bf16: bool,
+    /// The denoiser's `Q8_0` products with 7-bit activations (`--activation-bits 7`): its
+    /// `Q8_0` linear weights of at least 8 rows are stored in
+    /// [`PackLayout::Interleaved8x4A7`], whose activations are quantized to 7 bits
+    /// (`edge_kernels::quant::quantize_row_q8_0_a7`): faster on AVX2 CPUs without AVX-512
+    /// VNNI, a larger quantization error (BENCHMARKS.md). The text encoder keeps 8-bit
+    /// activations. Refused for aarch64, AVX-512 VNNI and cuda targets (their integer dot
+    /// products take 8-bit activations at full speed) and where the denoiser has no such
+    /// weight.
+    pub activations_a7: bool,
 }
 
 impl Default for CompileOptions {
@@ -101,6 +110,7 @@ impl Default for CompileOptions {
             taesd: None,
             cuda: None,
             attention_bf16: false,
+            activations_a7: false,
         }
     }
 }
@@ -191,6 +201,42 @@ fn mark_attention_bf16(meta: &mut PlanMeta) -> Result<()> {
         }
     ));
     Ok(())
+}
+
+/// `--activation-bits 7` is for x86-64 (and generic) targets without AVX-512 VNNI.
+fn check_a7_target(meta: &PlanMeta) -> Result<()> {
+    match a7_refusal(&meta.target, meta.cuda.is_some()) {
+        Some(why) => Err(PlanError::Invalid(format!(
+            "--activation-bits 7 with --target {}: {why}",
+            meta.target
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Why `--activation-bits 7` does not go with `target` (`cuda`: a GPU target), or `None` where
+/// it does (x86-64 without AVX-512 VNNI, and generic targets): the reason, ending with what to
+/// do instead.
+pub fn a7_refusal(target: &Target, cuda: bool) -> Option<&'static str> {
+    if cuda {
+        Some(
+            "a cuda target's products run on the GPU with 8-bit activations; 7-bit activations \
+             are for x86-64 CPUs with AVX2 only (--target x86_64 or generic), leave the flag out",
+        )
+    } else if target.isa == Isa::Aarch64 {
+        Some(
+            "aarch64's sdot/smmla multiply 8-bit activations at full speed; 7-bit activations \
+             are for x86-64 CPUs with AVX2 only (--target x86_64 or generic), leave the flag out",
+        )
+    } else if target.features.iter().any(|f| f == "avx512vnni") {
+        Some(
+            "AVX-512 VNNI's vpdpbusd multiplies 8-bit activations at full speed; 7-bit \
+             activations are for x86-64 CPUs with AVX2 only (--target x86_64 or generic), leave \
+             the flag out",
+        )
+    } else {
+        None
+    }
 }
 
 /// Everything a plan is compiled from, whatever the files were.
@@ -565,6 +611,21 @@ pub(crate) fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Res
         .extend(unused_notes(&t5_src, &dit_src, &vae_src, encoder_compiled));
     if opts.attention_bf16 {
         mark_attention_bf16(&mut meta)?;
+    }
+    if opts.activations_a7 {
+        check_a7_target(&meta)?;
+        let n = table.repack_a7(&meta.stages);
+        if n == 0 {
+            return Err(PlanError::Invalid(
+                "--activation-bits 7: the denoiser has no Q8_0 linear weight of at least 8 rows \
+                 to take 7-bit activations (compile with --quant q8_0)"
+                    .into(),
+            ));
+        }
+        meta.notes.push(format!(
+            "--activation-bits 7: {n} Q8_0 linear weights of the denoiser in the AVX2 layout \
+             with 7-bit activations (d = amax/63; the text encoder keeps 8-bit activations)"
+        ));
     }
     table.repack_for_target(&meta.stages, &meta.target);
     if meta.target.isa == Isa::X86_64 {

@@ -362,5 +362,8 @@ fn pack_name(e: &edge_schema::plan::TensorEntry) -> String {
         PackLayout::Interleaved4x8 => format!("{} (interleaved 4x8)", e.dtype.name()),
         PackLayout::Interleaved16x4 => format!("{} (interleaved 16x4)", e.dtype.name()),
         PackLayout::Bf16Pairs16 => format!("{} (pairs 16x2, bf16 products)", e.dtype.name()),
+        PackLayout::Interleaved8x4A7 => {
+            format!("{} (interleaved 8x4, 7-bit activations)", e.dtype.name())
+        }
     }
 }

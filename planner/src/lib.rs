@@ -28,5 +28,5 @@ pub mod table;
 pub mod tiling;
 pub mod write;
 
-pub use compile::{compile_folder, compile_to_file, CompileOptions, Compiled};
+pub use compile::{a7_refusal, compile_folder, compile_to_file, CompileOptions, Compiled};
 pub use error::{PlanError, Result};

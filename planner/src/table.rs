@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use edge_graph::WeightSpec;
 use edge_schema::op::Op;
-use edge_schema::plan::{Isa, PackLayout, Stage, Storage, Target, TensorEntry};
+use edge_schema::plan::{Isa, PackLayout, Stage, StageKind, Storage, Target, TensorEntry};
 use edge_schema::DType;
 
 use crate::error::Result;
@@ -158,6 +158,51 @@ impl TensorTable {
                 || n < edge_kernels::pack::group_rows(layout) as u64
                 || (layout == PackLayout::Bf16Pairs16 && k % 2 != 0)
                 || entry.layout != PackLayout::RowMajor
+            {
+                continue;
+            }
+            let mut out = vec![0u8; data.len()];
+            edge_kernels::pack::repack(layout, entry.dtype, data, n as usize, k as usize, &mut out);
+            *data = out;
+            entry.layout = layout;
+            repacked += 1;
+        }
+        repacked
+    }
+}
+
+impl TensorTable {
+    /// `--activation-bits 7`: repacks every row-major `Q8_0` matrix `[n, k]` with `n ≥ 8` that
+    /// the plan uses only as a `Linear` weight of denoiser steps into
+    /// [`PackLayout::Interleaved8x4A7`] (whose activations are quantized to 7 bits). Returns
+    /// the number of tensors repacked. Must run before [`TensorTable::repack_for_target`] (which
+    /// leaves them as they are), sections and digests.
+    pub fn repack_a7(&mut self, stages: &[Stage]) -> usize {
+        let layout = PackLayout::Interleaved8x4A7;
+        let mut denoiser_linear: Vec<Option<bool>> = vec![None; self.entries.len()];
+        for stage in stages {
+            for step in &stage.steps {
+                for (slot, &id) in step.inputs.iter().enumerate() {
+                    if let Some(Storage::Weight(t)) =
+                        stage.values.get(id as usize).map(|v| &v.storage)
+                    {
+                        let ok = stage.kind == StageKind::Denoiser
+                            && matches!(step.op, Op::Linear { .. })
+                            && slot == 1;
+                        if let Some(u) = denoiser_linear.get_mut(*t as usize) {
+                            *u = Some(u.unwrap_or(true) && ok);
+                        }
+                    }
+                }
+            }
+        }
+        let mut repacked = 0;
+        for (t, (entry, data)) in self.entries.iter_mut().zip(&mut self.data).enumerate() {
+            let [n, k] = entry.shape[..] else { continue };
+            if denoiser_linear[t] != Some(true)
+                || entry.dtype != DType::Q8_0
+                || entry.layout != PackLayout::RowMajor
+                || n < edge_kernels::pack::group_rows(layout) as u64
             {
                 continue;
             }

@@ -58,7 +58,7 @@ use crate::error::{Error, Result};
 /// `b"EDGEPLAN"`.
 pub const MAGIC: [u8; 8] = *b"EDGEPLAN";
 /// The plan format version this build reads and writes. Any change to a serialized type bumps it.
-pub const FORMAT_VERSION: u32 = 13;
+pub const FORMAT_VERSION: u32 = 14;
 /// Size of [`Header`] in bytes.
 pub const HEADER_LEN: usize = 256;
 /// Alignment of every tensor inside the weight region, in bytes.

@@ -403,6 +403,22 @@ pub enum PackLayout {
     /// features at a time, the instruction's own rounding (`edge_kernels::bf16dot`), so a plan
     /// with it computes other bits than the same weights row-major, on every CPU alike.
     Bf16Pairs16,
+    /// `Q8_0` matrices `[n, k]` (outermost-first) for the x86-64 AVX2 kernels, which compute 8
+    /// weight rows (output columns) in the 8 lanes of a ymm: rows `8g .. 8g+8` are stored
+    /// together, block index by block index. For block `b` of group `g` (272 bytes at
+    /// `(g·k/32 + b)·272`) the 8 rows' f16 scales come first (row order, 16 bytes), then the
+    /// quants in steps of 4: quant `4s + e` of row `r` at byte `16 + 32s + 4r + e`. The last
+    /// `n mod 8` rows follow row-major. Same byte length as [`PackLayout::RowMajor`]. Only
+    /// `Linear` weights.
+    ///
+    /// **This layout also sets the arithmetic** (`edgeplan compile --activation-bits 7`): the
+    /// activation rows multiplied with it are quantized to `Q8_0` blocks of 7-bit values
+    /// (`d = amax / 63`, quants in −63..=63: `edge_kernels::quant::quantize_row_q8_0_a7`)
+    /// instead of ggml's 8-bit ones; the block products and their f32 scaling are ggml's
+    /// `vec_dot_q8_0_q8_0`. With 7-bit activations an AVX2 CPU multiplies by `vpmaddubsw`
+    /// without its sign step (8-bit values can overflow its 16-bit pair sums). A plan with it
+    /// computes other bits than the same weights row-major, on every CPU alike.
+    Interleaved8x4A7,
 }
 
 /// A packed weight tensor in the weight region.

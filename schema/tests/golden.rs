@@ -272,6 +272,15 @@ fn meta() -> PlanMeta {
                 offset: 832,
                 len: 64,
             },
+            TensorEntry {
+                name: "w8a7".into(),
+                dtype: DType::Q8_0,
+                shape: vec![8, 32],
+                layout: PackLayout::Interleaved8x4A7,
+                section: 0,
+                offset: 896,
+                len: 272,
+            },
         ],
         sections: vec![SectionEntry {
             offset: 0,
@@ -301,7 +310,7 @@ fn metadata_bytes_are_frozen() {
     let digest = blake3::hash(&bytes).to_hex().to_string();
     assert_eq!(
         (FORMAT_VERSION, bytes.len(), digest.as_str()),
-        (13, GOLDEN_LEN, GOLDEN_DIGEST),
+        (14, GOLDEN_LEN, GOLDEN_DIGEST),
         "the postcard encoding of PlanMeta changed: bump FORMAT_VERSION and update the golden values"
     );
     assert_eq!(PlanMeta::decode(&bytes).unwrap(), meta());
@@ -326,5 +335,5 @@ fn header_layout_is_frozen() {
     assert_eq!(&b[224..256], &[0x44; 32]);
 }
 
-const GOLDEN_LEN: usize = 597;
-const GOLDEN_DIGEST: &str = "c0098703bdb1d39620941ad2a95b5fdc493c736e7de689b4338aaa749955f3d7";
+const GOLDEN_LEN: usize = 612;
+const GOLDEN_DIGEST: &str = "a09016b5f834e477d9e98f124197b8c38e69f92903ef1211f022d5349313e5ee";

@@ -736,6 +736,17 @@ fn vnni_layout_on_another_type_is_refused() {
 }
 
 #[test]
+fn seven_bit_layout_on_another_type_is_refused() {
+    refused(
+        "f32 tensor marked Interleaved8x4A7",
+        &["tensor 0", "Interleaved8x4A7", "only 2-D Q8_0 matrices"],
+        |m| {
+            m.tensors[0].layout = PackLayout::Interleaved8x4A7;
+        },
+    );
+}
+
+#[test]
 fn bf16_pairs_layout_on_another_type_is_refused() {
     refused(
         "f32 tensor marked Bf16Pairs16",

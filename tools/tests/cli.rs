@@ -2190,6 +2190,67 @@ fn kv_cache_type_is_chosen_at_compile_time() {
     assert!(png.exists());
 }
 
+/// `--activation-bits 7`: a bad value, targets whose integer dot products take 8-bit
+/// activations at full speed (aarch64, AVX-512 VNNI, cuda) and plans without `Q8_0` matrices are
+/// refused before anything is written; a `q8_0` plan names the layout in `inspect` and
+/// generates an image.
+#[test]
+fn seven_bit_activations_are_chosen_at_compile_time() {
+    let t = tempfile::tempdir().unwrap();
+    let bad = t.path().join("bad.plan");
+    let refused = |extra: &[&str], needles: &[&str]| {
+        let o = compile_demo_64(&bad, extra);
+        assert_eq!(o.status.code(), Some(1), "{extra:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        for n in needles {
+            assert!(err.contains(n), "{extra:?}: `{n}` not in {err}");
+        }
+        assert!(!bad.exists(), "{extra:?} wrote a plan");
+    };
+    refused(
+        &["--activation-bits", "6"],
+        &["--activation-bits `6`", "8 or 7"],
+    );
+    for (target, why) in [
+        ("aarch64-neon", "sdot"),
+        ("x86_64-avx512", "vpdpbusd"),
+        ("cuda-sm87", "GPU"),
+    ] {
+        refused(
+            &[
+                "--activation-bits",
+                "7",
+                "--quant",
+                "q8_0",
+                "--target",
+                target,
+            ],
+            &["--activation-bits 7", target, why, "leave the flag out"],
+        );
+    }
+    refused(
+        &["--activation-bits", "7", "--quant", "f16"],
+        &[
+            "--activation-bits 7",
+            "no Q8_0 linear weight",
+            "--quant q8_0",
+        ],
+    );
+    let plan = t.path().join("a7.plan");
+    let o = compile_demo_64(&plan, &["--activation-bits", "7", "--quant", "q8_0"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run(EDGEPLAN, &["inspect", s(&plan)]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("q8_0 (interleaved 8x4, 7-bit activations)"),
+        "{text}"
+    );
+    let png = t.path().join("a7.png");
+    let o = generate(&plan, &png, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(png.exists());
+}
+
 /// `--attention-products bf16`: a bad value and a cuda target are refused before anything is
 /// written; the plan's `inspect` says how many attention steps take bf16 products (the demo
 /// plan's: f32), and it generates an image.

@@ -156,6 +156,51 @@ fn bench_bf16_pairs(tables: &[(&str, KernelTable)], m: usize, k: usize, n: usize
     }
 }
 
+/// `Q8_0` weights in `PackLayout::Interleaved8x4A7` (`--activation-bits 7` plans: 7-bit
+/// activations), on every table but the generic one (which gathers the layout's blocks one by
+/// one: not timed).
+fn bench_q8_0_a7(tables: &[(&str, KernelTable)], m: usize, k: usize, n: usize) {
+    if !wanted("linear q8_0 a7") {
+        return;
+    }
+    let layout = edge_schema::plan::PackLayout::Interleaved8x4A7;
+    let x = values(m * k, 1);
+    let w = values(n * k, 2);
+    let row = k / 32 * 34;
+    let mut rm = Buf::new(n * row);
+    for (src, dst) in w.chunks(k).zip(rm.bytes_mut().chunks_mut(row)) {
+        quant::quantize_row(DType::Q8_0, src, dst);
+    }
+    let mut wb = Buf::new(n * row);
+    edge_kernels::pack::repack(layout, DType::Q8_0, rm.bytes(), n, k, wb.bytes_mut());
+    let mut scratch = Buf::new(linear_scratch_bytes(DType::Q8_0, m, k));
+    let mut out = vec![0.0f32; m * n];
+    for (label, t) in tables.iter().filter(|(l, _)| *l != "generic") {
+        let s = time(|| {
+            (t.linear.run)(
+                &x,
+                WeightRef {
+                    dtype: DType::Q8_0,
+                    bytes: wb.bytes(),
+                    layout,
+                },
+                None,
+                &mut out,
+                m,
+                k,
+                n,
+                scratch.bytes_mut(),
+                None,
+            )
+        });
+        let gflops = 2.0 * (m * k * n) as f64 / s / 1e9;
+        println!(
+            "linear q8_0 a7 m={m:<5} k={k:<5} n={n:<5} {label:<12} {:9.3} ms {gflops:7.1} GFLOP/s",
+            s * 1e3,
+        );
+    }
+}
+
 fn bench_conv(tables: &[(&str, KernelTable)], cin: usize, cout: usize, hw: usize, k: usize) {
     if !wanted("conv2d") {
         return;
@@ -373,6 +418,7 @@ fn main() {
             bench_linear(&tables, dtype, m, k, n);
         }
         bench_bf16_pairs(&tables, m, k, n);
+        bench_q8_0_a7(&tables, m, k, n);
     }
     for (cin, cout, hw, k) in [
         (32, 32, 64, 3),

@@ -296,7 +296,8 @@ fn pack_features(
 /// Columns of one output row per task in the quantized path.
 const QUANT_COLS: usize = 64;
 
-/// Quantized weights: ggml's vec_dot path.
+/// Quantized weights: ggml's vec_dot path (activations quantized by
+/// [`quant::quantize_activation_row_for`]: 7-bit for [`PackLayout::Interleaved8x4A7`]).
 #[allow(clippy::too_many_arguments)]
 fn linear_quant(
     x: &[f32],
@@ -322,7 +323,7 @@ fn linear_quant(
     }
     acts.par_chunks_mut(arow)
         .zip(x.par_chunks(k))
-        .for_each(|(dst, src)| quant::quantize_activation_row(w.dtype, src, dst));
+        .for_each(|(dst, src)| quant::quantize_activation_row_for(&w, src, dst));
     let acts = &*acts;
     out.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
         let act = &acts[i * arow..(i + 1) * arow];

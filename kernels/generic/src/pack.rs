@@ -1,7 +1,10 @@
 //! Weight repacking: [`PackLayout::Interleaved4x8`] (rows of `Q8_0`/`Q4_0` matrices
 //! interleaved in groups of 4 for the aarch64 kernels) and [`PackLayout::Interleaved16x4`]
 //! (`Q8_0` rows in groups of 16, quants in 4-byte steps, for the x86-64 AVX-512 VNNI kernels),
-//! [`PackLayout::Bf16Pairs16`] (through [`crate::bf16dot`]), their inverses, and block access for the generic kernels, which read any layout.
+//! [`PackLayout::Interleaved8x4A7`] (`Q8_0` rows in groups of 8, quants in 4-byte steps, for
+//! the x86-64 AVX2 kernels of 7-bit activations), [`PackLayout::Bf16Pairs16`] (through
+//! [`crate::bf16dot`]), their inverses, and block access for the generic kernels, which read
+//! any layout.
 
 use crate::weights::WeightRef;
 use edge_schema::plan::PackLayout;
@@ -16,8 +19,12 @@ pub const MAX_BLOCK_BYTES: usize = 34;
 
 /// Weight rows per group of [`PackLayout::Interleaved16x4`].
 pub const GROUP_ROWS_16: usize = 16;
-/// Quant bytes per row and step of [`PackLayout::Interleaved16x4`] (one `vpdpbusd` lane).
+/// Quant bytes per row and step of [`PackLayout::Interleaved16x4`] (one `vpdpbusd` lane) and
+/// of [`PackLayout::Interleaved8x4A7`] (one `vpmaddubsw` lane pair).
 pub const STEP_16: usize = 4;
+
+/// Weight rows per group of [`PackLayout::Interleaved8x4A7`] (one ymm of i32 lanes).
+pub const GROUP_ROWS_8: usize = 8;
 
 /// Whether matrices of `dtype` can be stored as [`PackLayout::Interleaved4x8`] (`Q8_0`, `Q4_0`).
 pub fn interleaves(dtype: DType) -> bool {
@@ -26,12 +33,13 @@ pub fn interleaves(dtype: DType) -> bool {
 
 /// Whether matrices of `dtype` can be stored in `layout` (any type row-major;
 /// [`PackLayout::Interleaved4x8`]: `Q8_0`, `Q4_0`; [`PackLayout::Interleaved16x4`]: `Q8_0`;
-/// [`PackLayout::Bf16Pairs16`]: `BF16`, with an even row length).
+/// [`PackLayout::Bf16Pairs16`]: `BF16`, with an even row length;
+/// [`PackLayout::Interleaved8x4A7`]: `Q8_0`).
 pub fn holds(layout: PackLayout, dtype: DType) -> bool {
     match layout {
         PackLayout::RowMajor => true,
         PackLayout::Interleaved4x8 => interleaves(dtype),
-        PackLayout::Interleaved16x4 => dtype == DType::Q8_0,
+        PackLayout::Interleaved16x4 | PackLayout::Interleaved8x4A7 => dtype == DType::Q8_0,
         PackLayout::Bf16Pairs16 => dtype == DType::BF16,
     }
 }
@@ -42,6 +50,7 @@ pub fn group_rows(layout: PackLayout) -> usize {
         PackLayout::RowMajor => 1,
         PackLayout::Interleaved4x8 => GROUP_ROWS,
         PackLayout::Interleaved16x4 | PackLayout::Bf16Pairs16 => GROUP_ROWS_16,
+        PackLayout::Interleaved8x4A7 => GROUP_ROWS_8,
     }
 }
 
@@ -81,10 +90,9 @@ fn locate(
     }
     let (g, rr) = (r / rows, r % rows);
     let base = (g * nb + b) * rows * bb;
-    let chunk = if layout == PackLayout::Interleaved16x4 {
-        STEP_16
-    } else {
-        CHUNK
+    let chunk = match layout {
+        PackLayout::Interleaved16x4 | PackLayout::Interleaved8x4A7 => STEP_16,
+        _ => CHUNK,
     };
     (
         base + 2 * rr,
@@ -343,6 +351,74 @@ mod tests {
         assert_eq!(&dst[g + 32 + 64 * s + 4 * r..][..4], &src[q..q + 4]);
         // Row 16 (the tail) stays where row-major puts it.
         assert_eq!(&dst[16 * 2 * 34..], &src[16 * 2 * 34..]);
+    }
+
+    #[test]
+    fn interleave8x4a7_round_trips_and_keeps_the_tail_row_major() {
+        for n in [1, 7, 8, 9, 23] {
+            for k in [32, 96] {
+                let src = matrix(DType::Q8_0, n, k);
+                let mut packed = vec![0u8; src.len()];
+                let a7 = PackLayout::Interleaved8x4A7;
+                repack(a7, DType::Q8_0, &src, n, k, &mut packed);
+                let mut back = vec![0u8; src.len()];
+                unpack(a7, DType::Q8_0, &packed, n, k, &mut back);
+                assert_eq!(back, src, "n={n} k={k}");
+                let grouped = n / 8 * 8 * (k / 32) * 34;
+                assert_eq!(
+                    packed[grouped..],
+                    src[grouped..],
+                    "n={n} k={k}: the tail moved"
+                );
+                if n >= 8 {
+                    assert_ne!(packed, src, "n={n} k={k}: nothing moved");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn group8_layout_is_scales_then_4_byte_steps() {
+        // Q8_0, 9 rows, 2 blocks: row r's block b is [scale (2 bytes), 32 quants].
+        let (n, k) = (9, 64);
+        let mut src = vec![0u8; n * 2 * 34];
+        for r in 0..n {
+            for b in 0..2 {
+                let at = (r * 2 + b) * 34;
+                src[at] = r as u8;
+                src[at + 1] = 0x80 + b as u8;
+                for i in 0..32 {
+                    src[at + 2 + i] = (r * 7 + b * 32 + i) as u8;
+                }
+            }
+        }
+        let mut dst = vec![0u8; src.len()];
+        let a7 = PackLayout::Interleaved8x4A7;
+        repack(a7, DType::Q8_0, &src, n, k, &mut dst);
+        // Block 1 of group 0 starts at 272: 8 scales, then step s of row r at 16 + 32s + 4r.
+        let g = 272;
+        for r in 0..8 {
+            assert_eq!(&dst[g + 2 * r..g + 2 * r + 2], &[r as u8, 0x81]);
+        }
+        let (s, r) = (6, 5);
+        let q = (r * 2 + 1) * 34 + 2 + 4 * s;
+        assert_eq!(&dst[g + 16 + 32 * s + 4 * r..][..4], &src[q..q + 4]);
+        assert_eq!(&dst[8 * 2 * 34..], &src[8 * 2 * 34..]);
+    }
+
+    #[test]
+    #[should_panic(expected = "repack: Q4_0 weights cannot be in layout Interleaved8x4A7")]
+    fn interleave8x4a7_refuses_other_types() {
+        let src = matrix(DType::Q4_0, 8, 32);
+        let mut dst = vec![0u8; src.len()];
+        repack(
+            PackLayout::Interleaved8x4A7,
+            DType::Q4_0,
+            &src,
+            8,
+            32,
+            &mut dst,
+        );
     }
 
     #[test]

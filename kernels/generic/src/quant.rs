@@ -21,7 +21,10 @@ use edge_schema::blocks::{
     BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
     BlockQ8K, BlockQ8_0, BlockQ8_1, GgmlBlock, QK4_0, QK4_1, QK5_0, QK5_1, QK8_0, QK8_1, QK_K,
 };
+use edge_schema::plan::PackLayout;
 use edge_schema::DType;
+
+use crate::weights::WeightRef;
 
 // ---------------------------------------------------------------------------------------------
 // Byte-level API
@@ -874,6 +877,49 @@ pub fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
             *q = (v * id).round() as i8;
         }
     }
+}
+
+/// The activation quantizer of [`edge_schema::plan::PackLayout::Interleaved8x4A7`] weights:
+/// ggml's `quantize_row_q8_0_ref` with 7-bit values — `d = amax / 63`, `id = 1/d` (0 for
+/// `d = 0`), the block scale `fp16(d)`, each quant `round(x·id)` (half away from zero)
+/// clamped to −63..=63 (the clamp only acts where `d` is subnormal and `1/d` overflows, or on
+/// ±∞; NaN gives 0 as in [`quantize_row_q8_0`]). `x`: `[y.len()·32]`; the blocks are ggml's
+/// `block_q8_0`, multiplied by [`vec_dot_q8_0_q8_0`] as 8-bit ones are. Relative rounding error
+/// per value up to `1/126` of the block's `amax` (8-bit: `1/254`).
+pub fn quantize_row_q8_0_a7(x: &[f32], y: &mut [BlockQ8_0]) {
+    check_len("quantize_row_q8_0_a7", x.len(), y.len(), QK8_0);
+    for (b, x) in y.iter_mut().zip(x.chunks_exact(QK8_0)) {
+        let amax = x.iter().fold(0f32, |a, v| cmax(a, v.abs()));
+        let d = amax / 63.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        b.d = fp32_to_fp16(d);
+        for (q, &v) in b.qs.iter_mut().zip(x) {
+            *q = ((v * id).round() as i8).clamp(-A7_MAX, A7_MAX);
+        }
+    }
+}
+
+/// Largest magnitude of a 7-bit activation quant ([`quantize_row_q8_0_a7`]).
+pub const A7_MAX: i8 = 63;
+
+/// One activation row `x` (`[k]`, `k` a multiple of 32) quantized for weights `w` into `out`
+/// (`k / 32` `block_q8_0`s for the 7-bit activations of
+/// [`edge_schema::plan::PackLayout::Interleaved8x4A7`] weights, [`quantize_activation_row`]
+/// for every other layout). Panics on a length mismatch.
+pub fn quantize_activation_row_for(w: &WeightRef<'_>, x: &[f32], out: &mut [u8]) {
+    if w.layout != PackLayout::Interleaved8x4A7 {
+        return quantize_activation_row(w.dtype, x, out);
+    }
+    let bytes = activation_row_bytes(DType::Q8_0, x.len());
+    assert_eq!(
+        out.len(),
+        bytes,
+        "quantize_activation_row_for: output has {} bytes, expected {bytes} for {} elements of \
+         7-bit q8_0",
+        out.len(),
+        x.len()
+    );
+    with_blocks_mut(out, |y| quantize_row_q8_0_a7(x, y))
 }
 
 /// ggml `quantize_row_q8_1_ref`: as Q8_0, plus `s = d·Σq` (f16; `d` unrounded f32).

@@ -505,3 +505,95 @@ fn fused_gelu_epilogue_is_the_product_then_the_op() {
         }
     }
 }
+
+/// `Q8_0` weights in `PackLayout::Interleaved8x4A7` (`edgeplan compile --activation-bits 7`):
+/// every output is `quant::vec_dot` of the row-major weight row with the activation row
+/// quantized by `quant::quantize_row_q8_0_a7` (7-bit values), plus the bias — not the 8-bit
+/// result — on whole groups of 8 rows and row-major tails.
+#[test]
+fn q8_0_with_7_bit_activations_is_vec_dot_of_the_7_bit_row() {
+    use edge_schema::plan::PackLayout;
+    let mut rng = Rng::new(41);
+    let mut differs = 0;
+    for (m, k, n) in [(1, 32, 8), (3, 64, 9), (5, 96, 23), (9, 256, 17)] {
+        let x = rng.vec(m * k, 1.0);
+        let bias = rng.vec(n, 1.0);
+        let (wb, _) = random_quant_weight(&mut rng, DType::Q8_0, n, k);
+        let mut packed = Vec::new();
+        let w = edge_kernels::pack::in_layout(
+            PackLayout::Interleaved8x4A7,
+            DType::Q8_0,
+            wb.bytes(),
+            n,
+            k,
+            &mut packed,
+        );
+        let mut out = vec![f32::NAN; m * n];
+        let mut scratch = AlignedBytes::zeroed(linear_scratch_bytes(DType::Q8_0, m, k));
+        linear(
+            &x,
+            w,
+            Some(&bias),
+            &mut out,
+            m,
+            k,
+            n,
+            scratch.bytes_mut(),
+            None,
+        );
+        let eight = run(DType::Q8_0, &wb, &x, Some(&bias), m, k, n);
+        let wrow = k / 32 * 34;
+        for i in 0..m {
+            let mut act = vec![0u8; k / 32 * 34];
+            quant::quantize_activation_row_for(&w, &x[i * k..(i + 1) * k], &mut act);
+            assert!(act
+                .chunks(34)
+                .all(|b| b[2..].iter().all(|&q| (q as i8).abs() <= 63)));
+            for j in 0..n {
+                let want =
+                    quant::vec_dot(DType::Q8_0, k, &wb.bytes()[j * wrow..(j + 1) * wrow], &act)
+                        + bias[j];
+                assert_eq!(
+                    out[i * n + j].to_bits(),
+                    want.to_bits(),
+                    "m={m} k={k} n={n} ({i},{j})"
+                );
+                differs += usize::from(out[i * n + j] != eight[i * n + j]);
+            }
+        }
+    }
+    assert!(
+        differs > 0,
+        "7-bit activations gave the 8-bit results everywhere"
+    );
+}
+
+/// `quantize_row_q8_0_a7`: `d = amax / 63` (its f16), quants `round(x / d)` in −63..=63, ties
+/// away from zero, 0 for an all-zero block, and the clamp where `1/d` overflows.
+#[test]
+fn seven_bit_activation_quants() {
+    use edge_schema::blocks::BlockQ8_0;
+    let mut x = [0f32; 64];
+    for (i, v) in x[..32].iter_mut().enumerate() {
+        // amax 63: d = 1, so x = j + ½ is an exact tie.
+        *v = if i == 0 { 63.0 } else { i as f32 - 16.5 };
+    }
+    // Block 1: subnormal values (d's f16 is 0, 1/d overflows: every quant clamps to ±63).
+    for (i, v) in x[32..].iter_mut().enumerate() {
+        *v = f32::from_bits(1 + i as u32) * if i % 2 == 0 { 1.0 } else { -1.0 };
+    }
+    let zero = BlockQ8_0 { d: 0, qs: [0; 32] };
+    let mut b = [zero; 2];
+    quant::quantize_row_q8_0_a7(&x, &mut b);
+    assert_eq!(quant::fp16_to_fp32(b[0].d), 1.0);
+    assert_eq!(b[0].qs[0], 63);
+    for i in 1..32 {
+        let t = i as f32 - 16.5;
+        assert_eq!(b[0].qs[i], t.round() as i8, "element {i}");
+    }
+    assert_eq!(b[1].d, 0);
+    assert!(b[1].qs.iter().all(|q| q.abs() <= 63), "{:?}", b[1].qs);
+    let mut z = [zero; 1];
+    quant::quantize_row_q8_0_a7(&[0.0; 32], &mut z);
+    assert_eq!((z[0].d, z[0].qs), (0, [0; 32]));
+}

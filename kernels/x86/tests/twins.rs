@@ -301,6 +301,88 @@ fn interleaved16x4_q8_0_matches_row_major_generic() {
     }
 }
 
+/// `Q8_0` weights in `PackLayout::Interleaved8x4A7` (`--activation-bits 7` plans): every table
+/// (all take the AVX2 7-bit tile) gives the generic kernel's bits on the same layout, for whole
+/// groups of 8 columns, row-major tail columns, fewer rows than a tile, the few-rows and the
+/// many-rows paths; and on activation rows with exact ties, ±∞, NaN, subnormal (zero-scale)
+/// blocks and weight blocks of −128 and 127 (the extremes of the biased `vpmaddubsw` operand).
+#[test]
+fn interleaved8x4a7_q8_0_matches_generic() {
+    use edge_schema::plan::PackLayout;
+    let generic = edge_kernels::generic();
+    let shapes = [
+        (1, 32, 8),
+        (3, 64, 9),
+        (4, 96, 17),
+        (7, 256, 24),
+        (13, 256, 47),
+        (49, 64, 130),
+        (70, 160, 5),
+        (100, 96, 64),
+        (2, 1024, 1040),
+        (161, 288, 49),
+        (33, 1152, 40),
+    ];
+    let mut rng = Rng(0xA7A7_5EED_0DD5_4321);
+    for (label, t) in tables() {
+        for (si, &(m, k, n)) in shapes.iter().enumerate() {
+            let mut x = rng.vec(m * k, 2.0);
+            if si == 3 {
+                for (i, v) in x.iter_mut().enumerate() {
+                    let (row, e) = (i / k, i % k);
+                    *v = match (row, e / 32, e % 32) {
+                        // amax 63: d = 1, every x = j + ½ a tie.
+                        (0, 0, 0) => 63.0,
+                        (0, 0, j) => j as f32 - 15.5,
+                        (1, 1, 3) => f32::INFINITY,
+                        (2, 2, 5) => f32::NAN,
+                        (3, 3, j) => f32::from_bits(0x0000_4000 + j as u32 * 97),
+                        (4, 4, j) => -f32::from_bits(0x0000_0100 + j as u32),
+                        _ => *v,
+                    };
+                }
+            }
+            let w = rng.vec(n * k, 0.5);
+            let bias = rng.vec(n, 1.0);
+            let (mut buf, len) = weights(DType::Q8_0, &w, n, k);
+            if si == 3 {
+                // Block 0 of rows 0 and 9: every quant −128; block 1 of row 1: every quant 127.
+                let wrow = k / 32 * 34;
+                for row in [0, 9] {
+                    buf.as_mut_bytes()[row * wrow + 2..row * wrow + 34].fill(0x80);
+                }
+                buf.as_mut_bytes()[wrow + 36..wrow + 68].fill(0x7F);
+            }
+            let rm = &buf.as_bytes()[..len];
+            let mut packed = vec![0u8; len];
+            let a7 = PackLayout::Interleaved8x4A7;
+            edge_kernels::pack::repack(a7, DType::Q8_0, rm, n, k, &mut packed);
+            let wi = WeightRef {
+                dtype: DType::Q8_0,
+                bytes: &packed,
+                layout: a7,
+            };
+            for b in [None, Some(bias.as_slice())] {
+                let want = run_linear(&generic, &x, wi, b, m, k, n, None);
+                let got = run_linear(&t, &x, wi, b, m, k, n, None);
+                let what = format!(
+                    "linear Q8_0 Interleaved8x4A7 m={m} k={k} n={n} bias={}",
+                    b.is_some()
+                );
+                for (i, (g, r)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        g.to_bits() == r.to_bits() || (g.is_nan() && r.is_nan()),
+                        "{label} {what}: element {i}: {g} vs generic {r}"
+                    );
+                }
+                if si != 3 {
+                    assert_bits(label, &what, &got, &want);
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn linear_extremes_match_generic() {
     // Saturated quants (|q| = 127 and the −128 a foreign GGUF may hold), zero blocks and large

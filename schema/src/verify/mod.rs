@@ -77,12 +77,15 @@ pub fn verify_file(meta: &PlanMeta, weights_len: u64) -> Result<()> {
                 t.name, t.dtype, t.shape
             )));
         }
-        if t.layout == PackLayout::Interleaved16x4 && (t.dtype != DType::Q8_0 || t.shape.len() != 2)
+        if matches!(
+            t.layout,
+            PackLayout::Interleaved16x4 | PackLayout::Interleaved8x4A7
+        ) && (t.dtype != DType::Q8_0 || t.shape.len() != 2)
         {
             return Err(invalid(format!(
-                "tensor {i} ({}) of {} {:?} is in layout Interleaved16x4, which holds only \
-                 2-D Q8_0 matrices",
-                t.name, t.dtype, t.shape
+                "tensor {i} ({}) of {} {:?} is in layout {:?}, which holds only 2-D Q8_0 \
+                 matrices",
+                t.name, t.dtype, t.shape, t.layout
             )));
         }
         if t.layout == PackLayout::Bf16Pairs16

@@ -239,6 +239,12 @@ struct CompileArgs {
     /// targets); case-insensitive.
     #[arg(long = "attention-products", default_value = "f32")]
     attention_products: String,
+    /// Bits of the activation quants the denoiser's Q8_0 products multiply: 8 (default, ggml's
+    /// q8_0 arithmetic) or 7 (d = amax/63: faster on x86-64 CPUs with AVX2 but no AVX-512 VNNI,
+    /// about twice the activations' rounding error; needs --quant q8_0; --target x86_64 or
+    /// generic).
+    #[arg(long = "activation-bits", default_value = "8")]
+    activation_bits: String,
     /// VAE tile size in image pixels, WxH or one number (tiles the decode).
     #[arg(long = "vae-tile-size")]
     vae_tile_size: Option<String>,
@@ -433,6 +439,16 @@ fn compile(a: CompileArgs) -> Result<()> {
     if a.vae_estimate_factor.is_some() && a.vae_tile_mode == "blend" {
         bail!("--vae-estimate-factor: blended tiles estimate no statistics; use --vae-tile-mode estimate (or exact, whose fallback uses it)");
     }
+    let activations_a7 = match a.activation_bits.trim() {
+        "8" => false,
+        "7" => true,
+        other => bail!("--activation-bits `{other}`: expected 8 or 7"),
+    };
+    if activations_a7 {
+        if let Some(why) = edge_planner::a7_refusal(&parse_target(&a.target)?, gpu_target) {
+            bail!("--activation-bits 7 with --target {}: {why}", a.target);
+        }
+    }
     let mut opts = CompileOptions {
         sizes,
         max_sequence_length: a.max_sequence_length,
@@ -476,6 +492,7 @@ fn compile(a: CompileArgs) -> Result<()> {
             "bf16" => true,
             other => bail!("--attention-products `{other}`: expected f32 or bf16"),
         },
+        activations_a7,
         tiling: edge_planner::tiling::TileRequest {
             mode: a.vae_tile_mode.parse()?,
             hold: a.vae_tile_hold.parse()?,

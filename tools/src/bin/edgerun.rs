@@ -1020,6 +1020,7 @@ fn generate(a: GenArgs) -> Result<()> {
                         PackLayout::Interleaved4x8 => " (interleaved 4x8)",
                         PackLayout::Interleaved16x4 => " (interleaved 16x4)",
                         PackLayout::Bf16Pairs16 => " (pairs 16x2)",
+                        PackLayout::Interleaved8x4A7 => " (interleaved 8x4, 7-bit activations)",
                     },
                     if widened {
                         " (widened to f32 panels)"

@@ -145,7 +145,10 @@ pub(crate) fn linear_layout_variant_name(
         edge_kernels::pack::holds(layout, dtype),
         "linear: {dtype:?} weights cannot be in layout {layout:?}"
     );
-    if layout == PackLayout::Interleaved16x4 {
+    if matches!(
+        layout,
+        PackLayout::Interleaved16x4 | PackLayout::Interleaved8x4A7
+    ) {
         return "generic_linear_f32";
     }
     if layout == PackLayout::Bf16Pairs16 {
@@ -239,15 +242,15 @@ fn linear(
     scratch: &mut [u8],
     epilogue: Option<edge_kernels::EpilogueFn>,
 ) {
-    // The x86 VNNI and AVX512_BF16 layouts have no NEON kernel: the generic one reads them
-    // (same bits).
+    // The x86 VNNI, AVX2 7-bit and AVX512_BF16 layouts have no NEON kernel: the generic one
+    // reads them (same bits).
     if (!matches!(
         w.dtype,
         DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0
     ) && !kquant::handles(w.dtype))
         || matches!(
             w.layout,
-            PackLayout::Interleaved16x4 | PackLayout::Bf16Pairs16
+            PackLayout::Interleaved16x4 | PackLayout::Bf16Pairs16 | PackLayout::Interleaved8x4A7
         )
     {
         return edge_kernels::linear(x, w, bias, out, m, k, n, scratch, epilogue);

@@ -947,7 +947,7 @@ pub(super) fn linear_quant(
     let grouped = match layout {
         PackLayout::RowMajor => 0,
         PackLayout::Interleaved4x8 => n / GROUP_ROWS * GROUP_ROWS,
-        PackLayout::Interleaved16x4 | PackLayout::Bf16Pairs16 => {
+        PackLayout::Interleaved16x4 | PackLayout::Bf16Pairs16 | PackLayout::Interleaved8x4A7 => {
             unreachable!("linear_quant: {layout:?} weights go to the generic kernel")
         }
     };

@@ -144,6 +144,11 @@ fn linear<I: Isa>(
         QuantTile::Avx2 if qgemm::handles::<qgemm_avx2::Avx2>(&w, m, k) => {
             Some(qgemm::linear::<qgemm_avx2::Avx2> as PanelLinear)
         }
+        // Every x86 table has AVX2 and FMA: the 7-bit layout's tile serves them all (VNNI's
+        // `vpdpbusd` would gain nothing from 7-bit activations).
+        _ if qgemm::handles::<qgemm_avx2::Avx2A7>(&w, m, k) => {
+            Some(qgemm::linear::<qgemm_avx2::Avx2A7> as PanelLinear)
+        }
         _ => None,
     };
     if let Some(run) = panel {
@@ -246,14 +251,14 @@ fn avx512_table(f: &Features) -> Option<KernelTable> {
 }
 
 fn avx512_vnni_table(f: &Features) -> Option<KernelTable> {
-    (f.avx512f && f.avx512bw && f.avx512vnni && f.avx2)
+    (f.avx512f && f.avx512bw && f.avx512vnni && f.avx2 && f.fma)
         .then(|| table::<Avx512Vnni>(LINEAR_AVX512_VNNI, "avx512_conv2d_f32_6x64"))
 }
 
 /// The VNNI table, plus `vdpbf16ps` for [`PackLayout::Bf16Pairs16`] weights and for the
 /// attention ops a plan marks `bf16_products`.
 fn avx512_bf16_table(f: &Features) -> Option<KernelTable> {
-    (f.avx512f && f.avx512bw && f.avx512vnni && f.avx512bf16 && f.avx2).then(|| {
+    (f.avx512f && f.avx512bw && f.avx512vnni && f.avx512bf16 && f.avx2 && f.fma).then(|| {
         with_bf16_attention(table::<Avx512Bf16>(
             LINEAR_AVX512_BF16,
             "avx512_conv2d_f32_6x64",
@@ -269,6 +274,7 @@ fn avx512_amx_table(f: &Features) -> Option<KernelTable> {
         && f.avx512vnni
         && f.avx512bf16
         && f.avx2
+        && f.fma
         && f.amxint8
         && amx_granted())
     .then(|| {
@@ -384,6 +390,12 @@ pub(crate) fn linear_variant_name(
         _ if vnni && q32 => Some("avx512vnni_linear_q32_panel_6x32"),
         LINEAR_AVX2 | LINEAR_AVX512 if q32 => Some("avx2_linear_q32_panel_4x8"),
         _ if vnni && q8_16x4 => Some("avx512vnni_linear_q8_0_in_place_6x32"),
+        LINEAR_AVX2 | LINEAR_AVX512 | LINEAR_AVX512_VNNI | LINEAR_AVX512_BF16
+        | LINEAR_AVX512_AMX
+            if layout == PackLayout::Interleaved8x4A7 && dtype == DType::Q8_0 =>
+        {
+            Some("avx2_linear_q8_0_a7_panel_4x8")
+        }
         LINEAR_AVX2 | LINEAR_AVX512 | LINEAR_AVX512_VNNI | LINEAR_AVX512_BF16
         | LINEAR_AVX512_AMX => Some("generic_linear_f32"),
         _ => None,

@@ -149,6 +149,9 @@ pub(crate) trait Panel {
     const R: usize;
     /// Whether `Q8_0` weights in [`PackLayout::Interleaved16x4`] are served (VNNI only).
     const INTERLEAVED16X4: bool;
+    /// Whether this tile serves `Q8_0` weights in [`PackLayout::Interleaved8x4A7`] (with 7-bit
+    /// activations) and nothing else (`super::qgemm_avx2::Avx2A7`).
+    const A7: bool = false;
     /// Quantizes one activation row `x` (`[k]`) for weights of type `w` into `dst` (`k / 32`
     /// widened blocks), the generic quantizer's values.
     fn quantize_row(w: DType, x: &[f32], dst: &mut [u8]);
@@ -300,13 +303,15 @@ pub(crate) fn prepare_group_slot<const CORR: bool>(
 /// forwards every other case to the generic kernel.
 pub(crate) fn handles<P: Panel>(w: &WeightRef<'_>, m: usize, k: usize) -> bool {
     let layout_ok = match w.layout {
-        PackLayout::RowMajor => true,
+        PackLayout::RowMajor => !P::A7,
         PackLayout::Interleaved16x4 => P::INTERLEAVED16X4 && w.dtype == DType::Q8_0,
+        PackLayout::Interleaved8x4A7 => P::A7 && w.dtype == DType::Q8_0,
         PackLayout::Interleaved4x8 | PackLayout::Bf16Pairs16 => false,
     };
     // Few rows are left to the generic kernel when the weights must be repacked at run time;
-    // in place, the tile's clamped rows cost less than the generic dot products.
-    let rows_ok = m >= P::R || (w.layout == PackLayout::Interleaved16x4 && m >= 1);
+    // in place, the tile's clamped rows cost less than the generic dot products (which gather
+    // the blocks of a plan layout one by one).
+    let rows_ok = m >= P::R || (w.layout != PackLayout::RowMajor && m >= 1);
     scaling(w.dtype).is_some() && layout_ok && rows_ok && k >= 32
 }
 

@@ -30,6 +30,7 @@
 use std::arch::x86_64::*;
 
 use edge_kernels::{quant, WeightRef};
+use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 
 use super::qgemm::{
@@ -66,7 +67,7 @@ impl Panel for Avx2 {
             assert!(x.len().is_multiple_of(32) && dst.len() == x.len() / 32 * ACT_BLOCK);
             // SAFETY: AVX2 (and FMA) were detected before this kernel was put in a table
             // (`crate::x86_64::avx2_table`); the lengths are asserted above.
-            unsafe { quantize_q8_0(x, dst) };
+            unsafe { quantize_q8_0::<false>(x, dst) };
             return;
         }
         widen_activation_row::<false>(w, x, dst, 0);
@@ -299,8 +300,12 @@ unsafe fn pack_group_q8_0(bytes: &[u8], wrow: usize, j0: usize, dst: &mut [u8]) 
 ///
 /// # Safety
 /// AVX2 present; `dst.len() == src.len() / 32 · ACT_BLOCK`, `src.len()` a multiple of 32.
+///
+/// With `A7` it is [`quant::quantize_row_q8_0_a7`] instead (`d = amax / 63`, quants in
+/// −63..=63, its scalar path [`widen_block_a7`]), and the block's sum slot holds the i32
+/// `−128 · Σ q` that [`Avx2A7`]'s tile starts its integer sum from.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
+unsafe fn quantize_q8_0<const A7: bool>(src: &[f32], dst: &mut [u8]) {
     let sign = _mm256_set1_ps(-0.0);
     let inf = _mm256_set1_ps(f32::INFINITY);
     for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(ACT_BLOCK)) {
@@ -317,10 +322,14 @@ unsafe fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
         let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
         let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
-        let d = amax / 127.0;
+        let d = amax / if A7 { 63.0 } else { 127.0 };
         let d16 = quant::fp32_to_fp16(d);
         if bad != 0 || d16 & 0x7FFF == 0 {
-            widen_activation_row::<false>(DType::Q8_0, x, b, 0);
+            if A7 {
+                widen_block_a7(x, b);
+            } else {
+                widen_activation_row::<false>(DType::Q8_0, x, b, 0);
+            }
             continue;
         }
         let id = 1.0 / d;
@@ -337,6 +346,16 @@ unsafe fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
             let step = _mm256_and_ps(up, _mm256_or_ps(one, _mm256_and_ps(sign, y)));
             _mm256_cvttps_epi32(_mm256_add_ps(t, step))
         });
+        if A7 {
+            // |q| ≤ 63 here (`d` normal: `amax · fl(1/fl(amax/63)) < 63.5`), as the generic
+            // clamp leaves it; the sum of the 32 quants is exact in any order.
+            let s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+            let corr = -128 * _mm_cvtsi128_si32(s);
+            b[4..ACT_QUANTS_AT].copy_from_slice(&corr.to_le_bytes());
+        }
         // |q| ≤ 127 (d is a normal f32 here), so the saturating packs are exact; the packs
         // work per 128-bit lane, the final dword permute restores the element order.
         let w01 = _mm256_packs_epi32(q[0], q[1]);
@@ -345,5 +364,176 @@ unsafe fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
         let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         // SAFETY: bytes `ACT_QUANTS_AT .. ACT_QUANTS_AT + 32 = ACT_BLOCK` of the block.
         unsafe { _mm256_storeu_si256(b.as_mut_ptr().add(ACT_QUANTS_AT) as *mut __m256i, bytes) };
+    }
+}
+
+/// One block `x` (32 values) quantized by [`quant::quantize_row_q8_0_a7`] and stored widened
+/// into `dst` ([`ACT_BLOCK`]: the f16 scale's f32 value, the i32 `−128 · Σ q`, the 32 signed
+/// quants): the scalar path of [`quantize_q8_0`] for blocks with NaN, ±∞ or a zero f16 scale.
+fn widen_block_a7(x: &[f32], dst: &mut [u8]) {
+    let mut blk = [0u8; 34];
+    let w = WeightRef {
+        dtype: DType::Q8_0,
+        bytes: &[],
+        layout: PackLayout::Interleaved8x4A7,
+    };
+    quant::quantize_activation_row_for(&w, x, &mut blk);
+    put_scales(dst, u16::from_le_bytes([blk[0], blk[1]]), None);
+    let sum: i32 = blk[2..].iter().map(|&q| q as i8 as i32).sum();
+    dst[4..ACT_QUANTS_AT].copy_from_slice(&(-128 * sum).to_le_bytes());
+    dst[ACT_QUANTS_AT..ACT_BLOCK].copy_from_slice(&blk[2..]);
+}
+
+/// Bytes per block of one 8-row group of [`PackLayout::Interleaved8x4A7`] weights (8 f16
+/// scales, then 256 quants in 4-byte steps).
+const A7_PLAN_BLOCK: usize = 16 + QUANTS;
+
+/// The AVX2 tile of `Q8_0` weights in [`PackLayout::Interleaved8x4A7`] (plans compiled with
+/// `--activation-bits 7`), bit-identical to [`edge_kernels::linear`] on them: activations
+/// quantized to 7 bits ([`quant::quantize_row_q8_0_a7`]), weights biased to unsigned
+/// (`w + 128 = w ^ 0x80`, 0..=255), so one `vpmaddubsw(w + 128, a)` per k-step and row needs no
+/// sign step — a pair's sum stays within `2 · 255 · 63 = 32130` (no saturation) — and
+/// `vpmaddwd` with ones widens it; each row's integer block sum starts from the activation
+/// block's `−128 · Σ a`, so it ends at the exact `Σ a · w`. The f32 term is ggml's `Q8_0` one,
+/// `sumf = fma(sumi, dw · da, sumf)`. Three multiply-pipe operations per k-step and row become
+/// two: `vpsignb` is gone, and `vpabsb` with it.
+pub(crate) struct Avx2A7;
+
+impl Panel for Avx2A7 {
+    const GROUP: usize = GROUP;
+    const GROUP_BLOCK: usize = GROUP_BLOCK;
+    const R: usize = R;
+    const INTERLEAVED16X4: bool = false;
+    const A7: bool = true;
+
+    fn quantize_row(w: DType, x: &[f32], dst: &mut [u8]) {
+        assert!(w == DType::Q8_0, "Avx2A7: {w:?} weights");
+        assert!(x.len().is_multiple_of(32) && dst.len() == x.len() / 32 * ACT_BLOCK);
+        // SAFETY: AVX2 and FMA were detected before any x86 kernel table was built (every x86
+        // table requires them); the lengths are asserted above.
+        unsafe { quantize_q8_0::<true>(x, dst) };
+    }
+
+    /// Whole 8-row groups from the plan's layout (quants biased, scales widened); the last
+    /// `n mod 8` rows (row-major in the layout) through [`pack_group_values`], then biased.
+    fn prepare_group(
+        w: WeightRef<'_>,
+        wrow: usize,
+        bb: usize,
+        n: usize,
+        j0: usize,
+        _in_place: bool,
+        dst: &mut [u8],
+    ) {
+        assert!(w.dtype == DType::Q8_0 && w.layout == PackLayout::Interleaved8x4A7);
+        assert!(dst.len().is_multiple_of(GROUP_BLOCK) && w.bytes.len() == n * wrow);
+        let nb = dst.len() / GROUP_BLOCK;
+        if j0 + GROUP <= n / GROUP * GROUP {
+            let start = j0 / GROUP * (wrow / bb) * A7_PLAN_BLOCK;
+            let src = &w.bytes[start..start + nb * A7_PLAN_BLOCK];
+            for (gb, pb) in dst
+                .chunks_exact_mut(GROUP_BLOCK)
+                .zip(src.chunks_exact(A7_PLAN_BLOCK))
+            {
+                for (o, &q) in gb[..QUANTS].iter_mut().zip(&pb[16..]) {
+                    *o = q ^ 0x80;
+                }
+                for c in 0..GROUP {
+                    let d = quant::fp16_to_fp32(u16::from_le_bytes([pb[2 * c], pb[2 * c + 1]]));
+                    gb[SCALE_AT + 4 * c..][..4].copy_from_slice(&d.to_le_bytes());
+                }
+                gb[MIN_AT..].fill(0);
+            }
+            return;
+        }
+        pack_group_values(
+            w,
+            wrow,
+            bb,
+            n,
+            j0,
+            GROUP,
+            GROUP_BLOCK,
+            dst,
+            |gb, c, _, d, _| gb[SCALE_AT + 4 * c..][..4].copy_from_slice(&d.to_le_bytes()),
+        );
+        for gb in dst.chunks_exact_mut(GROUP_BLOCK) {
+            gb[..QUANTS].iter_mut().for_each(|q| *q ^= 0x80);
+            gb[MIN_AT..].fill(0);
+        }
+    }
+
+    fn tile(
+        w: DType,
+        kind: Scaling,
+        acts: &[&[u8]; MAX_R],
+        srcs: &[GroupSrc<'_>],
+        nb: usize,
+        res: &mut TileSums,
+    ) {
+        assert!(w == DType::Q8_0 && kind == Scaling::SumiTimesScales);
+        assert!(acts[..R].iter().all(|a| a.len() == nb * ACT_BLOCK));
+        assert!(srcs.len() == 1 || srcs.len() == 2);
+        for s in srcs {
+            assert!(s.meta.len() >= nb * GROUP_BLOCK && s.qstride >= QUANTS);
+            assert!(s.quants.len() >= (nb - 1) * s.qstride + QUANTS);
+        }
+        let ap: [*const u8; R] = std::array::from_fn(|r| acts[r].as_ptr());
+        for (g, s) in srcs.iter().enumerate() {
+            // SAFETY: every x86 kernel table requires AVX2 and FMA; the reads stay inside
+            // `acts[r]` (blocks `b < nb` of ACT_BLOCK bytes) and the group's quants and meta
+            // (blocks `b < nb`), as asserted above; `8g + 8 ≤ 16 ≤ MAX_COLS`.
+            unsafe { qtile_a7(&ap, s, nb, res, g * GROUP) }
+        }
+    }
+}
+
+/// [`Avx2A7`]'s tile: `res[r][c0 + c]` for the 4 rows `ap` and the 8 columns of `src`.
+///
+/// # Safety
+/// AVX2 and FMA present; every `ap[r]` points at `nb` widened 7-bit blocks (quants in
+/// −63..=63, the i32 `−128 · Σ q` in the sum slot); `src` holds `nb` blocks of biased quants as
+/// [`Avx2A7::tile`] asserts; `c0 + 8 ≤ MAX_COLS`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn qtile_a7(
+    ap: &[*const u8; R],
+    src: &GroupSrc<'_>,
+    nb: usize,
+    res: &mut TileSums,
+    c0: usize,
+) {
+    let ones = _mm256_set1_epi16(1);
+    let (qp, qs, mp) = (src.quants.as_ptr(), src.qstride, src.meta.as_ptr());
+    let mut facc = [_mm256_setzero_ps(); R];
+    for b in 0..nb {
+        // SAFETY: block `b < nb` of the group and of every activation row (the caller's
+        // bounds).
+        unsafe {
+            let qb = qp.add(b * qs);
+            let blk = mp.add(b * GROUP_BLOCK);
+            let mut iacc: [__m256i; R] = std::array::from_fn(|r| {
+                _mm256_set1_epi32((ap[r].add(b * ACT_BLOCK + 4) as *const i32).read_unaligned())
+            });
+            let aq: [*const u8; R] =
+                std::array::from_fn(|r| ap[r].add(b * ACT_BLOCK + ACT_QUANTS_AT));
+            for s in 0..8 {
+                let w = _mm256_loadu_si256(qb.add(s * 32) as *const __m256i);
+                for r in 0..R {
+                    let a = _mm256_set1_epi32((aq[r].add(s * 4) as *const i32).read_unaligned());
+                    let p = _mm256_maddubs_epi16(w, a);
+                    iacc[r] = _mm256_add_epi32(iacc[r], _mm256_madd_epi16(p, ones));
+                }
+            }
+            let sc = _mm256_loadu_ps(blk.add(SCALE_AT) as *const f32);
+            for r in 0..R {
+                let da = _mm256_set1_ps((ap[r].add(b * ACT_BLOCK) as *const f32).read_unaligned());
+                let f = _mm256_cvtepi32_ps(iacc[r]);
+                facc[r] = _mm256_fmadd_ps(f, _mm256_mul_ps(sc, da), facc[r]);
+            }
+        }
+    }
+    for (r, acc) in facc.iter().enumerate() {
+        // SAFETY: `c0 + 8 ≤ MAX_COLS` (the caller's bound), inside `res[r]`.
+        unsafe { _mm256_storeu_ps(res[r].as_mut_ptr().add(c0), *acc) };
     }
 }
