@@ -2193,7 +2193,7 @@ fn kv_cache_type_is_chosen_at_compile_time() {
 /// `--activation-bits 7`: a bad value, targets whose integer dot products take 8-bit
 /// activations at full speed (aarch64, AVX-512 VNNI, cuda) and plans without `Q8_0` matrices are
 /// refused before anything is written; a `q8_0` plan names the layout in `inspect` and
-/// generates an image.
+/// generates an image, with a warning where no 7-bit kernel runs it (the generic table).
 #[test]
 fn seven_bit_activations_are_chosen_at_compile_time() {
     let t = tempfile::tempdir().unwrap();
@@ -2247,8 +2247,14 @@ fn seven_bit_activations_are_chosen_at_compile_time() {
     );
     let png = t.path().join("a7.png");
     let o = generate(&plan, &png, &[]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
     assert!(png.exists());
+    let slow = "7-bit activations (edgeplan compile --activation-bits 7) have no kernel";
+    assert_eq!(err.contains(slow), !cfg!(target_arch = "x86_64"), "{err}");
+    let o = generate(&plan, &t.path().join("g.png"), &["--kernels", "generic"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && err.contains(slow), "{err}");
 }
 
 /// `--attention-products bf16`: a bad value and a cuda target are refused before anything is

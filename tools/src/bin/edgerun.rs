@@ -985,6 +985,28 @@ fn generate(a: GenArgs) -> Result<()> {
             );
         }
     }
+    let a7 = meta
+        .tensors
+        .iter()
+        .any(|t| t.layout == PackLayout::Interleaved8x4A7);
+    if a7
+        && edge_kernels_cpu::linear_variant_name(
+            &kernels,
+            DType::Q8_0,
+            PackLayout::Interleaved8x4A7,
+        ) == "generic_linear_f32"
+    {
+        eprintln!(
+            "warning: this plan's 7-bit activations (edgeplan compile --activation-bits 7) have \
+             no kernel in the {table_label} table: the generic kernel runs them, many times \
+             slower (the same bits); they are for x86-64 CPUs with AVX2{}",
+            if a.kernels == "best" {
+                ""
+            } else {
+                "; --kernels best picks the fastest table this CPU has"
+            }
+        );
+    }
     if a.verbose {
         let names: Vec<String> = kernels
             .names()
