@@ -132,22 +132,7 @@ impl TensorTable {
         if layouts.is_empty() {
             return 0;
         }
-        // Per tensor: Some(true) if every use is a linear weight operand, Some(false) otherwise.
-        let mut linear_only: Vec<Option<bool>> = vec![None; self.entries.len()];
-        for stage in stages {
-            for step in &stage.steps {
-                for (slot, &id) in step.inputs.iter().enumerate() {
-                    if let Some(Storage::Weight(t)) =
-                        stage.values.get(id as usize).map(|v| &v.storage)
-                    {
-                        let ok = matches!(step.op, Op::Linear { .. }) && slot == 1;
-                        if let Some(u) = linear_only.get_mut(*t as usize) {
-                            *u = Some(u.unwrap_or(true) && ok);
-                        }
-                    }
-                }
-            }
-        }
+        let linear_only = self.linear_weights_only(stages, |_| true);
         let mut repacked = 0;
         for (t, (entry, data)) in self.entries.iter_mut().zip(&mut self.data).enumerate() {
             let [n, k] = entry.shape[..] else { continue };
@@ -161,10 +146,7 @@ impl TensorTable {
             {
                 continue;
             }
-            let mut out = vec![0u8; data.len()];
-            edge_kernels::pack::repack(layout, entry.dtype, data, n as usize, k as usize, &mut out);
-            *data = out;
-            entry.layout = layout;
+            repack_entry(entry, data, layout, n as usize, k as usize);
             repacked += 1;
         }
         repacked
@@ -172,6 +154,32 @@ impl TensorTable {
 }
 
 impl TensorTable {
+    /// Per tensor: `Some(true)` if every use of it is the weight operand of a `Linear` step of
+    /// a stage that `stage_ok` accepts, `Some(false)` if some use is not, `None` if unused.
+    fn linear_weights_only(
+        &self,
+        stages: &[Stage],
+        stage_ok: impl Fn(&Stage) -> bool,
+    ) -> Vec<Option<bool>> {
+        let mut only: Vec<Option<bool>> = vec![None; self.entries.len()];
+        for stage in stages {
+            for step in &stage.steps {
+                for (slot, &id) in step.inputs.iter().enumerate() {
+                    if let Some(Storage::Weight(t)) =
+                        stage.values.get(id as usize).map(|v| &v.storage)
+                    {
+                        let ok =
+                            stage_ok(stage) && matches!(step.op, Op::Linear { .. }) && slot == 1;
+                        if let Some(u) = only.get_mut(*t as usize) {
+                            *u = Some(u.unwrap_or(true) && ok);
+                        }
+                    }
+                }
+            }
+        }
+        only
+    }
+
     /// `--activation-bits 7`: repacks every row-major `Q8_0` matrix `[n, k]` with `n ≥ 8` that
     /// the plan uses only as a `Linear` weight of denoiser steps into
     /// [`PackLayout::Interleaved8x4A7`] (whose activations are quantized to 7 bits). Returns
@@ -179,23 +187,7 @@ impl TensorTable {
     /// leaves them as they are), sections and digests.
     pub fn repack_a7(&mut self, stages: &[Stage]) -> usize {
         let layout = PackLayout::Interleaved8x4A7;
-        let mut denoiser_linear: Vec<Option<bool>> = vec![None; self.entries.len()];
-        for stage in stages {
-            for step in &stage.steps {
-                for (slot, &id) in step.inputs.iter().enumerate() {
-                    if let Some(Storage::Weight(t)) =
-                        stage.values.get(id as usize).map(|v| &v.storage)
-                    {
-                        let ok = stage.kind == StageKind::Denoiser
-                            && matches!(step.op, Op::Linear { .. })
-                            && slot == 1;
-                        if let Some(u) = denoiser_linear.get_mut(*t as usize) {
-                            *u = Some(u.unwrap_or(true) && ok);
-                        }
-                    }
-                }
-            }
-        }
+        let denoiser_linear = self.linear_weights_only(stages, |s| s.kind == StageKind::Denoiser);
         let mut repacked = 0;
         for (t, (entry, data)) in self.entries.iter_mut().zip(&mut self.data).enumerate() {
             let [n, k] = entry.shape[..] else { continue };
@@ -206,14 +198,25 @@ impl TensorTable {
             {
                 continue;
             }
-            let mut out = vec![0u8; data.len()];
-            edge_kernels::pack::repack(layout, entry.dtype, data, n as usize, k as usize, &mut out);
-            *data = out;
-            entry.layout = layout;
+            repack_entry(entry, data, layout, n as usize, k as usize);
             repacked += 1;
         }
         repacked
     }
+}
+
+/// Repacks one row-major `[n, k]` tensor's bytes into `layout` and records it in its entry.
+fn repack_entry(
+    entry: &mut TensorEntry,
+    data: &mut Vec<u8>,
+    layout: PackLayout,
+    n: usize,
+    k: usize,
+) {
+    let mut out = vec![0u8; data.len()];
+    edge_kernels::pack::repack(layout, entry.dtype, data, n, k, &mut out);
+    *data = out;
+    entry.layout = layout;
 }
 
 /// The layouts [`TensorTable::repack_for_target`] stores `target`'s linear weights in, each

@@ -168,6 +168,24 @@ fn run64(plan: &Plan, t: edge_kernels::KernelTable) -> (Vec<f32>, Vec<u8>) {
     run(plan, t, &noise, (64, 64), SamplingMethod::DpmPp2m)
 }
 
+/// Relative L2 distance of `plan`'s final latents (generic kernels) from diffusers' (f32) in the
+/// fixture's 4-step DPM++ reference, started from diffusers' own initial noise.
+fn from_diffusers(plan: &Plan) -> f64 {
+    let r = read_safetensors(&fixture(
+        "pixart-sigma-tiny/reference/pipeline_dpm_4_cat_64x64.safetensors",
+    ));
+    let mut s = Session::new(plan, edge_kernels::generic(), None).unwrap();
+    let params = cat_params(
+        4,
+        SamplingMethod::DpmPp2m,
+        Some(r["initial_noise"].data.clone()),
+    );
+    let lat = edge_runtime::generate(&mut s, &params, &mut |_| {})
+        .unwrap()
+        .latents;
+    rel_l2(&lat, &r["final_latents"].data)
+}
+
 /// A `--target x86_64-avx512` plan (its `Q8_0` matrices in `PackLayout::Interleaved16x4`, read
 /// in place or copied by the VNNI kernels) gives the same bytes as the row-major `q8_0` plan,
 /// with the generic kernels and every x86 table this CPU has.
@@ -267,26 +285,7 @@ fn sigma_bf16_attention_plan_is_byte_identical_and_close_to_diffusers() {
         bits(&want.0),
         "bf16 attention products gave the f32 products' bits"
     );
-    // Against diffusers (f32): the 4-step DPM++ reference from its own initial noise.
-    let r = read_safetensors(&fixture(
-        "pixart-sigma-tiny/reference/pipeline_dpm_4_cat_64x64.safetensors",
-    ));
-    let lat = |plan: &Plan| {
-        let mut s = Session::new(plan, edge_kernels::generic(), None).unwrap();
-        let params = cat_params(
-            4,
-            SamplingMethod::DpmPp2m,
-            Some(r["initial_noise"].data.clone()),
-        );
-        edge_runtime::generate(&mut s, &params, &mut |_| {})
-            .unwrap()
-            .latents
-    };
-    let reference = &r["final_latents"].data;
-    let (e32, e16) = (
-        rel_l2(&lat(&f32_plan), reference),
-        rel_l2(&lat(&bf16_plan), reference),
-    );
+    let (e32, e16) = (from_diffusers(&f32_plan), from_diffusers(&bf16_plan));
     eprintln!(
         "final latents against diffusers, relative L2: f32 attention products {e32:.2e}, bf16 {e16:.2e}"
     );
@@ -344,22 +343,7 @@ fn sigma_q8_0_7_bit_activations_plan_is_byte_identical_and_close_to_diffusers() 
         bits(&want.0),
         "7-bit activations gave the 8-bit plan's bits"
     );
-    let r = read_safetensors(&fixture(
-        "pixart-sigma-tiny/reference/pipeline_dpm_4_cat_64x64.safetensors",
-    ));
-    let lat = |plan: &Plan| {
-        let mut s = Session::new(plan, edge_kernels::generic(), None).unwrap();
-        let params = cat_params(
-            4,
-            SamplingMethod::DpmPp2m,
-            Some(r["initial_noise"].data.clone()),
-        );
-        edge_runtime::generate(&mut s, &params, &mut |_| {})
-            .unwrap()
-            .latents
-    };
-    let reference = &r["final_latents"].data;
-    let (e8, e7) = (rel_l2(&lat(&q8), reference), rel_l2(&lat(&a7), reference));
+    let (e8, e7) = (from_diffusers(&q8), from_diffusers(&a7));
     eprintln!("final latents against diffusers, relative L2: q8_0 {e8:.2e}, q8_0 with 7-bit activations {e7:.2e}");
     assert!(
         e7 < 8e-2 && e7 < 2.0 * e8,

@@ -111,14 +111,18 @@ impl Panel for Avx2 {
             unsafe {
                 match (kind, narrow) {
                     (Scaling::SumiTimesScales, false) => {
-                        qtile::<0, false>(&ap, s, nb, res, g * GROUP)
+                        qtile::<0, false, false>(&ap, s, nb, res, g * GROUP)
                     }
                     (Scaling::SumiTimesScales, true) => {
-                        qtile::<0, true>(&ap, s, nb, res, g * GROUP)
+                        qtile::<0, true, false>(&ap, s, nb, res, g * GROUP)
                     }
-                    (Scaling::SumiThenScales, _) => qtile::<1, true>(&ap, s, nb, res, g * GROUP),
-                    (Scaling::WithMin, false) => qtile::<2, false>(&ap, s, nb, res, g * GROUP),
-                    (Scaling::WithMin, true) => qtile::<2, true>(&ap, s, nb, res, g * GROUP),
+                    (Scaling::SumiThenScales, _) => {
+                        qtile::<1, true, false>(&ap, s, nb, res, g * GROUP)
+                    }
+                    (Scaling::WithMin, false) => {
+                        qtile::<2, false, false>(&ap, s, nb, res, g * GROUP)
+                    }
+                    (Scaling::WithMin, true) => qtile::<2, true, false>(&ap, s, nb, res, g * GROUP),
                 }
             }
         }
@@ -128,14 +132,17 @@ impl Panel for Avx2 {
 /// `res[r][c0 + c]` for the 4 rows `ap` and the 8 columns of `src`; `KIND` 0, 1, 2 =
 /// [`Scaling`] in declaration order. With `NARROW` (weights with |w| ≤ 16), the `vpmaddubsw`
 /// pairs of a block are added in 16-bit lanes and widened by one `vpmaddwd` per block (exact:
-/// at most 16·16·127 per lane); otherwise one per k-step.
+/// at most 16·16·127 per lane); otherwise one per k-step. With `A7` ([`Avx2A7`]: `KIND` 0, not
+/// `NARROW`) the weights are biased (`w + 128`) and multiplied by the 7-bit activations as
+/// they are, each integer block sum starting from the block's `−128 · Σ a`.
 ///
 /// # Safety
-/// AVX2 present; every `ap[r]` points at `nb` widened blocks; `src` holds `nb` blocks as
-/// [`Avx2::tile`] asserts; `c0 + 8 ≤ MAX_COLS`; with `NARROW`, every weight value of `src` has
-/// |w| ≤ 16 (else the sums may wrap: wrong, though defined, values).
+/// AVX2 present; every `ap[r]` points at `nb` widened blocks (7-bit ones with their
+/// correction for `A7`); `src` holds `nb` blocks as [`Avx2::tile`] asserts (biased for `A7`);
+/// `c0 + 8 ≤ MAX_COLS`; with `NARROW`, every weight value of `src` has |w| ≤ 16 (else the sums
+/// may wrap: wrong, though defined, values).
 #[target_feature(enable = "avx2,fma")]
-unsafe fn qtile<const KIND: u8, const NARROW: bool>(
+unsafe fn qtile<const KIND: u8, const NARROW: bool, const A7: bool>(
     ap: &[*const u8; R],
     src: &GroupSrc<'_>,
     nb: usize,
@@ -151,15 +158,26 @@ unsafe fn qtile<const KIND: u8, const NARROW: bool>(
         unsafe {
             let qb = qp.add(b * qs);
             let blk = mp.add(b * GROUP_BLOCK);
-            let mut iacc = [_mm256_setzero_si256(); R];
+            let mut iacc: [__m256i; R] = std::array::from_fn(|r| {
+                if A7 {
+                    let corr = ap[r].add(b * ACT_BLOCK + 4) as *const i32;
+                    _mm256_set1_epi32(corr.read_unaligned())
+                } else {
+                    _mm256_setzero_si256()
+                }
+            });
             let aq: [*const u8; R] =
                 std::array::from_fn(|r| ap[r].add(b * ACT_BLOCK + ACT_QUANTS_AT));
             for s in 0..8 {
                 let w = _mm256_loadu_si256(qb.add(s * 32) as *const __m256i);
-                let aw = _mm256_abs_epi8(w);
+                let aw = if A7 { w } else { _mm256_abs_epi8(w) };
                 for r in 0..R {
                     let a = _mm256_set1_epi32((aq[r].add(s * 4) as *const i32).read_unaligned());
-                    let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(a, w));
+                    let p = if A7 {
+                        _mm256_maddubs_epi16(w, a)
+                    } else {
+                        _mm256_maddubs_epi16(aw, _mm256_sign_epi8(a, w))
+                    };
                     iacc[r] = if NARROW {
                         _mm256_add_epi16(iacc[r], p)
                     } else {
@@ -415,7 +433,7 @@ impl Panel for Avx2A7 {
     }
 
     /// Whole 8-row groups from the plan's layout (quants biased, scales widened); the last
-    /// `n mod 8` rows (row-major in the layout) through [`pack_group_values`], then biased.
+    /// `n mod 8` rows (row-major in the layout) through [`pack_group`], then biased.
     fn prepare_group(
         w: WeightRef<'_>,
         wrow: usize,
@@ -446,20 +464,10 @@ impl Panel for Avx2A7 {
             }
             return;
         }
-        pack_group_values(
-            w,
-            wrow,
-            bb,
-            n,
-            j0,
-            GROUP,
-            GROUP_BLOCK,
-            dst,
-            |gb, c, _, d, _| gb[SCALE_AT + 4 * c..][..4].copy_from_slice(&d.to_le_bytes()),
-        );
+        // The tail group (fewer than 8 columns, row-major): as the 8-bit tile packs it.
+        pack_group(w, wrow, bb, n, j0, dst);
         for gb in dst.chunks_exact_mut(GROUP_BLOCK) {
             gb[..QUANTS].iter_mut().for_each(|q| *q ^= 0x80);
-            gb[MIN_AT..].fill(0);
         }
     }
 
@@ -483,57 +491,7 @@ impl Panel for Avx2A7 {
             // SAFETY: every x86 kernel table requires AVX2 and FMA; the reads stay inside
             // `acts[r]` (blocks `b < nb` of ACT_BLOCK bytes) and the group's quants and meta
             // (blocks `b < nb`), as asserted above; `8g + 8 ≤ 16 ≤ MAX_COLS`.
-            unsafe { qtile_a7(&ap, s, nb, res, g * GROUP) }
+            unsafe { qtile::<0, false, true>(&ap, s, nb, res, g * GROUP) }
         }
-    }
-}
-
-/// [`Avx2A7`]'s tile: `res[r][c0 + c]` for the 4 rows `ap` and the 8 columns of `src`.
-///
-/// # Safety
-/// AVX2 and FMA present; every `ap[r]` points at `nb` widened 7-bit blocks (quants in
-/// −63..=63, the i32 `−128 · Σ q` in the sum slot); `src` holds `nb` blocks of biased quants as
-/// [`Avx2A7::tile`] asserts; `c0 + 8 ≤ MAX_COLS`.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn qtile_a7(
-    ap: &[*const u8; R],
-    src: &GroupSrc<'_>,
-    nb: usize,
-    res: &mut TileSums,
-    c0: usize,
-) {
-    let ones = _mm256_set1_epi16(1);
-    let (qp, qs, mp) = (src.quants.as_ptr(), src.qstride, src.meta.as_ptr());
-    let mut facc = [_mm256_setzero_ps(); R];
-    for b in 0..nb {
-        // SAFETY: block `b < nb` of the group and of every activation row (the caller's
-        // bounds).
-        unsafe {
-            let qb = qp.add(b * qs);
-            let blk = mp.add(b * GROUP_BLOCK);
-            let mut iacc: [__m256i; R] = std::array::from_fn(|r| {
-                _mm256_set1_epi32((ap[r].add(b * ACT_BLOCK + 4) as *const i32).read_unaligned())
-            });
-            let aq: [*const u8; R] =
-                std::array::from_fn(|r| ap[r].add(b * ACT_BLOCK + ACT_QUANTS_AT));
-            for s in 0..8 {
-                let w = _mm256_loadu_si256(qb.add(s * 32) as *const __m256i);
-                for r in 0..R {
-                    let a = _mm256_set1_epi32((aq[r].add(s * 4) as *const i32).read_unaligned());
-                    let p = _mm256_maddubs_epi16(w, a);
-                    iacc[r] = _mm256_add_epi32(iacc[r], _mm256_madd_epi16(p, ones));
-                }
-            }
-            let sc = _mm256_loadu_ps(blk.add(SCALE_AT) as *const f32);
-            for r in 0..R {
-                let da = _mm256_set1_ps((ap[r].add(b * ACT_BLOCK) as *const f32).read_unaligned());
-                let f = _mm256_cvtepi32_ps(iacc[r]);
-                facc[r] = _mm256_fmadd_ps(f, _mm256_mul_ps(sc, da), facc[r]);
-            }
-        }
-    }
-    for (r, acc) in facc.iter().enumerate() {
-        // SAFETY: `c0 + 8 ≤ MAX_COLS` (the caller's bound), inside `res[r]`.
-        unsafe { _mm256_storeu_ps(res[r].as_mut_ptr().add(c0), *acc) };
     }
 }
