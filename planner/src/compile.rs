@@ -618,7 +618,8 @@ pub(crate) fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Res
         if n == 0 {
             return Err(PlanError::Invalid(
                 "--activation-bits 7: the denoiser has no Q8_0 linear weight of at least 8 rows \
-                 to take 7-bit activations (compile with --quant q8_0)"
+                 to take 7-bit activations (compile with --quant q8_0, and no --quant-rule that \
+                 gives its matrices another type)"
                     .into(),
             ));
         }

@@ -2211,6 +2211,10 @@ fn seven_bit_activations_are_chosen_at_compile_time() {
         &["--activation-bits", "6"],
         &["--activation-bits `6`", "8 or 7"],
     );
+    refused(
+        &["--activation-bits", " 7"],
+        &["--activation-bits ` 7`", "8 or 7"],
+    );
     for (target, why) in [
         ("aarch64-neon", "sdot"),
         ("x86_64-avx512", "vpdpbusd"),
@@ -2250,7 +2254,8 @@ fn seven_bit_activations_are_chosen_at_compile_time() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(png.exists());
-    let slow = "7-bit activations (edgeplan compile --activation-bits 7) have no kernel";
+    let slow =
+        "no fast kernel for this plan's 7-bit activations (edgeplan compile --activation-bits 7)";
     assert_eq!(err.contains(slow), !cfg!(target_arch = "x86_64"), "{err}");
     let o = generate(&plan, &t.path().join("g.png"), &["--kernels", "generic"]);
     let err = String::from_utf8_lossy(&o.stderr);

@@ -241,8 +241,8 @@ struct CompileArgs {
     attention_products: String,
     /// Bits of the activation quants the denoiser's Q8_0 products multiply: 8 (default, ggml's
     /// q8_0 arithmetic) or 7 (d = amax/63: faster on x86-64 CPUs with AVX2 but no AVX-512 VNNI,
-    /// about twice the activations' rounding error; needs --quant q8_0; --target x86_64 or
-    /// generic).
+    /// about twice the activations' rounding error; needs Q8_0 matrices in the denoiser, e.g.
+    /// --quant q8_0; --target x86_64 or generic).
     #[arg(long = "activation-bits", default_value = "8")]
     activation_bits: String,
     /// VAE tile size in image pixels, WxH or one number (tiles the decode).
@@ -439,7 +439,7 @@ fn compile(a: CompileArgs) -> Result<()> {
     if a.vae_estimate_factor.is_some() && a.vae_tile_mode == "blend" {
         bail!("--vae-estimate-factor: blended tiles estimate no statistics; use --vae-tile-mode estimate (or exact, whose fallback uses it)");
     }
-    let activations_a7 = match a.activation_bits.trim() {
+    let activations_a7 = match a.activation_bits.as_str() {
         "8" => false,
         "7" => true,
         other => bail!("--activation-bits `{other}`: expected 8 or 7"),

@@ -997,9 +997,9 @@ fn generate(a: GenArgs) -> Result<()> {
         ) == "generic_linear_f32"
     {
         eprintln!(
-            "warning: this plan's 7-bit activations (edgeplan compile --activation-bits 7) have \
-             no kernel in the {table_label} table: the generic kernel runs them, many times \
-             slower (the same bits); they are for x86-64 CPUs with AVX2{}",
+            "warning: the {table_label} table has no fast kernel for this plan's 7-bit \
+             activations (edgeplan compile --activation-bits 7): the generic kernel runs them, \
+             many times slower (the same bits); they are for x86-64 CPUs with AVX2{}",
             if a.kernels == "best" {
                 ""
             } else {
