@@ -109,78 +109,37 @@ fn bench_linear(tables: &[(&str, KernelTable)], dtype: DType, m: usize, k: usize
     }
 }
 
-/// `BF16` weights in `PackLayout::Bf16Pairs16` (`--target x86_64-avx512bf16` plans) on the
-/// tables with the `vdpbf16ps` kernel (elsewhere the generic scalar kernel reads them: not timed).
-fn bench_bf16_pairs(tables: &[(&str, KernelTable)], m: usize, k: usize, n: usize) {
-    if !wanted("linear bf16 pairs") {
+/// Weights of `dtype` repacked into a plan layout, timed on the tables `keep` accepts: `BF16`
+/// in `PackLayout::Bf16Pairs16` (`--target x86_64-avx512bf16` plans) on the tables with the
+/// `vdpbf16ps` kernel, `Q8_0` in `PackLayout::Interleaved8x4A7` (`--activation-bits 7` plans)
+/// on every SIMD table (elsewhere the generic kernel gathers the layout's blocks one by one:
+/// not timed). `what` names the rows and the filter.
+fn bench_layout(
+    tables: &[(&str, KernelTable)],
+    (dtype, layout, what): (DType, edge_schema::plan::PackLayout, &str),
+    keep: impl Fn(&str) -> bool,
+    (m, k, n): (usize, usize, usize),
+) {
+    if !wanted(what) {
         return;
     }
     let x = values(m * k, 1);
     let w = values(n * k, 2);
-    let mut rm = Buf::new(n * k * 2);
-    quant::quantize_row(DType::BF16, &w, rm.bytes_mut());
-    let mut wb = Buf::new(n * k * 2);
-    edge_kernels::pack::repack(
-        edge_schema::plan::PackLayout::Bf16Pairs16,
-        DType::BF16,
-        rm.bytes(),
-        n,
-        k,
-        wb.bytes_mut(),
-    );
-    let mut scratch = Buf::new(linear_scratch_bytes(DType::BF16, m, k));
-    let mut out = vec![0.0f32; m * n];
-    for (label, t) in tables.iter().filter(|(l, _)| l.contains("bf16")) {
-        let s = time(|| {
-            (t.linear.run)(
-                &x,
-                WeightRef {
-                    dtype: DType::BF16,
-                    bytes: wb.bytes(),
-                    layout: edge_schema::plan::PackLayout::Bf16Pairs16,
-                },
-                None,
-                &mut out,
-                m,
-                k,
-                n,
-                scratch.bytes_mut(),
-                None,
-            )
-        });
-        let gflops = 2.0 * (m * k * n) as f64 / s / 1e9;
-        println!(
-            "linear bf16 pairs m={m:<5} k={k:<5} n={n:<5} {label:<12} {:9.3} ms {gflops:7.1} GFLOP/s",
-            s * 1e3,
-        );
-    }
-}
-
-/// `Q8_0` weights in `PackLayout::Interleaved8x4A7` (`--activation-bits 7` plans: 7-bit
-/// activations), on every table but the generic one (which gathers the layout's blocks one by
-/// one: not timed).
-fn bench_q8_0_a7(tables: &[(&str, KernelTable)], m: usize, k: usize, n: usize) {
-    if !wanted("linear q8_0 a7") {
-        return;
-    }
-    let layout = edge_schema::plan::PackLayout::Interleaved8x4A7;
-    let x = values(m * k, 1);
-    let w = values(n * k, 2);
-    let row = k / 32 * 34;
+    let row = dtype.bytes_for(k as u64).expect("whole blocks") as usize;
     let mut rm = Buf::new(n * row);
     for (src, dst) in w.chunks(k).zip(rm.bytes_mut().chunks_mut(row)) {
-        quant::quantize_row(DType::Q8_0, src, dst);
+        quant::quantize_row(dtype, src, dst);
     }
     let mut wb = Buf::new(n * row);
-    edge_kernels::pack::repack(layout, DType::Q8_0, rm.bytes(), n, k, wb.bytes_mut());
-    let mut scratch = Buf::new(linear_scratch_bytes(DType::Q8_0, m, k));
+    edge_kernels::pack::repack(layout, dtype, rm.bytes(), n, k, wb.bytes_mut());
+    let mut scratch = Buf::new(linear_scratch_bytes(dtype, m, k));
     let mut out = vec![0.0f32; m * n];
-    for (label, t) in tables.iter().filter(|(l, _)| *l != "generic") {
+    for (label, t) in tables.iter().filter(|(l, _)| keep(l)) {
         let s = time(|| {
             (t.linear.run)(
                 &x,
                 WeightRef {
-                    dtype: DType::Q8_0,
+                    dtype,
                     bytes: wb.bytes(),
                     layout,
                 },
@@ -195,7 +154,7 @@ fn bench_q8_0_a7(tables: &[(&str, KernelTable)], m: usize, k: usize, n: usize) {
         });
         let gflops = 2.0 * (m * k * n) as f64 / s / 1e9;
         println!(
-            "linear q8_0 a7 m={m:<5} k={k:<5} n={n:<5} {label:<12} {:9.3} ms {gflops:7.1} GFLOP/s",
+            "{what} m={m:<5} k={k:<5} n={n:<5} {label:<12} {:9.3} ms {gflops:7.1} GFLOP/s",
             s * 1e3,
         );
     }
@@ -417,8 +376,19 @@ fn main() {
         for dtype in [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0] {
             bench_linear(&tables, dtype, m, k, n);
         }
-        bench_bf16_pairs(&tables, m, k, n);
-        bench_q8_0_a7(&tables, m, k, n);
+        use edge_schema::plan::PackLayout;
+        bench_layout(
+            &tables,
+            (DType::BF16, PackLayout::Bf16Pairs16, "linear bf16 pairs"),
+            |l| l.contains("bf16"),
+            (m, k, n),
+        );
+        bench_layout(
+            &tables,
+            (DType::Q8_0, PackLayout::Interleaved8x4A7, "linear q8_0 a7"),
+            |l| l != "generic",
+            (m, k, n),
+        );
     }
     for (cin, cout, hw, k) in [
         (32, 32, 64, 3),

@@ -93,13 +93,7 @@ impl Panel for Avx2 {
         nb: usize,
         res: &mut TileSums,
     ) {
-        assert!(acts[..R].iter().all(|a| a.len() == nb * ACT_BLOCK));
-        assert!(srcs.len() == 1 || srcs.len() == 2);
-        for s in srcs {
-            assert!(s.meta.len() >= nb * GROUP_BLOCK && s.qstride >= QUANTS);
-            assert!(s.quants.len() >= (nb - 1) * s.qstride + QUANTS);
-        }
-        let ap: [*const u8; R] = std::array::from_fn(|r| acts[r].as_ptr());
+        let ap = checked_rows(acts, srcs, nb);
         // `Q4_0`, `Q4_1`, `Q5_0`: |w| ≤ 16, so the 16 products a 16-bit lane gathers over a
         // block's eight k-steps stay within 16·16·127 = 32512: one `vpmaddwd` per block.
         let narrow = matches!(w, DType::Q4_0 | DType::Q4_1 | DType::Q5_0);
@@ -107,7 +101,7 @@ impl Panel for Avx2 {
             // SAFETY: the kernel table holds this kernel only when AVX2 and FMA were detected
             // (`crate::x86_64::avx2_table`); every offset read stays inside `acts[r]` (block
             // `b < nb` of ACT_BLOCK bytes) and inside the group's quants and meta (block
-            // `b < nb`), as asserted above; `8g + 8 ≤ 16 ≤ MAX_COLS`.
+            // `b < nb`), as `checked_rows` asserted; `8g + 8 ≤ 16 ≤ MAX_COLS`.
             unsafe {
                 match (kind, narrow) {
                     (Scaling::SumiTimesScales, false) => {
@@ -127,6 +121,19 @@ impl Panel for Avx2 {
             }
         }
     }
+}
+
+/// The bounds both AVX2 tiles' `unsafe` reads rely on (each of the `R` activation rows holds
+/// `nb` widened blocks; one or two groups, each with `nb` blocks of quants and meta), and the
+/// rows' pointers.
+fn checked_rows(acts: &[&[u8]; MAX_R], srcs: &[GroupSrc<'_>], nb: usize) -> [*const u8; R] {
+    assert!(acts[..R].iter().all(|a| a.len() == nb * ACT_BLOCK));
+    assert!(srcs.len() == 1 || srcs.len() == 2);
+    for s in srcs {
+        assert!(s.meta.len() >= nb * GROUP_BLOCK && s.qstride >= QUANTS);
+        assert!(s.quants.len() >= (nb - 1) * s.qstride + QUANTS);
+    }
+    std::array::from_fn(|r| acts[r].as_ptr())
 }
 
 /// `res[r][c0 + c]` for the 4 rows `ap` and the 8 columns of `src`; `KIND` 0, 1, 2 =
@@ -480,17 +487,11 @@ impl Panel for Avx2A7 {
         res: &mut TileSums,
     ) {
         assert!(w == DType::Q8_0 && kind == Scaling::SumiTimesScales);
-        assert!(acts[..R].iter().all(|a| a.len() == nb * ACT_BLOCK));
-        assert!(srcs.len() == 1 || srcs.len() == 2);
-        for s in srcs {
-            assert!(s.meta.len() >= nb * GROUP_BLOCK && s.qstride >= QUANTS);
-            assert!(s.quants.len() >= (nb - 1) * s.qstride + QUANTS);
-        }
-        let ap: [*const u8; R] = std::array::from_fn(|r| acts[r].as_ptr());
+        let ap = checked_rows(acts, srcs, nb);
         for (g, s) in srcs.iter().enumerate() {
             // SAFETY: every x86 kernel table requires AVX2 and FMA; the reads stay inside
             // `acts[r]` (blocks `b < nb` of ACT_BLOCK bytes) and the group's quants and meta
-            // (blocks `b < nb`), as asserted above; `8g + 8 ≤ 16 ≤ MAX_COLS`.
+            // (blocks `b < nb`), as `checked_rows` asserted; `8g + 8 ≤ 16 ≤ MAX_COLS`.
             unsafe { qtile::<0, false, true>(&ap, s, nb, res, g * GROUP) }
         }
     }
