@@ -32,7 +32,9 @@ pub const SMALL_HEAD_DIM: usize = 128;
 /// the key tile size, so the result is identical for any thread count. Parallel over blocks of
 /// up to 128 query rows (all heads of a row are in the same task because `out` rows interleave
 /// heads); per head, each key tile is packed once per task (keys side by side, [`pack_keys`])
-/// and met by the task's blocks of 4 rows.
+/// and met by the task's blocks of 4 rows (for heads of at most [`SMALL_HEAD_DIM`] channels in
+/// two phases, all blocks' scores and then all blocks' value sums:
+/// [`AttentionOps::phases_small`]).
 pub fn attention(
     p: &AttentionParams,
     q_src: &[f32],
@@ -63,7 +65,26 @@ pub struct AttentionOps {
     pub pack_keys: PackKeysFn,
     /// Packs a value tile: [`pack_values`], or [`crate::attention_bf16::pack_value_pairs`].
     pub pack_values: PackKeysFn,
+    /// The step of the compact state in two phases, if the ISA has them: the scores and the
+    /// online softmax (the weights left in [`BlockState::scores`], each row's correction in
+    /// [`BlockState::corr`]), then the value sums ([`BlockValuesFn`]). The driver then runs the
+    /// first phase for all of a task's blocks against a key tile, then the second, so the packed
+    /// keys and the packed values each stay in the L1 data cache while the blocks pass over
+    /// them (36 KiB for both at 72 channels, more than a 32 KiB L1: with one step per block both
+    /// were read from L2 for every block). The bits are the step's: `block_tile_small` must be
+    /// the two phases one after the other.
+    pub phases_small: Option<Phases<SMALL_HEAD_DIM>>,
 }
+
+/// [`AttentionOps::phases_small`]: the scores phase (a [`BlockTileFn`] that leaves the
+/// weights and corrections in the state) and the value phase.
+pub type Phases<const D: usize> = (BlockTileFn<D>, BlockValuesFn<D>);
+
+/// The value phase of a two-phase step: for rows `0..b.nq`, `acc ·= corr` (skipped when it is 1)
+/// and `acc = fma(w_j, v_j, acc)` for the tile's keys in order, with the weights and corrections
+/// that the scores phase left in `st`.
+pub type BlockValuesFn<const D: usize = MAX_HEAD_DIM> =
+    fn(b: &QueryBlock<'_>, st: &mut BlockState<D>);
 
 /// [`AttentionOps::pack_keys`]'s signature: [`pack_keys`]'s.
 pub type PackKeysFn =
@@ -150,10 +171,16 @@ impl<'a> QueryBlock<'a> {
     /// `head_dim · KEY_TILE` f32, and `values` the tile's `nk · head_dim` (query, bias and mask
     /// rows are reached through bounds-checked slices). SIMD steps call it before their
     /// unchecked loads.
-    pub fn check_step<const D: usize>(&self, keys: &[f32], _st: &BlockState<D>) {
+    pub fn check_step<const D: usize>(&self, keys: &[f32], st: &BlockState<D>) {
+        self.check_values(st);
+        assert!(keys.len() >= self.p.head_dim * KEY_TILE);
+    }
+
+    /// [`Self::check_step`] without the keys: what a value phase ([`BlockValuesFn`]) relies on.
+    pub fn check_values<const D: usize>(&self, _st: &BlockState<D>) {
         let hd = self.p.head_dim;
         assert!((1..=QUERY_TILE).contains(&self.nq) && (1..=KEY_TILE).contains(&self.nk));
-        assert!(hd <= D && keys.len() >= hd * KEY_TILE);
+        assert!(hd <= D);
         assert!(
             self.values.len() >= self.nk * hd,
             "attention: packed values shorter than the tile"
@@ -191,6 +218,9 @@ pub struct BlockState<const D: usize = MAX_HEAD_DIM> {
     pub run_sum: [f32; QUERY_TILE],
     /// Per row, the tile's scores (then weights).
     pub scores: [[f32; KEY_TILE]; QUERY_TILE],
+    /// Per row, the tile's correction `exp(m − m')` between the phases of a two-phase step
+    /// ([`AttentionOps::phases_small`]).
+    pub corr: [f32; QUERY_TILE],
 }
 
 impl<const D: usize> BlockState<D> {
@@ -211,6 +241,7 @@ impl<const D: usize> BlockState<D> {
             run_max: [f32::NEG_INFINITY; QUERY_TILE],
             run_sum: [0.0; QUERY_TILE],
             scores: [[0.0; KEY_TILE]; QUERY_TILE],
+            corr: [1.0; QUERY_TILE],
         }
     }
 
@@ -298,6 +329,7 @@ pub const GENERIC_ATTENTION: AttentionOps = AttentionOps {
     block_tile_small: generic_block_tile,
     pack_keys,
     pack_values,
+    phases_small: Some((generic_block_scores, generic_block_values)),
 };
 
 impl<const D: usize> Default for BlockState<D> {
@@ -314,12 +346,46 @@ fn generic_block_tile<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut
     }
 }
 
+/// The scores phase of [`GENERIC_ATTENTION`]'s two-phase step: [`generic_row_scores`] for each
+/// row of the block, its correction kept in `st.corr`.
+fn generic_block_scores<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {
+    for r in 0..b.nq {
+        let t = b.row(r);
+        let (mut row, scores) = st.row(r, b.p.head_dim);
+        let c = generic_row_scores(&t, keys, &mut row, scores);
+        st.corr[r] = c;
+    }
+}
+
+/// The value phase of [`GENERIC_ATTENTION`]'s two-phase step: [`generic_row_values`] for each
+/// row of the block with the correction and weights the scores phase left.
+fn generic_block_values<const D: usize>(b: &QueryBlock<'_>, st: &mut BlockState<D>) {
+    for r in 0..b.nq {
+        let t = b.row(r);
+        let c = st.corr[r];
+        let (mut row, weights) = st.row(r, b.p.head_dim);
+        generic_row_values(&t, c, &mut row, weights);
+    }
+}
+
 /// The online softmax step that defines the bits: scores `s_j` ([`KeyTile::score`] of
 /// `dot_j = fma(q[hd−1], k_j[hd−1], … fma(q[0], k_j[0], 0.0))`, `keys` packed by
 /// [`pack_keys`]), `m' = max(m, max_j s_j)`, `c = exp_f32(m − m')`, `acc ·= c` (skipped when
 /// `c = 1`), the weights `w_j = exp_f32(s_j − m')`, `sum = sum·c + tile_sum(w)`
 /// ([`tile_sum`]), and for each key in order `acc[d] = fma(w_j, v_j[d], acc[d])`.
 pub fn generic_row_tile(t: &KeyTile<'_>, keys: &[f32], st: &mut RowState<'_>, scores: &mut [f32]) {
+    let correction = generic_row_scores(t, keys, st, scores);
+    generic_row_values(t, correction, st, scores);
+}
+
+/// The first part of [`generic_row_tile`]: the dot products, then [`softmax_step`] (the
+/// weights in `scores[..nk]`, the running maximum and sum updated); returns the correction.
+pub fn generic_row_scores(
+    t: &KeyTile<'_>,
+    keys: &[f32],
+    st: &mut RowState<'_>,
+    scores: &mut [f32],
+) -> f32 {
     let hd = t.p.head_dim;
     let mut dots = [0.0f32; KEY_TILE];
     for (d, &qd) in t.q[..hd].iter().enumerate() {
@@ -328,13 +394,23 @@ pub fn generic_row_tile(t: &KeyTile<'_>, keys: &[f32], st: &mut RowState<'_>, sc
             *a = qd.mul_add(kv, *a);
         }
     }
-    let correction = softmax_step(t, &dots[..t.nk], st, scores);
+    softmax_step(t, &dots[..t.nk], st, scores)
+}
+
+/// The rest of [`generic_row_tile`]: `acc ·= correction` (skipped when it is 1), then
+/// `acc[d] = fma(w_j, v_j[d], acc[d])` for the tile's keys in order (`weights[..nk]`).
+pub fn generic_row_values(
+    t: &KeyTile<'_>,
+    correction: f32,
+    st: &mut RowState<'_>,
+    weights: &[f32],
+) {
     if correction != 1.0 {
         for x in st.acc.iter_mut() {
             *x *= correction;
         }
     }
-    for (jj, &w) in scores[..t.nk].iter().enumerate() {
+    for (jj, &w) in weights[..t.nk].iter().enumerate() {
         for (x, &vv) in st.acc.iter_mut().zip(t.value(t.j0 + jj)) {
             *x = w.mul_add(vv, *x);
         }
@@ -478,11 +554,14 @@ struct Aligned64<T>(T);
 /// One task of [`attention_with`]: every head (of at most `D` channels) of the query rows
 /// `i_first ..` that `rows` (`[n, heads·head_dim]`, `n ≤ 4·NB`) holds. Its state (the
 /// online-softmax state of `NB` blocks of rows and one packed key and value tile: about
-/// 545 KiB for `D = MAX_HEAD_DIM`, `NB = 32`, and 452 KiB for `D = SMALL_HEAD_DIM`, `NB = 128`)
-/// lives on the task's stack. `step` is the ops' step for that state.
+/// 545 KiB for `D = MAX_HEAD_DIM`, `NB = 32`, and 454 KiB for `D = SMALL_HEAD_DIM`, `NB = 128`)
+/// lives on the task's stack. `step` is the ops' step for that state; with `phases`
+/// ([`AttentionOps::phases_small`]) each key tile meets all the blocks in the first phase, then
+/// in the second.
 fn attend_task<const D: usize, const NB: usize>(
     at: &Attend<'_>,
     step: BlockTileFn<D>,
+    phases: Option<Phases<D>>,
     i_first: usize,
     rows: &mut [f32],
 ) {
@@ -511,21 +590,35 @@ fn attend_task<const D: usize, const NB: usize>(
             let nk = KEY_TILE.min(lk - j0);
             (ops.pack_keys)(p, kv_src, h, j0, nk, keys);
             (ops.pack_values)(p, kv_src, h, j0, nk, values);
-            for (bi, st) in states[..nblocks].iter_mut().enumerate() {
-                let b = QueryBlock {
-                    p,
-                    q_src,
-                    kv_src,
-                    key_mask,
-                    bias,
-                    h,
-                    i0: i_first + bi * QUERY_TILE,
-                    nq: QUERY_TILE.min(nrows - bi * QUERY_TILE),
-                    j0,
-                    nk,
-                    values,
-                };
-                step(&b, &keys[..p.head_dim * KEY_TILE], st);
+            let values = &*values;
+            let block = |bi: usize| QueryBlock {
+                p,
+                q_src,
+                kv_src,
+                key_mask,
+                bias,
+                h,
+                i0: i_first + bi * QUERY_TILE,
+                nq: QUERY_TILE.min(nrows - bi * QUERY_TILE),
+                j0,
+                nk,
+                values,
+            };
+            let keys = &keys[..p.head_dim * KEY_TILE];
+            match phases {
+                Some((scores, sums)) => {
+                    for (bi, st) in states[..nblocks].iter_mut().enumerate() {
+                        scores(&block(bi), keys, st);
+                    }
+                    for (bi, st) in states[..nblocks].iter_mut().enumerate() {
+                        sums(&block(bi), st);
+                    }
+                }
+                None => {
+                    for (bi, st) in states[..nblocks].iter_mut().enumerate() {
+                        step(&block(bi), keys, st);
+                    }
+                }
             }
         }
         for (bi, st) in states[..nblocks].iter().enumerate() {
@@ -586,22 +679,24 @@ const SMALL_TASK_ROWS: usize = 512;
 
 /// [`attend_task`] with the compact state ([`SMALL_HEAD_DIM`], [`SMALL_TASK_ROWS`]).
 fn attend_small(at: &Attend<'_>, i_first: usize, rows: &mut [f32]) {
-    let step = at.ops.block_tile_small;
-    attend_task::<SMALL_HEAD_DIM, { SMALL_TASK_ROWS / QUERY_TILE }>(at, step, i_first, rows)
+    let (step, phases) = (at.ops.block_tile_small, at.ops.phases_small);
+    attend_task::<SMALL_HEAD_DIM, { SMALL_TASK_ROWS / QUERY_TILE }>(at, step, phases, i_first, rows)
 }
 
 /// [`attend_task`] with the full state ([`MAX_HEAD_DIM`], [`TASK_ROWS`]).
 fn attend_full(at: &Attend<'_>, i_first: usize, rows: &mut [f32]) {
-    attend_task::<MAX_HEAD_DIM, { TASK_ROWS / QUERY_TILE }>(at, at.ops.block_tile, i_first, rows)
+    let step = at.ops.block_tile;
+    attend_task::<MAX_HEAD_DIM, { TASK_ROWS / QUERY_TILE }>(at, step, None, i_first, rows)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The compact state's task ([`SMALL_HEAD_DIM`]) and the full one give the same bits for a
-    /// head that both hold (the driver picks the compact one; the twins are compared with the
-    /// generic step on it, so this pins it to the full state's arithmetic).
+    /// The compact state's task ([`SMALL_HEAD_DIM`], in two phases) and the full one (one step
+    /// per block), and the compact state in one step, give the same bits for a head that both
+    /// hold (the driver picks the compact one; the twins are compared with the generic step on
+    /// it, so this pins it to the full state's one-step arithmetic).
     #[test]
     fn compact_and_full_task_states_agree() {
         let (lq, lk, heads, hd) = (45, 100, 2, 72);
@@ -644,10 +739,27 @@ mod tests {
         for (t, rows) in full.chunks_mut(TASK_ROWS * d).enumerate() {
             attend_full(&at, t * TASK_ROWS, rows);
         }
+        // The compact state without the two phases: one step per block and key tile.
+        let one_step = AttentionOps {
+            phases_small: None,
+            ..GENERIC_ATTENTION
+        };
+        assert!(GENERIC_ATTENTION.phases_small.is_some());
+        let mut fused = vec![f32::NAN; lq * d];
+        attend_small(
+            &Attend {
+                ops: &one_step,
+                ..at
+            },
+            0,
+            &mut fused,
+        );
         assert!(small.iter().all(|x| x.is_finite()));
-        assert!(small
-            .iter()
-            .zip(&full)
-            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        for other in [&full, &fused] {
+            assert!(small
+                .iter()
+                .zip(other)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
     }
 }

@@ -40,6 +40,7 @@ pub const GENERIC_ATTENTION_BF16: AttentionOps = AttentionOps {
     block_tile_small: generic_block_tile_bf16,
     pack_keys: pack_key_pairs,
     pack_values: pack_value_pairs,
+    phases_small: None,
 };
 
 /// [`crate::attention`]'s shapes and checks, with the products of the module doc (scalar:

@@ -25,6 +25,7 @@ pub(super) const NEON: AttentionOps = AttentionOps {
     block_tile_small: block_tile,
     pack_keys: edge_kernels::pack_keys,
     pack_values: edge_kernels::pack_values,
+    phases_small: None,
 };
 
 fn block_tile<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {

@@ -21,6 +21,7 @@ pub(crate) const AVX2: AttentionOps = AttentionOps {
     block_tile_small: block_tile_avx2,
     pack_keys: pack_keys_avx2,
     pack_values: edge_kernels::pack_values,
+    phases_small: Some((scores_phase_avx2, values_phase_avx2)),
 };
 
 /// AVX512_BF16 step of [`edge_kernels::attention_bf16`]: [`AVX512`]'s structure with
@@ -31,6 +32,7 @@ pub(crate) const AVX512_BF16: AttentionOps = AttentionOps {
     block_tile_small: block_tile_bf16,
     pack_keys: pack_key_pairs_avx512,
     pack_values: pack_value_pairs_avx512,
+    phases_small: None,
 };
 
 /// AVX-512 step: the block's rows together, so each key and value row is loaded once per block;
@@ -41,6 +43,7 @@ pub(crate) const AVX512: AttentionOps = AttentionOps {
     block_tile_small: block_tile_avx512,
     pack_keys: pack_keys_avx512,
     pack_values: pack_values_avx512,
+    phases_small: None,
 };
 
 /// Row stride of [`pack_values_avx512`]'s values: `head_dim` rounded up to 16 lanes, so that
@@ -194,12 +197,28 @@ unsafe fn pack_keys_avx2_impl(
 }
 
 fn block_tile_avx2<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {
+    scores_phase_avx2(b, keys, st);
+    values_phase_avx2(b, st);
+}
+
+/// The scores phase of the AVX2 step ([`AttentionOps::phases_small`]): the block's scores and
+/// online softmax, the weights left in `st.scores` and the corrections in `st.corr`.
+fn scores_phase_avx2<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {
     b.check_step(keys, st);
     // SAFETY: AVX2 and FMA were detected before this step was put in a table
-    // (`crate::x86_64::avx2_table`); the packed keys hold `hd · KEY_TILE` f32 and the packed
-    // values the tile's `nk · hd` f32 (both checked by `QueryBlock::check_step`), query, bias
-    // and mask rows are bounds-checked slices, and the state arrays are sized by constants.
-    unsafe { block_avx2(b, keys, st) }
+    // (`crate::x86_64::avx2_table`); the packed keys hold `hd · KEY_TILE` f32 (checked by
+    // `QueryBlock::check_step`), query, bias and mask rows are bounds-checked slices, and the
+    // state arrays are sized by constants.
+    unsafe { scores_avx2(b, keys, st) }
+}
+
+/// The value phase of the AVX2 step: `acc ·= corr`, then the weighted values added.
+fn values_phase_avx2<const D: usize>(b: &QueryBlock<'_>, st: &mut BlockState<D>) {
+    b.check_values(st);
+    // SAFETY: AVX2 and FMA were detected before this step was put in a table; the packed
+    // values hold the tile's `nk · hd` f32 (checked by `QueryBlock::check_values`) and the
+    // state arrays are sized by constants (`hd ≤ D`, checked).
+    unsafe { values_avx2(b, st) }
 }
 
 /// Lanes `0 .. len.min(8)` set (all bits), the others clear: the mask of `vmaskmovps`.
@@ -254,12 +273,11 @@ unsafe fn scores16_avx2(
     }
 }
 
-/// [`block_tile_avx2`]: the steps of [`block_avx512`] in the same order on 8 lanes — scores of
-/// 4 rows × 16 keys at a time, the online softmax ([`softmax_avx2`]), then
-/// `acc[r] = fma(w[r][j], v[j], acc[r])` over 16-channel groups with each value chunk loaded
-/// once for all rows (keys in increasing order per element).
+/// [`block_tile_avx2`]'s first phase: the steps of [`block_avx512`] in the same order on 8
+/// lanes — scores of 4 rows × 16 keys at a time, then the online softmax ([`softmax_avx2`]),
+/// whose corrections are kept in `st.corr` for [`values_avx2`].
 #[target_feature(enable = "avx2,fma")]
-unsafe fn block_avx2<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {
+unsafe fn scores_avx2<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {
     let (p, hd, nq, nk) = (b.p, b.p.head_dim, b.nq, b.nk);
     let qs: [&[f32]; QUERY_TILE] = std::array::from_fn(|r| {
         let i = b.i0 + r.min(nq - 1);
@@ -273,14 +291,23 @@ unsafe fn block_avx2<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut 
         unsafe { scores16_avx2(&qs, keys, hd, c0, &mut dots) };
     }
     // SAFETY: AVX2 and FMA are enabled here.
-    let corr = unsafe { softmax_avx2(b, &dots, st) };
-    // The packed values, `[nk, hd]` (`QueryBlock::check_step`).
+    st.corr = unsafe { softmax_avx2(b, &dots, st) };
+}
+
+/// [`block_tile_avx2`]'s second phase: `acc[r] = fma(w[r][j], v[j], acc[r])` after
+/// `acc[r] ·= corr[r]`, over 16-channel groups with each value chunk loaded once for all rows
+/// (keys in increasing order per element).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn values_avx2<const D: usize>(b: &QueryBlock<'_>, st: &mut BlockState<D>) {
+    let (hd, nq, nk) = (b.p.head_dim, b.nq, b.nk);
+    let corr = st.corr;
+    // The packed values, `[nk, hd]` (`QueryBlock::check_values`).
     let vp = b.values.as_ptr();
     for d0 in (0..hd).step_by(16) {
         let lanes = (hd - d0).min(16);
         // SAFETY: AVX2 and FMA are enabled here; `vp` holds `nk` value rows of `hd` elements
-        // and the accumulators hold `MAX_HEAD_DIM ≥ hd`; the masks stay below `hd` (whole
-        // registers, 16 or 8 lanes, need none).
+        // (`QueryBlock::check_values`) and the accumulators hold `D ≥ hd`; the masks stay below
+        // `hd` (whole registers, 16 or 8 lanes, need none).
         unsafe {
             match (nq, lanes) {
                 (4, 16) => acc_group_avx2::<4, 2, false, D>(st, &corr, vp, nk, hd, d0, lanes),
@@ -437,7 +464,8 @@ unsafe fn softmax_avx2<const D: usize>(
 /// registers (`vmaskmovps` stores are slow on AMD cores).
 ///
 /// # Safety
-/// AVX2 and FMA present; `vp` points at `nk` rows of `hd ≥ d0 + lanes` readable f32.
+/// AVX2 and FMA present; `vp` points at `nk` rows of `hd ≥ d0 + lanes` readable f32, and
+/// `hd ≤ D`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn acc_group_avx2<const NQ: usize, const NC: usize, const MASKED: bool, const D: usize>(
@@ -449,7 +477,7 @@ unsafe fn acc_group_avx2<const NQ: usize, const NC: usize, const MASKED: bool, c
     d0: usize,
     lanes: usize,
 ) {
-    assert!(NC <= 2 && (MASKED || lanes == 8 * NC) && d0 + lanes <= hd);
+    assert!(NC <= 2 && (MASKED || lanes == 8 * NC) && d0 + lanes <= hd.min(D));
     let m: [__m256i; NC] = std::array::from_fn(|c| mask8(lanes.saturating_sub(8 * c)));
     let load = |p: *const f32, c: usize| {
         // SAFETY: the callers' bounds: whole registers lie inside `d0 .. d0 + lanes`, masked
@@ -482,7 +510,7 @@ unsafe fn acc_group_avx2<const NQ: usize, const NC: usize, const MASKED: bool, c
     for r in 0..NQ {
         for c in 0..NC {
             let dst = st.acc[r].as_mut_ptr().wrapping_add(d0 + 8 * c);
-            // SAFETY: as for the loads (`d0 + lanes ≤ hd ≤ MAX_HEAD_DIM`).
+            // SAFETY: as for the loads (`d0 + lanes ≤ hd ≤ D`).
             unsafe {
                 if MASKED {
                     _mm256_maskstore_ps(dst, m[c], a[r][c]);
