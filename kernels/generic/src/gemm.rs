@@ -20,8 +20,8 @@
 //! own scratch slot and runs every row over it, so a panel never leaves its core's caches and
 //! a call forks once. Otherwise ([`gemm`]) all threads pack one shared panel, then the output
 //! is split into row blocks (one task each) or, for fewer than 8 rows, column blocks. Inside a
-//! task the driver walks the panels and blocks of [`KC`] input features, the running sums of
-//! the task's rows held in a buffer on its stack.
+//! task the driver walks blocks of [`KC`] input features and, in each, the panels, the running
+//! sums of the task's rows held in a buffer on its stack.
 
 use std::sync::Mutex;
 
@@ -455,8 +455,8 @@ fn rows_into(
 /// Accumulates `res[r·COL_BLOCK + c] += dot(x[i0 + r], w[c0 + c])` (fused, in feature order, on
 /// top of what `res` holds) for `r < rows` (at most [`MAX_BLOCK_ROWS`]), `c < cn` (`cn ≤
 /// COL_BLOCK`, `c0` a multiple of it), reading the packed panels in place: one
-/// [`F32Tile::run`] per panel and feature block, with every row from the block's first feature
-/// to its end.
+/// [`F32Tile::run`] per feature block and panel (feature blocks outermost), with every row
+/// from the block's first feature to its end.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_block(
     tile: &F32Tile,
@@ -475,14 +475,18 @@ pub(crate) fn run_block(
     );
     let tc = tile.cols;
     let mut xs: [&[f32]; MAX_BLOCK_ROWS] = [&[]; MAX_BLOCK_ROWS];
-    for p0 in (0..cn).step_by(tc) {
-        let p = (c0 + p0) / tc;
-        for k0 in (0..k).step_by(tile.kc) {
-            let kc = tile.kc.min(k - k0);
-            let panel = &panels[(p * k + k0) * tc..][..kc * tc];
-            for (r, xr) in xs[..rows].iter_mut().enumerate() {
-                *xr = &x[(i0 + r) * k + k0..(i0 + r + 1) * k];
-            }
+    // Feature blocks outermost: the rows' `kc`-feature slice is read by every panel while it
+    // is in cache, instead of each panel streaming the rows' whole `k` (at k = 4608 the rows of
+    // a block, 884 KiB, do not fit a 512 KiB L2). `linear f16`, m = 1024, the two orders
+    // alternated call by call in one process (AVX2, KC 256, 2 threads): pair-ratio medians
+    // 1.04–1.11 at k = 4608, 1.01–1.06 at k = 1152 (BENCHMARKS.md, "feature blocks outermost").
+    for k0 in (0..k).step_by(tile.kc) {
+        let kc = tile.kc.min(k - k0);
+        for (r, xr) in xs[..rows].iter_mut().enumerate() {
+            *xr = &x[(i0 + r) * k + k0..(i0 + r + 1) * k];
+        }
+        for p0 in (0..cn).step_by(tc) {
+            let panel = &panels[(((c0 + p0) / tc) * k + k0) * tc..][..kc * tc];
             (tile.run)(&xs[..rows], panel, kc, &mut res[p0..], COL_BLOCK);
         }
     }

@@ -49,7 +49,7 @@ const PREFETCH_X: usize = 32;
 /// One `prefetcht0` per 64-byte line of the first [`PREFETCH_X`] features of the rows of `x` that
 /// the register tile after `(r0, nr)` reads: the next tile's rows of this feature block, or after
 /// the block's last tile the first tile's rows from feature `kc` on (the next feature block's
-/// head, where the driver's rows reach it). Each tile's `rows × kc` slice starts short new
+/// head, which the driver reaches after this feature block's panels). Each tile's `rows × kc` slice starts short new
 /// streams that the hardware prefetchers pick up too late (BENCHMARKS.md, "prefetch").
 #[inline(always)]
 fn prefetch_next(xs: &[&[f32]], r0: usize, nr: usize, rows: usize, kc: usize) {
