@@ -56,55 +56,59 @@ pub struct RunBudget {
 }
 
 /// The budget for runs at every size of `sizes` under `max_ram` bytes (the caller's limit,
-/// e.g. `--max-ram`) and the plan's own budget. The budget covers the whole process: what it
-/// already holds is taken off before the arena, the host buffers and the resident weights are
-/// planned.
+/// e.g. `--max-ram`) and the plan's own budget (`edgeplan compile --max-ram`), the smaller of
+/// the two. The budget covers the whole process: what it already holds is taken off before the
+/// arena, the host buffers and the resident weights are planned.
 ///
 /// # Errors
 /// [`Error::BudgetTooSmall`] when a size's [`run_floor`], alone or beside what the process
-/// already holds, exceeds `max_ram`.
+/// already holds, exceeds the budget, naming where the budget comes from (a plan compiled for a
+/// budget smaller than the runtime itself holds is refused here, not with an arena limit of 0
+/// bytes later).
 pub fn resolve(meta: &PlanMeta, sizes: &[&ImageSize], max_ram: Option<u64>) -> Result<RunBudget> {
     let (floor, host) = sizes
         .iter()
         .map(|s| run_floor(meta, s))
         .max()
         .unwrap_or((0, 0));
-    if let Some(b) = max_ram {
-        if floor > b {
-            return Err(Error::BudgetTooSmall {
-                budget: b,
-                floor,
-                host,
-                held: 0,
-            });
-        }
-    }
-    let whole = match max_ram {
-        Some(b) => Some(meta.budget.map_or(b, |p| p.min(b))),
-        None => meta.budget,
+    let whole = match (max_ram, meta.budget) {
+        (Some(b), Some(p)) if p < b => Some((p, PLAN_BUDGET)),
+        (Some(b), _) => Some((b, "--max-ram")),
+        (None, p) => p.map(|p| (p, PLAN_BUDGET)),
     };
+    let too_small = |held: u64| {
+        whole
+            .filter(|&(b, _)| floor + held > b)
+            .map_or(Ok(()), |(budget, whence)| {
+                Err(Error::BudgetTooSmall {
+                    budget,
+                    floor,
+                    host,
+                    held,
+                    whence,
+                })
+            })
+    };
+    too_small(0)?;
     // The kernels' worker threads keep the stack pages of their deepest task resident (an
     // attention task holds ~550 KiB there): touch them now so that what the process holds
     // includes them.
     edge_kernels::touch_worker_stacks();
     // The session, created after this, decodes every step once: count that heap too.
     let rss_start = peak_rss_bytes().unwrap_or(0) + crate::session::decoded_bytes(meta);
-    if let Some(b) = max_ram {
-        if floor + rss_start > b {
-            return Err(Error::BudgetTooSmall {
-                budget: b,
-                floor,
-                host,
-                held: rss_start,
-            });
-        }
-    }
+    too_small(rss_start)?;
+    let whole = whole.map(|(b, _)| b);
     Ok(RunBudget {
         session: whole.map(|b| b.saturating_sub(rss_start)),
         whole,
         rss_start,
     })
 }
+
+/// [`Error::BudgetTooSmall`]'s `whence` for the plan's own budget.
+const PLAN_BUDGET: &str = "the plan's own, from edgeplan compile --max-ram, which a run cannot \
+    raise; recompile with a larger --max-ram, or a --planning-headroom that leaves room for the \
+    process itself";
 
 /// The session for runs of `plan` at `sizes` under `rb` ([`resolve`]): its arena refused when
 /// it exceeds the budget, weights streamed within it, exact VAE tiles spilling into

@@ -69,12 +69,14 @@ pub enum Error {
     PlanLocked { path: String },
     #[error("plan {path} changed while in use ({what}); nothing was written. Replace a plan by writing the new file elsewhere and renaming it over the old one")]
     PlanChanged { path: String, what: String },
-    #[error("the plan needs at least {floor} bytes (a stage's arena, its largest segments' weights and {host} bytes of host buffers){}, more than the budget of {budget} bytes", if *held > 0 { format!(" beside the {held} bytes the process already holds, {} bytes in all", floor + held) } else { String::new() })]
+    #[error("the plan needs at least {floor} bytes (a stage's arena, its largest segments' weights and {host} bytes of host buffers){}, more than the budget of {budget} bytes ({whence})", if *held > 0 { format!(" beside the {held} bytes the process already holds, {} bytes in all", floor + held) } else { String::new() })]
     BudgetTooSmall {
         budget: u64,
         floor: u64,
         host: u64,
         held: u64,
+        /// Where the budget comes from: `--max-ram`, or the plan's own.
+        whence: &'static str,
     },
     /// With finiteness checks on, the first step whose output holds NaN or infinity.
     #[error("stage {stage}: step {step} ({op}) produced {what} (the first non-finite output of this run)")]

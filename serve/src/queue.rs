@@ -354,10 +354,9 @@ fn worker(
     let sizes: Vec<_> = meta.sizes.iter().collect();
     let setup = || -> Result<(Session<'_>, Option<u64>)> {
         let rb = edge_runtime::budget::resolve(meta, &sizes, cfg.max_ram).with_context(|| {
-            format!(
-                "--max-ram {}",
-                cfg.max_ram.map_or(String::new(), |b| b.to_string())
-            )
+            cfg.max_ram.map_or("the plan's budget".to_string(), |b| {
+                format!("--max-ram {b}")
+            })
         })?;
         let session = edge_runtime::budget::open_session(
             &plan,

@@ -1384,12 +1384,15 @@ fn outputs_never_overwrite_inputs_or_each_other() {
 }
 
 #[test]
-fn non_finite_init_latents_are_named_at_load() {
+fn non_finite_or_huge_init_latents_are_named_at_load() {
     let t = tempfile::tempdir().unwrap();
     for (bad, index, shown) in [
         (f32::NAN, 0usize, "NaN"),
         (f32::INFINITY, 77, "inf"),
         (f32::NEG_INFINITY, 255, "-inf"),
+        // Finite but far outside standard normal noise: a saturated image otherwise.
+        (1e30, 9, "1e30"),
+        (-2000.0, 10, "-2e3"),
     ] {
         let lat = t.path().join(format!("lat{index}.safetensors"));
         let mut vals = vec![0.25f32; 4 * 8 * 8];
@@ -1452,6 +1455,43 @@ fn a_missing_output_folder_is_refused_before_any_work() {
             "wrote -o although --latents-out was refused"
         );
     }
+}
+
+/// A plan compiled for a budget that leaves nothing for the process itself (`--max-ram 12M
+/// --planning-headroom 0`) is refused at the start of a run, naming the plan's budget and the
+/// flags that set it, not later with an arena limit of 0 bytes; a smaller `--max-ram` at run
+/// time is named as the budget's source instead.
+#[test]
+fn a_plan_budget_smaller_than_the_process_is_named_at_the_start() {
+    let t = tempfile::tempdir().unwrap();
+    let plan = t.path().join("tight.plan");
+    let o = compile_demo_64(&plan, &["--max-ram", "12M", "--planning-headroom", "0"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = tempfile::tempdir().unwrap();
+    let png = out.path().join("x.png");
+    let o = generate(&plan, &png, &[]);
+    assert_refused(
+        "a 12 MiB plan budget",
+        &o,
+        &[
+            "more than the budget of 12582912 bytes",
+            "bytes the process already holds",
+            "the plan's own",
+            "--planning-headroom",
+            s(&plan),
+        ],
+        out.path(),
+    );
+    let o = generate(&plan, &png, &["--max-ram", "3M"]);
+    assert_refused(
+        "--max-ram 3M",
+        &o,
+        &[
+            "more than the budget of 3145728 bytes (--max-ram)",
+            "--max-ram 3M",
+        ],
+        out.path(),
+    );
 }
 
 #[test]

@@ -416,6 +416,9 @@ struct GenArgs {
     verbose: bool,
 }
 
+/// The largest `|x|` [`read_latents`] accepts in initial noise.
+const MAX_INIT_NOISE: f32 = 1000.0;
+
 fn read_latents(path: &Path, shape: &[usize]) -> Result<Vec<f32>> {
     let bytes = read_file(path, "--init-latents")?;
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
@@ -446,6 +449,15 @@ fn read_latents(path: &Path, shape: &[usize]) -> Result<Vec<f32>> {
     if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
         bail!(
             "{}: tensor `latents` holds {x} at flat index {i}; initial noise must be finite",
+            path.display()
+        );
+    }
+    // The noise replaces a standard normal draw (|x| > 10 has probability about 1e-23): values
+    // far beyond that only give a saturated image.
+    if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| x.abs() > MAX_INIT_NOISE) {
+        bail!(
+            "{}: tensor `latents` holds {x:e} at flat index {i}; initial noise is standard \
+             normal, expected values within ±{MAX_INIT_NOISE}",
             path.display()
         );
     }
@@ -960,8 +972,12 @@ fn generate(a: GenArgs) -> Result<()> {
         .as_deref()
         .map(|s| parse_size(s, "--max-ram"))
         .transpose()?;
-    let rb = edge_runtime::budget::resolve(meta, &[size], max_ram)
-        .with_context(|| format!("--max-ram {}", a.max_ram.as_deref().unwrap_or_default()))?;
+    let rb = edge_runtime::budget::resolve(meta, &[size], max_ram).with_context(|| {
+        match &a.max_ram {
+            Some(m) => format!("--max-ram {m}"),
+            None => format!("plan {}", a.plan.display()),
+        }
+    })?;
     let (budget, rss_start) = (rb.session, rb.rss_start);
     let peaks = edge_schema::memory::stage_peaks(meta, &meta.tensors, &charges, size, budget);
     let (table_label, kernels) = pick_kernels(&a.kernels)?;
