@@ -338,12 +338,11 @@ impl<const D: usize> Default for BlockState<D> {
     }
 }
 
+/// [`GENERIC_ATTENTION`]'s step: its two phases one after the other ([`generic_row_tile`] for
+/// each row).
 fn generic_block_tile<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {
-    for r in 0..b.nq {
-        let t = b.row(r);
-        let (mut row, scores) = st.row(r, b.p.head_dim);
-        generic_row_tile(&t, keys, &mut row, scores);
-    }
+    generic_block_scores(b, keys, st);
+    generic_block_values(b, st);
 }
 
 /// The scores phase of [`GENERIC_ATTENTION`]'s two-phase step: [`generic_row_scores`] for each

@@ -39,11 +39,10 @@ mod weights;
 mod winograd;
 
 pub use attention::{
-    attention, attention_with, generic_row_scores, generic_row_tile, generic_row_values, pack_keys,
-    pack_values, softmax_step, tile_max, tile_sum, touch_worker_stacks, visited_keys, AttentionOps,
-    AttentionParams, BlockState, BlockTileFn, BlockValuesFn, KeyTile, PackKeysFn, Phases,
-    QueryBlock, RowState, GENERIC_ATTENTION, KEY_TILE, MAX_HEAD_DIM, QUERY_TILE, SMALL_HEAD_DIM,
-    SUM_LANES,
+    attention, attention_with, generic_row_tile, pack_keys, pack_values, softmax_step, tile_max,
+    tile_sum, touch_worker_stacks, visited_keys, AttentionOps, AttentionParams, BlockState,
+    BlockTileFn, BlockValuesFn, KeyTile, PackKeysFn, Phases, QueryBlock, RowState,
+    GENERIC_ATTENTION, KEY_TILE, MAX_HEAD_DIM, QUERY_TILE, SMALL_HEAD_DIM, SUM_LANES,
 };
 pub use attention_bf16::{attention_bf16, GENERIC_ATTENTION_BF16};
 pub use call::{Axes, Call};
