@@ -461,6 +461,15 @@ pub(crate) fn compile_inputs_impl(inp: Inputs<'_>, opts: &CompileOptions) -> Res
         // conditions are freed before decoding; the exact tiles' held bytes are counted by
         // the tiling choice itself), as `edge_schema::memory::host_bytes_at` counts them.
         let host_fixed = edge_schema::memory::image_bytes(w, h);
+        if let Some(b) = opts.max_ram.filter(|&b| b <= opts.headroom + host_fixed) {
+            return Err(PlanError::Invalid(format!(
+                "--max-ram {b} bytes: nothing is left once the planning headroom of {} bytes \
+                 (--planning-headroom, default 128 MiB: what the process itself holds) and the \
+                 {host_fixed}-byte decoded {w}x{h} image are taken off; give a larger --max-ram \
+                 or a smaller --planning-headroom",
+                opts.headroom
+            )));
+        }
         let budget_left = opts
             .max_ram
             .map(|b| b.saturating_sub(opts.headroom + host_fixed));

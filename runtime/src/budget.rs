@@ -61,8 +61,9 @@ pub struct RunBudget {
 /// arena, the host buffers and the resident weights are planned.
 ///
 /// # Errors
-/// [`Error::BudgetTooSmall`] when a size's [`run_floor`], alone or beside what the process
-/// already holds, exceeds the budget, naming where the budget comes from (a plan compiled for a
+/// [`Error::BudgetTooSmall`] when a size's [`run_floor`] (or the session's arena, sized for the
+/// plan's largest stage), alone or beside what the process already holds, exceeds the budget,
+/// naming where the budget comes from (a plan compiled for a
 /// budget smaller than the runtime itself holds is refused here, not with an arena limit of 0
 /// bytes later).
 pub fn resolve(meta: &PlanMeta, sizes: &[&ImageSize], max_ram: Option<u64>) -> Result<RunBudget> {
@@ -71,8 +72,13 @@ pub fn resolve(meta: &PlanMeta, sizes: &[&ImageSize], max_ram: Option<u64>) -> R
         .map(|s| run_floor(meta, s))
         .max()
         .unwrap_or((0, 0));
+    // The session maps one arena for the plan's largest stage at any size
+    // (`crate::session::arena_bytes`) and refuses a budget below it, so that arena is part of
+    // the floor even for a run at a smaller size.
+    let arena = meta.stages.iter().map(|s| s.arena_size).max().unwrap_or(0);
+    let floor = floor.max(arena);
     let whole = match (max_ram, meta.budget) {
-        (Some(b), Some(p)) if p < b => Some((p, PLAN_BUDGET)),
+        (Some(b), Some(p)) if p <= b => Some((p, PLAN_BUDGET)),
         (Some(b), _) => Some((b, "--max-ram")),
         (None, p) => p.map(|p| (p, PLAN_BUDGET)),
     };

@@ -146,6 +146,7 @@ struct QueueWait(Duration);
 /// budget, or the address cannot be bound.
 pub fn serve(mut cfg: ServeConfig) -> Result<()> {
     let http_bytes = (cfg.max_connections as u64).saturating_mul(cfg.max_body as u64);
+    let given = cfg.worker.max_ram;
     if let Some(b) = cfg.worker.max_ram {
         if http_bytes >= b {
             anyhow::bail!(
@@ -161,7 +162,25 @@ pub fn serve(mut cfg: ServeConfig) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the HTTP runtime")?;
-    let (queue, info) = Queue::start(cfg.worker)?;
+    let (connections, body) = (cfg.max_connections, cfg.max_body);
+    let (queue, info) = Queue::start(cfg.worker).map_err(|e| {
+        // A budget refused under `--max-ram` is the given one less the HTTP side's share:
+        // say so, or the number in the message is one the user never gave.
+        let under_max_ram = matches!(
+            e.downcast_ref::<edge_runtime::Error>(),
+            Some(edge_runtime::Error::BudgetTooSmall {
+                whence: "--max-ram",
+                ..
+            })
+        );
+        match given {
+            Some(b) if under_max_ram => e.context(format!(
+                "--max-ram {b} bytes less the {http_bytes} bytes the HTTP side may hold \
+                 ({connections} connections x {body} bytes of request body)"
+            )),
+            _ => e,
+        }
+    })?;
     rt.block_on(async move {
         let addr = SocketAddr::new(cfg.ip, cfg.port);
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {

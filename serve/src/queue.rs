@@ -25,7 +25,8 @@ pub struct WorkerConfig {
     pub trusted_key: Option<edge_runtime::TrustedKey>,
     /// The kernel table every job runs on.
     pub kernels: edge_kernels::KernelTable,
-    /// The process's memory budget in bytes (`--max-ram`).
+    /// The process's memory budget in bytes: `--max-ram`, less what the HTTP side may hold
+    /// ([`crate::serve`] takes it off).
     pub max_ram: Option<u64>,
     /// Folder of the exact VAE tiles' spill file (default: the system's temporary folder).
     pub spill_dir: Option<PathBuf>,
@@ -353,11 +354,10 @@ fn worker(
     let meta = plan.meta();
     let sizes: Vec<_> = meta.sizes.iter().collect();
     let setup = || -> Result<(Session<'_>, Option<u64>)> {
-        let rb = edge_runtime::budget::resolve(meta, &sizes, cfg.max_ram).with_context(|| {
-            cfg.max_ram.map_or("the plan's budget".to_string(), |b| {
-                format!("--max-ram {b}")
-            })
-        })?;
+        // The error names the budget and its source (`--max-ram`, after the HTTP side's share
+        // that `serve` took off, or the plan's own).
+        let rb = edge_runtime::budget::resolve(meta, &sizes, cfg.max_ram)
+            .with_context(|| format!("plan {}", cfg.plan.display()))?;
         let session = edge_runtime::budget::open_session(
             &plan,
             cfg.kernels,

@@ -1386,40 +1386,50 @@ fn outputs_never_overwrite_inputs_or_each_other() {
 #[test]
 fn non_finite_or_huge_init_latents_are_named_at_load() {
     let t = tempfile::tempdir().unwrap();
-    for (bad, index, shown) in [
-        (f32::NAN, 0usize, "NaN"),
-        (f32::INFINITY, 77, "inf"),
-        (f32::NEG_INFINITY, 255, "-inf"),
-        // Finite but far outside standard normal noise: a saturated image otherwise.
-        (1e30, 9, "1e30"),
-        (-2000.0, 10, "-2e3"),
-    ] {
-        let lat = t.path().join(format!("lat{index}.safetensors"));
-        let mut vals = vec![0.25f32; 4 * 8 * 8];
-        vals[index] = bad;
+    let write = |name: &str, vals: &[f32], extra: bool| {
+        let lat = t.path().join(name);
         let data: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
         let view =
             safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 4, 8, 8], &data)
                 .unwrap();
-        std::fs::write(
-            &lat,
-            safetensors::serialize([("latents", view)], None).unwrap(),
-        )
-        .unwrap();
+        let mut tensors = vec![("latents", view.clone())];
+        if extra {
+            tensors.push(("noise2", view));
+        }
+        std::fs::write(&lat, safetensors::serialize(tensors, None).unwrap()).unwrap();
+        lat
+    };
+    let refused = |lat: &Path, needles: &[&str]| {
         let out_dir = tempfile::tempdir().unwrap();
         let o = generate(
             demo_plan(),
             &out_dir.path().join("o.png"),
-            &["--init-latents", s(&lat)],
+            &["--init-latents", s(lat)],
         );
-        let idx = format!("flat index {index}");
-        assert_refused(
-            "non-finite latents",
-            &o,
-            &[s(&lat), shown, &idx],
-            out_dir.path(),
-        );
+        let what = format!("--init-latents {}", lat.display());
+        assert_refused(&what, &o, &[&[&what[..]], needles].concat(), out_dir.path());
+    };
+    // (values set, the index named, how the value is shown)
+    for (set, index, shown) in [
+        (vec![(0usize, f32::NAN)], 0usize, "NaN"),
+        (vec![(77, f32::INFINITY)], 77, "inf"),
+        (vec![(255, f32::NEG_INFINITY)], 255, "-inf"),
+        // Finite but far outside standard normal noise: a saturated image otherwise.
+        (vec![(9, 1e30)], 9, "1e30"),
+        (vec![(10, -2000.0)], 10, "-2e3"),
+        // The first bad value is named, whichever check it fails.
+        (vec![(3, 2000.0), (20, f32::NAN)], 3, "2e3"),
+    ] {
+        let mut vals = vec![0.25f32; 4 * 8 * 8];
+        for &(i, v) in &set {
+            vals[i] = v;
+        }
+        let lat = write(&format!("lat{index}.safetensors"), &vals, false);
+        refused(&lat, &[shown, &format!("flat index {index}")]);
     }
+    // A second tensor beside `latents` is named, not ignored.
+    let lat = write("two.safetensors", &[0.25f32; 4 * 8 * 8], true);
+    refused(&lat, &["`noise2`", "one f32 tensor `latents`"]);
 }
 
 #[test]
@@ -1488,9 +1498,28 @@ fn a_plan_budget_smaller_than_the_process_is_named_at_the_start() {
         &o,
         &[
             "more than the budget of 3145728 bytes (--max-ram)",
-            "--max-ram 3M",
+            s(&plan),
         ],
         out.path(),
+    );
+    // The same budget at run time as the plan's: the plan's (a run cannot raise it).
+    let o = generate(&plan, &png, &["--max-ram", "12M"]);
+    assert_refused(
+        "--max-ram 12M",
+        &o,
+        &["the plan's own", s(&plan)],
+        out.path(),
+    );
+    // A compile budget below the planning headroom names the headroom.
+    let o = compile_demo_64(&t.path().join("none.plan"), &["--max-ram", "24M"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && err.contains("--max-ram 25165824 bytes")
+            && err.contains("planning headroom of 134217728 bytes")
+            && err.contains("--planning-headroom")
+            && !t.path().join("none.plan").exists(),
+        "{err}"
     );
 }
 

@@ -421,22 +421,21 @@ const MAX_INIT_NOISE: f32 = 1000.0;
 
 fn read_latents(path: &Path, shape: &[usize]) -> Result<Vec<f32>> {
     let bytes = read_file(path, "--init-latents")?;
+    let what = format!("--init-latents {}", path.display());
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
         anyhow::anyhow!(
-            "--init-latents {}: not a safetensors file ({e}); expected one f32 tensor `latents` {shape:?}",
-            path.display()
+            "{what}: not a safetensors file ({e}); expected one f32 tensor `latents` {shape:?}"
         )
     })?;
     let t = st.tensor("latents").map_err(|_| {
-        anyhow::anyhow!(
-            "{}: no tensor named `latents` (expected f32 {shape:?})",
-            path.display()
-        )
+        anyhow::anyhow!("{what}: no tensor named `latents` (expected f32 {shape:?})")
     })?;
+    if let Some(other) = st.names().into_iter().find(|n| *n != "latents") {
+        bail!("{what}: holds a tensor `{other}` beside `latents`; expected one f32 tensor `latents` {shape:?}");
+    }
     if t.dtype() != safetensors::Dtype::F32 || t.shape() != shape {
         bail!(
-            "{}: tensor `latents` is {:?} {:?}, expected F32 {shape:?}",
-            path.display(),
+            "{what}: tensor `latents` is {:?} {:?}, expected F32 {shape:?}",
             t.dtype(),
             t.shape()
         );
@@ -446,19 +445,22 @@ fn read_latents(path: &Path, shape: &[usize]) -> Result<Vec<f32>> {
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
-    if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
-        bail!(
-            "{}: tensor `latents` holds {x} at flat index {i}; initial noise must be finite",
-            path.display()
-        );
-    }
     // The noise replaces a standard normal draw (|x| > 10 has probability about 1e-23): values
-    // far beyond that only give a saturated image.
-    if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| x.abs() > MAX_INIT_NOISE) {
+    // far beyond that only give a saturated image. The first value that is not finite or out
+    // of range is named.
+    if let Some((i, x)) = v
+        .iter()
+        .enumerate()
+        .find(|(_, x)| !x.is_finite() || x.abs() > MAX_INIT_NOISE)
+    {
+        let shown = if x.is_finite() {
+            format!("{x:e}")
+        } else {
+            x.to_string()
+        };
         bail!(
-            "{}: tensor `latents` holds {x:e} at flat index {i}; initial noise is standard \
-             normal, expected values within ±{MAX_INIT_NOISE}",
-            path.display()
+            "{what}: tensor `latents` holds {shown} at flat index {i}; initial noise is standard \
+             normal: expected finite values within ±{MAX_INIT_NOISE}"
         );
     }
     Ok(v)
@@ -972,12 +974,9 @@ fn generate(a: GenArgs) -> Result<()> {
         .as_deref()
         .map(|s| parse_size(s, "--max-ram"))
         .transpose()?;
-    let rb = edge_runtime::budget::resolve(meta, &[size], max_ram).with_context(|| {
-        match &a.max_ram {
-            Some(m) => format!("--max-ram {m}"),
-            None => format!("plan {}", a.plan.display()),
-        }
-    })?;
+    // The error names the budget and its source (--max-ram or the plan's own).
+    let rb = edge_runtime::budget::resolve(meta, &[size], max_ram)
+        .with_context(|| format!("plan {}", a.plan.display()))?;
     let (budget, rss_start) = (rb.session, rb.rss_start);
     let peaks = edge_schema::memory::stage_peaks(meta, &meta.tensors, &charges, size, budget);
     let (table_label, kernels) = pick_kernels(&a.kernels)?;
@@ -1412,6 +1411,12 @@ fn bench(a: BenchArgs) -> Result<()> {
         .with_context(|| format!("plan {}", a.plan.display()))?;
     let (width, height, size) = pick_size(meta, a.width, a.height)?;
     let (label, kernels) = pick_kernels(&a.kernels)?;
+    if let Some(b) = meta.budget {
+        eprintln!(
+            "warning: bench times the ops without the plan's memory budget of {b} bytes (no \
+             limit on what stays resident); edgerun generate -v measures a run within it"
+        );
+    }
     // The executor first: a missing GPU or driver fails before anything is printed or measured.
     let session = Session::new(&plan, kernels, None)?;
     let mut exec = open_executor(session, &a.dev, true)?;
