@@ -5,7 +5,7 @@
 use edge_schema::memory;
 use edge_schema::plan::{ImageSize, PlanMeta};
 
-use crate::error::{Error, Result};
+use crate::error::{BudgetSource, Error, Result};
 
 /// The least a run at `size` can keep resident, in bytes: the largest, over the stages it
 /// runs, of the stage's arena, its largest segment pair's weights and the host buffers it runs
@@ -78,9 +78,9 @@ pub fn resolve(meta: &PlanMeta, sizes: &[&ImageSize], max_ram: Option<u64>) -> R
     let arena = meta.stages.iter().map(|s| s.arena_size).max().unwrap_or(0);
     let floor = floor.max(arena);
     let whole = match (max_ram, meta.budget) {
-        (Some(b), Some(p)) if p <= b => Some((p, PLAN_BUDGET)),
-        (Some(b), _) => Some((b, "--max-ram")),
-        (None, p) => p.map(|p| (p, PLAN_BUDGET)),
+        (Some(b), Some(p)) if p <= b => Some((p, BudgetSource::Plan)),
+        (Some(b), _) => Some((b, BudgetSource::MaxRam)),
+        (None, p) => p.map(|p| (p, BudgetSource::Plan)),
     };
     let too_small = |held: u64| {
         whole
@@ -110,11 +110,6 @@ pub fn resolve(meta: &PlanMeta, sizes: &[&ImageSize], max_ram: Option<u64>) -> R
         rss_start,
     })
 }
-
-/// [`Error::BudgetTooSmall`]'s `whence` for the plan's own budget.
-const PLAN_BUDGET: &str = "the plan's own, from edgeplan compile --max-ram, which a run cannot \
-    raise; recompile with a larger --max-ram, or a --planning-headroom that leaves room for the \
-    process itself";
 
 /// The session for runs of `plan` at `sizes` under `rb` ([`resolve`]): its arena refused when
 /// it exceeds the budget, weights streamed within it, exact VAE tiles spilling into

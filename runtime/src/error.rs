@@ -75,8 +75,8 @@ pub enum Error {
         floor: u64,
         host: u64,
         held: u64,
-        /// Where the budget comes from: `--max-ram`, or the plan's own.
-        whence: &'static str,
+        /// Where the budget comes from.
+        whence: BudgetSource,
     },
     /// With finiteness checks on, the first step whose output holds NaN or infinity.
     #[error("stage {stage}: step {step} ({op}) produced {what} (the first non-finite output of this run)")]
@@ -93,6 +93,28 @@ pub enum Error {
     Interrupted { after: String },
     #[error("sampling diverged: the latents hold NaN or infinity after step {step} (guidance scale {cfg_scale}; values far outside 1…20 overflow f32)")]
     Diverged { step: usize, cfg_scale: f32 },
+}
+
+/// Where a run's memory budget comes from ([`Error::BudgetTooSmall`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BudgetSource {
+    /// The caller's limit (`--max-ram`).
+    MaxRam,
+    /// The plan's own budget (`edgeplan compile --max-ram`).
+    Plan,
+}
+
+impl std::fmt::Display for BudgetSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BudgetSource::MaxRam => "--max-ram",
+            BudgetSource::Plan => {
+                "the plan's own, from edgeplan compile --max-ram, which a run cannot raise; \
+                 recompile with a larger --max-ram, or a --planning-headroom that leaves room \
+                 for the process itself"
+            }
+        })
+    }
 }
 
 impl Error {

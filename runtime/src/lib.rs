@@ -36,7 +36,7 @@ pub mod target;
 pub mod tiling;
 pub mod tokenizer;
 
-pub use error::{Error, Result};
+pub use error::{BudgetSource, Error, Result};
 pub use executor::Executor;
 pub use pipeline::{
     generate, generate_previewing, generate_with, Decoder, Flow, GenerateParams, Generated,

@@ -169,7 +169,7 @@ pub fn serve(mut cfg: ServeConfig) -> Result<()> {
         let under_max_ram = matches!(
             e.downcast_ref::<edge_runtime::Error>(),
             Some(edge_runtime::Error::BudgetTooSmall {
-                whence: "--max-ram",
+                whence: edge_runtime::BudgetSource::MaxRam,
                 ..
             })
         );
