@@ -221,6 +221,14 @@ pub struct BlockState<const D: usize = MAX_HEAD_DIM> {
     /// Per row, the tile's correction `exp(m − m')` between the phases of a two-phase step
     /// ([`AttentionOps::phases_small`]).
     pub corr: [f32; QUERY_TILE],
+    /// The block's query rows as a step keeps them from the first key tile of a head to the
+    /// last (`D` u32 slots per pair of rows: row `r`'s `⌈head_dim/2⌉` bf16 pairs from `r·D/2`;
+    /// the AVX-512 BF16 step rounds them once per head instead of once per key tile), valid
+    /// while [`BlockState::queries_ready`] is set.
+    pub query_pairs: [[u32; D]; QUERY_TILE / 2],
+    /// Whether [`BlockState::query_pairs`] holds this head's rows ([`BlockState::reset`] clears
+    /// it).
+    pub queries_ready: bool,
 }
 
 impl<const D: usize> BlockState<D> {
@@ -232,6 +240,7 @@ impl<const D: usize> BlockState<D> {
         }
         self.run_max = [f32::NEG_INFINITY; QUERY_TILE];
         self.run_sum = [0.0; QUERY_TILE];
+        self.queries_ready = false;
     }
 
     /// A state before the first key tile.
@@ -242,6 +251,8 @@ impl<const D: usize> BlockState<D> {
             run_sum: [0.0; QUERY_TILE],
             scores: [[0.0; KEY_TILE]; QUERY_TILE],
             corr: [1.0; QUERY_TILE],
+            query_pairs: [[0; D]; QUERY_TILE / 2],
+            queries_ready: false,
         }
     }
 
@@ -553,7 +564,8 @@ struct Aligned64<T>(T);
 /// One task of [`attention_with`]: every head (of at most `D` channels) of the query rows
 /// `i_first ..` that `rows` (`[n, heads·head_dim]`, `n ≤ 4·NB`) holds. Its state (the
 /// online-softmax state of `NB` blocks of rows and one packed key and value tile: about
-/// 545 KiB for `D = MAX_HEAD_DIM`, `NB = 32`, and 454 KiB for `D = SMALL_HEAD_DIM`, `NB = 128`)
+/// 674 KiB for `D = MAX_HEAD_DIM`, `NB = 32`, and 583 KiB for `D = SMALL_HEAD_DIM`, `NB = 128`,
+/// of which [`BlockState::query_pairs`] takes 128 KiB)
 /// lives on the task's stack. `step` is the ops' step for that state; with `phases`
 /// ([`AttentionOps::phases_small`]) each key tile meets all the blocks in the first phase, then
 /// in the second.

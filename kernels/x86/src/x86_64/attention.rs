@@ -54,6 +54,42 @@ fn value_stride(head_dim: usize) -> usize {
     head_dim.next_multiple_of(16)
 }
 
+/// Hints into L2 (`prefetcht1`) the rows of the key tile after `j0 .. j0 + nk` of head `h`
+/// (the next head's first tile after a head's last), at `offset` in each `kv_stride` row:
+/// `offset = k_offset` for the keys, `v_offset` for the values. A task packs each tile once and
+/// then runs every one of its query blocks against it (hundreds of thousands of cycles), so the
+/// rows of the next tile, a whole token apart in the projection's output (the last-level
+/// cache or memory), arrive before they are packed instead of while the pack waits on them.
+/// Rows past `kv_src` are skipped.
+fn prefetch_next_tile(
+    p: &edge_kernels::AttentionParams,
+    kv_src: &[f32],
+    h: usize,
+    j0: usize,
+    nk: usize,
+    offset: usize,
+) {
+    let (h, j) = if j0 + nk < p.lk {
+        (h, j0 + nk)
+    } else if h + 1 < p.heads {
+        (h + 1, 0)
+    } else {
+        return;
+    };
+    let hd = p.head_dim;
+    for jj in j..(j + KEY_TILE).min(p.lk) {
+        let start = jj * p.kv_stride + offset + h * hd;
+        let Some(row) = kv_src.get(start..start + hd) else {
+            return;
+        };
+        for line in row.chunks(16).chain(std::iter::once(&row[hd - 1..])) {
+            // SAFETY: `prefetcht1` (SSE, part of x86-64) only hints the cache: it never faults,
+            // and the address lies inside the row.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr() as *const i8) };
+        }
+    }
+}
+
 /// [`edge_kernels::pack_values`] with rows [`value_stride`] apart (`[nk, value_stride]`, the
 /// padding zero: [`acc_group`] reads it as the upper lanes of a row's last register, whose
 /// products land in accumulator lanes that are never stored): data movement only.
@@ -71,6 +107,7 @@ fn pack_values_avx512(
         vals.copy_from_slice(p.value_row(kv_src, h, j0 + c));
         pad.fill(0.0);
     }
+    prefetch_next_tile(p, kv_src, h, j0, nk, p.v_offset);
 }
 
 /// What a SIMD [`AttentionOps::pack_keys`] relies on: `1 ≤ nk ≤ KEY_TILE`, room for
@@ -106,6 +143,7 @@ fn pack_keys_avx512(
     // masked to `hd` channels,
     // and every store stays below `hd · KEY_TILE ≤ dst.len()`.
     unsafe { pack_keys_impl(p, kv_src, h, j0, nk, dst) }
+    prefetch_next_tile(p, kv_src, h, j0, nk, p.k_offset);
 }
 
 #[target_feature(enable = "avx512f")]
@@ -823,6 +861,7 @@ fn pack_key_pairs_avx512(
         pack_keys_impl(p, kv_src, h, j0, nk, dst);
         join_pairs(dst, p.head_dim);
     }
+    prefetch_next_tile(p, kv_src, h, j0, nk, p.k_offset);
 }
 
 /// Row `s < ⌈hd/2⌉` of `rows` (`[hd, KEY_TILE]` f32) becomes [`edge_kernels::attention_bf16::pair`]
@@ -871,6 +910,7 @@ fn pack_value_pairs_avx512(
         // `hi` and `out` are `hd`-long slices and every access is masked to their `hd` elements.
         unsafe { join_value_rows(lo, hi, out) };
     }
+    prefetch_next_tile(p, kv_src, h, j0, nk, p.v_offset);
 }
 
 /// `out[d] = pair(lo[d], hi[d])` (`hi` 0 when absent) as f32 bits.
@@ -894,8 +934,6 @@ unsafe fn join_value_rows(lo: &[f32], hi: Option<&[f32]>, out: &mut [f32]) {
     }
 }
 
-/// Pairs per query row of the bf16 step's query buffer (`MAX_HEAD_DIM / 2`).
-const Q_ROW: usize = edge_kernels::MAX_HEAD_DIM / 2;
 /// Pairs per row of its weight buffer (`KEY_TILE / 2`).
 const W_ROW: usize = KEY_TILE / 2;
 
@@ -966,31 +1004,39 @@ fn block_tile_bf16<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut Bl
 unsafe fn block_bf16<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {
     let (p, hd, nq, nk) = (b.p, b.p.head_dim, b.nq, b.nk);
     let hp = hd.div_ceil(2);
-    // The query rows' pairs, `Q_ROW` apart; only the first `hp` of each row are written (and
-    // read), so the buffer is not zeroed (4 KiB per step).
-    let mut qbuf = std::mem::MaybeUninit::<[u32; QUERY_TILE * Q_ROW]>::uninit();
-    let qp = qbuf.as_mut_ptr() as *mut u32;
-    for r in 0..QUERY_TILE {
-        let i = b.i0 + r.min(nq - 1);
-        // SAFETY: AVX512_BF16 is enabled here; row `r` of the buffer has room for
-        // `Q_ROW ≥ ⌈hd/2⌉` pairs.
-        unsafe {
-            round_pairs(
-                &b.q_src[i * p.q_stride + p.q_offset + b.h * hd..][..hd],
-                qp.add(r * Q_ROW),
-                Q_ROW,
-            )
-        };
+    // The query rows' pairs, `D/2` apart in the state, rounded at the head's first key tile and
+    // kept to its last: rounded at every tile, their masked loads from the projection's output
+    // and the masked stores that the score loop's broadcasts then waited on took about a tenth
+    // of this step's samples (`perf annotate`); kept, the self- and cross-attention of a 512²
+    // PixArt block ran 1.14× as fast (in-process A/B, BENCHMARKS.md). Only the first `hp` of
+    // each row are written (and read).
+    let q_row = D / 2;
+    let qp = st.query_pairs.as_flattened_mut().as_mut_ptr();
+    if !st.queries_ready {
+        for r in 0..QUERY_TILE {
+            let i = b.i0 + r.min(nq - 1);
+            // SAFETY: AVX512_BF16 is enabled here; row `r` of the state's pairs has room for
+            // `D/2 ≥ ⌈hd/2⌉` pairs (`hd ≤ D`, checked by `check_step`), `QUERY_TILE · D/2` in all.
+            unsafe {
+                round_pairs(
+                    &b.q_src[i * p.q_stride + p.q_offset + b.h * hd..][..hd],
+                    qp.add(r * q_row),
+                    q_row,
+                )
+            };
+        }
+        st.queries_ready = true;
     }
+    let qp = qp as *const u32;
     let mut dots = [[0f32; KEY_TILE]; QUERY_TILE];
     // SAFETY: AVX512_BF16 is enabled here; the packed keys hold `hp · KEY_TILE` pairs and each
     // query row its first `hp` pairs (written above).
     unsafe {
         match nk.div_ceil(16) {
-            1 => scores_bf16::<1>(qp, keys, hp, &mut dots),
-            2 => scores_bf16::<2>(qp, keys, hp, &mut dots),
-            3 => scores_bf16::<3>(qp, keys, hp, &mut dots),
-            _ => scores_bf16::<4>(qp, keys, hp, &mut dots),
+            1 => scores_bf16::<1>(qp, q_row, keys, hp, &mut dots),
+            2 => scores_bf16::<2>(qp, q_row, keys, hp, &mut dots),
+            3 => scores_bf16::<3>(qp, q_row, keys, hp, &mut dots),
+            _ => scores_bf16::<4>(qp, q_row, keys, hp, &mut dots),
         }
     }
     // SAFETY: AVX-512F is enabled here.
@@ -1051,16 +1097,17 @@ fn bcast_pair(x: u32) -> __m512bh {
 ///
 /// # Safety
 /// AVX-512F and AVX512_BF16 present; `keys` holds `hp · KEY_TILE` pairs; `qp` holds 4 rows
-/// `Q_ROW` apart whose first `hp` pairs are initialized.
+/// `q_row` apart whose first `hp` pairs are initialized.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn scores_bf16<const NC: usize>(
     qp: *const u32,
+    q_row: usize,
     keys: &[f32],
     hp: usize,
     dots: &mut [[f32; KEY_TILE]; QUERY_TILE],
 ) {
-    assert!(keys.len() >= hp * KEY_TILE && hp <= Q_ROW);
+    assert!(keys.len() >= hp * KEY_TILE && hp <= q_row);
     let kp = keys.as_ptr() as *const i32;
     let mut a = [[_mm512_setzero_ps(); NC]; QUERY_TILE];
     for s in 0..hp {
@@ -1069,7 +1116,7 @@ unsafe fn scores_bf16<const NC: usize>(
             std::array::from_fn(|c| unsafe { load_pairs(kp.add(s * KEY_TILE + 16 * c)) });
         for r in 0..QUERY_TILE {
             // SAFETY: pair `s < hp` of query row `r` (the caller's bound).
-            let qb = bcast_pair(unsafe { *qp.add(r * Q_ROW + s) });
+            let qb = bcast_pair(unsafe { *qp.add(r * q_row + s) });
             for c in 0..NC {
                 a[r][c] = _mm512_dpbf16_ps(a[r][c], qb, kv[c]);
             }
