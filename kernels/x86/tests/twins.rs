@@ -137,6 +137,9 @@ fn linear_matches_generic_bit_for_bit() {
         (16, 288, 33),
         (17, 256, 16),
         (150, 320, 40),
+        // Many rows over two panels of the driver (128 columns at k = 4608: a panel within
+        // 1 MiB, `many_rows_panel_cols`), the second one ragged.
+        (50, 4608, 200),
     ];
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     for (label, t) in tables() {

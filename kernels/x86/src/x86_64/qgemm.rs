@@ -32,7 +32,9 @@
 use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use edge_kernels::{quant, quant_panel_cols, EpilogueFn, WeightRef, QUANT_PANEL_BLOCK_BYTES};
+use edge_kernels::{
+    quant, quant_panel_cols, EpilogueFn, WeightRef, QUANT_PANEL_BLOCK_BYTES, QUANT_PANEL_COLS,
+};
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 use rayon::prelude::*;
@@ -437,7 +439,7 @@ pub(crate) fn linear<P: Panel>(
         return;
     }
     let rows_per_task = (m / 8).next_multiple_of(rt).clamp(rt, 10 * rt);
-    let pcols = quant_panel_cols(k);
+    let pcols = many_rows_panel_cols(k);
     for p0 in (0..n).step_by(pcols) {
         let ncols = pcols.min(n - p0);
         let groups = ncols.div_ceil(group);
@@ -483,6 +485,26 @@ pub(crate) fn linear<P: Panel>(
                 }
             });
     }
+}
+
+/// Most bytes of the repacked panel that [`linear`]'s many-row path packs at a time: its
+/// tasks walk the whole panel once per register tile of rows, so a panel within a core's L2
+/// (1 MiB on Zen 4 and Zen 5) is read from there rather than from the last-level cache. The
+/// scratch ([`edge_kernels::quant_panel_bytes`]) stays sized for [`quant_panel_cols`], whose
+/// larger panels give the few-rows path one slot per worker.
+const MANY_ROWS_PANEL_BYTES: usize = 1 << 20;
+
+/// Columns per panel of [`linear`]'s many-row path: [`quant_panel_cols`], at most as many as
+/// fit [`MANY_ROWS_PANEL_BYTES`] (a multiple of [`edge_kernels::QUANT_PANEL_COLS`], at least
+/// one). Only `k` ≥ 2048 is affected (`k = 1152` already takes 512 columns, 811 KB). Same bits
+/// for any panel width: each output's blocks are summed in order within one tile call. PixArt's
+/// `k = 4608` products (the MLP's second): 320 → 128 columns, 1.10× as fast on Zen 5
+/// (in-process A/B, BENCHMARKS.md).
+fn many_rows_panel_cols(k: usize) -> usize {
+    let per_col = (k / 32).max(1) * QUANT_PANEL_BLOCK_BYTES;
+    let fit = (MANY_ROWS_PANEL_BYTES / per_col / QUANT_PANEL_COLS * QUANT_PANEL_COLS)
+        .max(QUANT_PANEL_COLS);
+    quant_panel_cols(k).min(fit)
 }
 
 /// One activation row quantized for the AVX-512 tiles (AVX-512F/BW present: they sit only in
