@@ -187,13 +187,22 @@ impl<'a> QueryBlock<'a> {
         );
     }
 
+    /// The block's [`QUERY_TILE`] query rows (`[head_dim]` each); rows from `nq` on repeat the
+    /// last one, so a SIMD step may run all of them and store only the first `nq`.
+    pub fn queries(&self) -> [&'a [f32]; QUERY_TILE] {
+        std::array::from_fn(|r| {
+            self.p
+                .query_row(self.q_src, self.h, self.i0 + r.min(self.nq - 1))
+        })
+    }
+
     /// Row `r` (`< nq`) as a [`KeyTile`].
     pub fn row(&self, r: usize) -> KeyTile<'a> {
         let p = self.p;
         let i = self.i0 + r;
         KeyTile {
             p,
-            q: &self.q_src[i * p.q_stride + p.q_offset + self.h * p.head_dim..][..p.head_dim],
+            q: p.query_row(self.q_src, self.h, i),
             kv_src: self.kv_src,
             values: self.values,
             h: self.h,

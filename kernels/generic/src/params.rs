@@ -43,6 +43,12 @@ pub struct AttentionParams {
 }
 
 impl AttentionParams {
+    /// Query row `i` of head `h` in `q_src`, `[head_dim]`.
+    #[inline]
+    pub fn query_row<'a>(&self, q_src: &'a [f32], h: usize, i: usize) -> &'a [f32] {
+        &q_src[i * self.q_stride + self.q_offset + h * self.head_dim..][..self.head_dim]
+    }
+
     /// Key row `j` of head `h` in `kv_src`, `[head_dim]`.
     #[inline]
     pub fn key_row<'a>(&self, kv_src: &'a [f32], h: usize, j: usize) -> &'a [f32] {

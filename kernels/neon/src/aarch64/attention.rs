@@ -41,11 +41,8 @@ fn block_tile<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockSt
 /// As checked by [`block_tile`].
 #[target_feature(enable = "neon")]
 unsafe fn block<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {
-    let (p, hd, nq, nk) = (b.p, b.p.head_dim, b.nq, b.nk);
-    let qs: [&[f32]; QUERY_TILE] = std::array::from_fn(|r| {
-        let i = b.i0 + r.min(nq - 1);
-        &b.q_src[i * p.q_stride + p.q_offset + b.h * hd..][..hd]
-    });
+    let (hd, nq, nk) = (b.p.head_dim, b.nq, b.nk);
+    let qs = b.queries();
     // Dot products, 16 keys (four q-registers) × 4 rows at a time.
     let mut dots = [[0f32; KEY_TILE]; QUERY_TILE];
     let kp = keys.as_ptr();

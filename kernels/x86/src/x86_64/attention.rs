@@ -316,11 +316,8 @@ unsafe fn scores16_avx2(
 /// whose corrections are kept in `st.corr` for [`values_avx2`].
 #[target_feature(enable = "avx2,fma")]
 unsafe fn scores_avx2<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {
-    let (p, hd, nq, nk) = (b.p, b.p.head_dim, b.nq, b.nk);
-    let qs: [&[f32]; QUERY_TILE] = std::array::from_fn(|r| {
-        let i = b.i0 + r.min(nq - 1);
-        &b.q_src[i * p.q_stride + p.q_offset + b.h * hd..][..hd]
-    });
+    let (hd, nk) = (b.p.head_dim, b.nk);
+    let qs = b.queries();
     let mut dots = [[0f32; KEY_TILE]; QUERY_TILE];
     let nc = nk.div_ceil(16);
     for c0 in 0..nc {
@@ -613,11 +610,8 @@ unsafe fn scores_avx512<const NC: usize>(
 /// increasing order per element, so every row's sums are the generic ones).
 #[target_feature(enable = "avx512f")]
 unsafe fn block_avx512<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {
-    let (p, hd, nq, nk) = (b.p, b.p.head_dim, b.nq, b.nk);
-    let qs: [&[f32]; QUERY_TILE] = std::array::from_fn(|r| {
-        let i = b.i0 + r.min(nq - 1);
-        &b.q_src[i * p.q_stride + p.q_offset + b.h * hd..][..hd]
-    });
+    let (hd, nq, nk) = (b.p.head_dim, b.nq, b.nk);
+    let qs = b.queries();
     let mut dots = [[0f32; KEY_TILE]; QUERY_TILE];
     // SAFETY: AVX-512F is enabled here; the caller checked the packed keys' length and every
     // query row holds `hd` elements.
@@ -1028,7 +1022,7 @@ fn block_tile_bf16<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut Bl
 /// lanes, one per key pair in order), after `acc ·= c` and the flush of subnormals.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn block_bf16<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut BlockState<D>) {
-    let (p, hd, nq, nk) = (b.p, b.p.head_dim, b.nq, b.nk);
+    let (hd, nq, nk) = (b.p.head_dim, b.nq, b.nk);
     let hp = hd.div_ceil(2);
     // The query rows' pairs, `D/2` apart in the state, rounded at the head's first key tile and
     // kept to its last: rounded at every tile, their masked loads from the projection's output
@@ -1039,17 +1033,10 @@ unsafe fn block_bf16<const D: usize>(b: &QueryBlock<'_>, keys: &[f32], st: &mut 
     let q_row = D / 2;
     let qp = st.query_pairs.as_flattened_mut().as_mut_ptr();
     if !st.queries_ready {
-        for r in 0..QUERY_TILE {
-            let i = b.i0 + r.min(nq - 1);
+        for (r, q) in b.queries().into_iter().enumerate() {
             // SAFETY: AVX512_BF16 is enabled here; row `r` of the state's pairs has room for
             // `D/2 ≥ ⌈hd/2⌉` pairs (`hd ≤ D`, checked by `check_step`), `QUERY_TILE · D/2` in all.
-            unsafe {
-                round_pairs(
-                    &b.q_src[i * p.q_stride + p.q_offset + b.h * hd..][..hd],
-                    qp.add(r * q_row),
-                    q_row,
-                )
-            };
+            unsafe { round_pairs(q, qp.add(r * q_row), q_row) };
         }
         st.queries_ready = true;
     }
