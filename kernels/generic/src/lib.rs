@@ -65,8 +65,8 @@ pub use gemm::{
 pub use layout::{concat_axis, concat_part, permute, slice_axis, upsample_nearest2x, MAX_RANK};
 pub use linear::{
     finish_rows, linear, linear_plain, linear_scratch_bytes, panel_cols, quant_panel_bytes,
-    quant_panel_cols, quant_scratch_layout, QUANT_ACT_BLOCK_BYTES, QUANT_PANEL_BLOCK_BYTES,
-    QUANT_PANEL_COLS, QUANT_PANEL_MAX_BYTES,
+    quant_panel_cols, quant_panel_cols_within, quant_scratch_layout, QUANT_ACT_BLOCK_BYTES,
+    QUANT_PANEL_BLOCK_BYTES, QUANT_PANEL_COLS, QUANT_PANEL_MAX_BYTES,
 };
 pub use norm::{
     group_norm, group_norm_apply, group_norm_stats, lane_sum, layer_norm, layer_norm_value,

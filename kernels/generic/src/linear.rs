@@ -48,8 +48,15 @@ pub const QUANT_PANEL_MAX_COLS: usize = 512;
 /// [`QUANT_PANEL_COLS`] as fit [`QUANT_PANEL_MAX_BYTES`], at least one and at most
 /// [`QUANT_PANEL_MAX_COLS`].
 pub fn quant_panel_cols(k: usize) -> usize {
+    quant_panel_cols_within(k, QUANT_PANEL_MAX_BYTES)
+}
+
+/// [`quant_panel_cols`] for panels of at most `max_bytes` instead of [`QUANT_PANEL_MAX_BYTES`]
+/// (at least one multiple of [`QUANT_PANEL_COLS`], at most [`QUANT_PANEL_MAX_COLS`]), for a
+/// driver that packs less than the scratch holds at a time.
+pub fn quant_panel_cols_within(k: usize, max_bytes: usize) -> usize {
     let per_col = (k / 32).max(1) * QUANT_PANEL_BLOCK_BYTES;
-    (QUANT_PANEL_MAX_BYTES / per_col / QUANT_PANEL_COLS * QUANT_PANEL_COLS)
+    (max_bytes / per_col / QUANT_PANEL_COLS * QUANT_PANEL_COLS)
         .clamp(QUANT_PANEL_COLS, QUANT_PANEL_MAX_COLS)
 }
 

@@ -9,10 +9,10 @@
 //!   unsigned, `u = q + 128` (one XOR with 0x80), which `vpdpbusd` needs in its first operand,
 //!   and its blocks' f16 scale and sum are stored widened to f32 ([`ACT_BLOCK`]), so the tile
 //!   broadcasts them with a load instead of converting them per row and block.
-//! - Weights are repacked [`quant_panel_cols`] columns at a time into scratch: per group of 16
-//!   columns and block, eight k-steps of `16 columns × 4 bytes` of signed values (the values
-//!   ggml's generic dot multiplies, [`quant::block32_values`]), then 16 f32 scales, 16 i32
-//!   corrections `−128 · Σ w` and 16 f32 minimums. One block-group is 704 bytes.
+//! - Weights are repacked [`edge_kernels::quant_panel_cols`] columns at a time into scratch:
+//!   per group of 16 columns and block, eight k-steps of `16 columns × 4 bytes` of signed
+//!   values (the values ggml's generic dot multiplies, [`quant::block32_values`]), then 16 f32
+//!   scales, 16 i32 corrections `−128 · Σ w` and 16 f32 minimums. One block-group is 704 bytes.
 //! - The integer block sum `Σ u·w − 128·Σ w = Σ q·w` is exact in i32 (|sum| ≤ 32·128·127), as is
 //!   its conversion to f32 (< 2²⁴). The f32 terms are then formed and added per block in the
 //!   generic order: `Q8_0`, `Q5_0`: `sumf = fma(sumi, dw · da, sumf)` (one `vfmadd`); `Q4_0`:
@@ -32,9 +32,7 @@
 use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use edge_kernels::{
-    quant, quant_panel_cols, EpilogueFn, WeightRef, QUANT_PANEL_BLOCK_BYTES, QUANT_PANEL_COLS,
-};
+use edge_kernels::{quant, EpilogueFn, WeightRef, QUANT_PANEL_BLOCK_BYTES};
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 use rayon::prelude::*;
@@ -493,21 +491,17 @@ pub(crate) fn linear<P: Panel>(
 /// Most bytes of the repacked panel that [`linear`]'s many-row path packs at a time: its
 /// tasks walk the whole panel once per register tile of rows, so a panel within a core's L2
 /// (1 MiB on Zen 4 and Zen 5) is read from there rather than from the last-level cache. The
-/// scratch ([`edge_kernels::quant_panel_bytes`]) stays sized for [`quant_panel_cols`], whose
+/// scratch ([`edge_kernels::quant_panel_bytes`]) stays sized for [`edge_kernels::quant_panel_cols`], whose
 /// larger panels give the few-rows path one slot per worker.
 const MANY_ROWS_PANEL_BYTES: usize = 1 << 20;
 
-/// Columns per panel of [`linear`]'s many-row path: [`quant_panel_cols`], at most as many as
-/// fit [`MANY_ROWS_PANEL_BYTES`] (a multiple of [`edge_kernels::QUANT_PANEL_COLS`], at least
-/// one). Only `k` ≥ 2048 is affected (`k = 1152` already takes 512 columns, 811 KB). Same bits
+/// Columns per panel of [`linear`]'s many-row path: [`edge_kernels::quant_panel_cols`]'s rule within
+/// [`MANY_ROWS_PANEL_BYTES`] ([`edge_kernels::quant_panel_cols_within`]). Only `k` ≥ 2048 is affected (`k = 1152` already takes 512 columns, 811 KB). Same bits
 /// for any panel width: each output's blocks are summed in order within one tile call. PixArt's
 /// `k = 4608` products (the MLP's second): 320 → 128 columns, 1.10× as fast on Zen 5
 /// (in-process A/B, BENCHMARKS.md).
 fn many_rows_panel_cols(k: usize) -> usize {
-    let per_col = (k / 32).max(1) * QUANT_PANEL_BLOCK_BYTES;
-    let fit = (MANY_ROWS_PANEL_BYTES / per_col / QUANT_PANEL_COLS * QUANT_PANEL_COLS)
-        .max(QUANT_PANEL_COLS);
-    quant_panel_cols(k).min(fit)
+    edge_kernels::quant_panel_cols_within(k, MANY_ROWS_PANEL_BYTES)
 }
 
 /// One activation row quantized for the AVX-512 tiles (AVX-512F/BW present: they sit only in
