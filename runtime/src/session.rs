@@ -474,6 +474,11 @@ impl<'p> Session<'p> {
         stats: Option<&[edge_kernels::GroupStats]>,
         bound: &[StageInput<'_>],
     ) -> Result<()> {
+        // The steps run on a thread of the kernels' pool, so that each kernel forks and joins
+        // from inside it (`edge_kernels::on_pool`).
+        if rayon::current_thread_index().is_none() {
+            return edge_kernels::on_pool(|| self.run_steps_bound(index, first, end, stats, bound));
+        }
         let plan = self.plan;
         let stage = &plan.meta().stages[index as usize];
         if first > end || end > stage.steps.len() {
@@ -599,6 +604,10 @@ impl<'p> Session<'p> {
         stats: Option<&[edge_kernels::GroupStats]>,
         bound: &[StageInput<'_>],
     ) -> Result<()> {
+        debug_assert!(
+            rayon::current_thread_index().is_some(),
+            "a step runs on a thread of the kernels' pool (edge_kernels::on_pool)"
+        );
         let plan = self.plan;
         let stage = &plan.meta().stages[index];
         let d = &self.decoded[index][i];
