@@ -33,6 +33,8 @@ use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use edge_kernels::{quant, EpilogueFn, WeightRef, QUANT_PANEL_BLOCK_BYTES};
+
+use super::vmath::round_half_away16;
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 use rayon::prelude::*;
@@ -600,8 +602,10 @@ const PF_AHEAD: usize = 256;
 /// 32 values per block in two zmm, stored widened ([`ACT_BLOCK`]: the f16 scale's f32 value,
 /// 0, the quants biased to unsigned, `q ^ 0x80 = q + 128`, as the VNNI tile reads them):
 /// `amax` of `|x|` (a maximum: order-free without NaN), `d = amax / 127`, `id = 1/d` (0 for
-/// `d = 0`) and the f16 scale in the generic scalar code, `round(x·id)` half away from zero as
-/// `t + (|x·id − t| ≥ ½ ? ±1 : 0)` with `t = trunc(x·id)` (both steps exact). A block holding
+/// `d = 0`) and the f16 scale in the generic scalar code, `round(x·id)` half away from zero by
+/// [`round_half_away16`] (exact; it replaced `t + (|x·id − t| ≥ ½ ? ±1 : 0)` with `t =
+/// trunc(x·id)`, 5 vector operations fewer per 16 values: a 1024 × 4608 × 16 product, mostly
+/// this quantizer, ran 1.10× as fast on one thread, in-process A/B on Zen 5). A block holding
 /// NaN or ±∞ takes the generic scalar path ([`widen_activation_row`]: its fold and `as i8`
 /// saturation).
 ///
@@ -642,21 +646,9 @@ unsafe fn quantize_q8_0_wide<const FLIP: u8, const SPLIT: bool>(src: &[f32], dst
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         put_scales(&mut dst[head..head + 8], quant::fp32_to_fp16(d), None);
         let idv = _mm512_set1_ps(id);
-        let half = _mm512_set1_ps(0.5);
-        let one = _mm512_set1_epi32(1f32.to_bits() as i32);
-        let round = |v: __m512| {
-            let y = _mm512_mul_ps(v, idv);
-            let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
-            let frac = abs(_mm512_sub_ps(y, t));
-            let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, half);
-            // ±1 with the sign of y.
-            let step = _mm512_castsi512_ps(_mm512_or_si512(
-                one,
-                _mm512_and_si512(sign, _mm512_castps_si512(y)),
-            ));
-            let r = _mm512_mask_add_ps(t, up, t, step);
-            _mm512_xor_si512(_mm512_cvtps_epi32(r), _mm512_set1_epi32(i32::from(FLIP)))
-        };
+        // `roundf(x·id)`, half away from zero (|x·id| ≤ 127), then biased by `FLIP`.
+        let flip = _mm512_set1_epi32(i32::from(FLIP));
+        let round = |v: __m512| _mm512_xor_si512(round_half_away16(_mm512_mul_ps(v, idv)), flip);
         let (q0, q1) = (round(v0), round(v1));
         let q = &mut dst[quants..quants + 32];
         // SAFETY: the block's 32 quant bytes (`q`, bounds-checked above): two stores of 16.

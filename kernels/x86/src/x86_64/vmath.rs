@@ -415,10 +415,63 @@ pub(crate) fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
     o
 }
 
+/// The largest f32 below ½ (`0.5 − 2⁻²⁵`).
+const BELOW_HALF: f32 = 0.499_999_97;
+
+/// `roundf(y)` (half away from zero) of 16 lanes as i32, for `|y| < 2²²` (the quantizers' `x ·
+/// id`, at most 127 in magnitude): `trunc(y + copysign(0.5 − 2⁻²⁵, y))`, one `vpternlogd`, one
+/// `vaddps` and one truncating conversion. Exact: with `y = n + f` (`n = ⌊|y|⌋`, `0 ≤ f < 1`),
+/// for `f < ½` the sum stays below `n + 1` after rounding (`f ≤ ½ − ulp(y)`, and `n + 1 − ulp(y)
+/// − 2⁻²⁵` rounds down within `y`'s binade); for `f > ½` it is at least `n + 1` and below `n +
+/// 1½`; for `f = ½` it is `n + 1 − 2⁻²⁵`, which rounds to `n + 1` (a quarter of an ulp or less
+/// away, or, below 1, the tie that goes to the even 1.0). Tested against `f32::round` around
+/// every integer and half-integer up to 128 (`round_half_away16_matches_round`).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn round_half_away16(y: __m512) -> __m512i {
+    let half = _mm512_castps_si512(_mm512_set1_ps(BELOW_HALF));
+    let sign = _mm512_set1_epi32(i32::MIN);
+    // `half | (y & sign)`: 0xF8 = A | (B & C) with A = half, B = y, C = sign.
+    let h = _mm512_ternarylogic_epi32::<0xF8>(half, _mm512_castps_si512(y), sign);
+    _mm512_cvttps_epi32(_mm512_add_ps(y, _mm512_castsi512_ps(h)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use edge_kernels::expf::exp_f32;
+
+    /// `round_half_away16` against `f32::round` (half away from zero, ggml's `roundf`) on the
+    /// 4001 floats around every integer and half-integer from −128 to 128, both signs, and a
+    /// sweep of every 4099th float below 128.
+    #[test]
+    fn round_half_away16_matches_round() {
+        if !edge_kernels::cpu::features().avx512f {
+            eprintln!("round_half_away16_matches_round: skipped, this CPU has no AVX-512F");
+            return;
+        }
+        let mut ys: Vec<f32> = Vec::new();
+        for k in 0..=256u32 {
+            let c = (k as f32 * 0.5).to_bits();
+            ys.extend((c.saturating_sub(2000)..=c + 2000).map(f32::from_bits));
+        }
+        ys.extend((0..128f32.to_bits()).step_by(4099).map(f32::from_bits));
+        let negated: Vec<f32> = ys.iter().map(|y| -y).collect();
+        ys.extend(negated);
+        for chunk in ys.chunks(16) {
+            let mut v = [0f32; 16];
+            v[..chunk.len()].copy_from_slice(chunk);
+            let mut got = [0i32; 16];
+            // SAFETY: AVX-512F was detected above; the arrays hold 16 lanes.
+            unsafe {
+                let r = round_half_away16(_mm512_loadu_ps(v.as_ptr()));
+                _mm512_storeu_si512(got.as_mut_ptr() as *mut __m512i, r);
+            }
+            for i in 0..16 {
+                assert_eq!(got[i], v[i].round() as i32, "round_half_away16({:e})", v[i]);
+            }
+        }
+    }
 
     /// Every 257th f32 between −110 and 95 (the whole subnormal end below −87.3 and the
     /// overflow end above 88.7 included), the ends of the ranges and the special values.
