@@ -425,7 +425,7 @@ const BELOW_HALF: f32 = 0.499_999_97;
 /// − 2⁻²⁵` rounds down within `y`'s binade); for `f > ½` it is at least `n + 1` and below `n +
 /// 1½`; for `f = ½` it is `n + 1 − 2⁻²⁵`, which rounds to `n + 1` (a quarter of an ulp or less
 /// away, or, below 1, the tie that goes to the even 1.0). Tested against `f32::round` around
-/// every integer and half-integer up to 128 (`round_half_away16_matches_round`).
+/// every integer and half-integer up to 128 (`round_half_away_matches_round`).
 #[inline]
 #[target_feature(enable = "avx512f")]
 pub(crate) fn round_half_away16(y: __m512) -> __m512i {
@@ -436,20 +436,29 @@ pub(crate) fn round_half_away16(y: __m512) -> __m512i {
     _mm512_cvttps_epi32(_mm512_add_ps(y, _mm512_castsi512_ps(h)))
 }
 
+/// [`round_half_away16`] on 8 lanes (AVX2): `trunc(y + copysign(0.5 − 2⁻²⁵, y))` as i32, for
+/// `|y| < 2²²`, with an `and` and an `or` for the sign.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn round_half_away8(y: __m256) -> __m256i {
+    let h = _mm256_or_ps(
+        _mm256_set1_ps(BELOW_HALF),
+        _mm256_and_ps(y, _mm256_set1_ps(-0.0)),
+    );
+    _mm256_cvttps_epi32(_mm256_add_ps(y, h))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use edge_kernels::expf::exp_f32;
 
-    /// `round_half_away16` against `f32::round` (half away from zero, ggml's `roundf`) on the
+    /// `round_half_away16` and `round_half_away8` against `f32::round` (half away from zero, ggml's `roundf`) on the
     /// 4001 floats around every integer and half-integer from −128 to 128, both signs, and a
     /// sweep of every 4099th float below 128.
     #[test]
-    fn round_half_away16_matches_round() {
-        if !edge_kernels::cpu::features().avx512f {
-            eprintln!("round_half_away16_matches_round: skipped, this CPU has no AVX-512F");
-            return;
-        }
+    fn round_half_away_matches_round() {
+        let f = edge_kernels::cpu::features();
         let mut ys: Vec<f32> = Vec::new();
         for k in 0..=256u32 {
             let c = (k as f32 * 0.5).to_bits();
@@ -461,15 +470,30 @@ mod tests {
         for chunk in ys.chunks(16) {
             let mut v = [0f32; 16];
             v[..chunk.len()].copy_from_slice(chunk);
-            let mut got = [0i32; 16];
-            // SAFETY: AVX-512F was detected above; the arrays hold 16 lanes.
-            unsafe {
-                let r = round_half_away16(_mm512_loadu_ps(v.as_ptr()));
-                _mm512_storeu_si512(got.as_mut_ptr() as *mut __m512i, r);
+            let want: [i32; 16] = std::array::from_fn(|i| v[i].round() as i32);
+            if f.avx512f {
+                let mut got = [0i32; 16];
+                // SAFETY: AVX-512F was detected; the arrays hold 16 lanes.
+                unsafe {
+                    let r = round_half_away16(_mm512_loadu_ps(v.as_ptr()));
+                    _mm512_storeu_si512(got.as_mut_ptr() as *mut __m512i, r);
+                }
+                assert_eq!(got, want, "round_half_away16({v:?})");
             }
-            for i in 0..16 {
-                assert_eq!(got[i], v[i].round() as i32, "round_half_away16({:e})", v[i]);
+            if f.avx2 {
+                let mut got = [0i32; 16];
+                for h in 0..2 {
+                    // SAFETY: AVX2 was detected; 8 lanes at `8h` of 16-lane arrays.
+                    unsafe {
+                        let r = round_half_away8(_mm256_loadu_ps(v.as_ptr().add(8 * h)));
+                        _mm256_storeu_si256(got.as_mut_ptr().add(8 * h) as *mut __m256i, r);
+                    }
+                }
+                assert_eq!(got, want, "round_half_away8({v:?})");
             }
+        }
+        if !f.avx512f || !f.avx2 {
+            eprintln!("round_half_away_matches_round: AVX-512F {}, AVX2 {} (a path this CPU lacks is skipped)", f.avx512f, f.avx2);
         }
     }
 
