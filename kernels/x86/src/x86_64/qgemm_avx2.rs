@@ -320,8 +320,9 @@ unsafe fn pack_group_q8_0(bytes: &[u8], wrow: usize, j0: usize, dst: &mut [u8]) 
 /// 0, the signed quants): `amax` of `|x|` (a maximum: order-free without NaN), `d = amax /
 /// 127`, `id = 1/d` (0 for `d = 0`) and the f16 scale in the generic scalar code,
 /// `round(x·id)` half away from zero by [`super::vmath::round_half_away8`] (exact; 5 vector
-/// operations per 8 values where `t + (|x·id − t| ≥ ½ ? ±1 : 0)`, `t = trunc(x·id)`, took 10;
-/// not timed on its own). A block holding NaN or ±∞, or whose f16 scale is 0 (where `d` may be
+/// operations per 8 values where `t + (|x·id − t| ≥ ½ ? ±1 : 0)`, `t = trunc(x·id)`, took 10:
+/// 1024 × {1152, 4608} × 8 products, mostly this quantizer, 1.14–1.31× on one thread of Zen 5,
+/// in-process A/B). A block holding NaN or ±∞, or whose f16 scale is 0 (where `d` may be
 /// subnormal and `1/d` infinite), takes the scalar path ([`widen_activation_row`]).
 ///
 /// # Safety
