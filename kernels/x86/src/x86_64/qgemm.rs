@@ -33,11 +33,11 @@ use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use edge_kernels::{quant, EpilogueFn, WeightRef, QUANT_PANEL_BLOCK_BYTES};
-
-use super::vmath::round_half_away16;
 use edge_schema::plan::PackLayout;
 use edge_schema::DType;
 use rayon::prelude::*;
+
+use super::vmath::round_half_away16;
 
 /// Columns per zmm group.
 const GROUP: usize = 16;

@@ -453,9 +453,10 @@ mod tests {
     use super::*;
     use edge_kernels::expf::exp_f32;
 
-    /// `round_half_away16` and `round_half_away8` against `f32::round` (half away from zero, ggml's `roundf`) on the
-    /// 4001 floats around every integer and half-integer from −128 to 128, both signs, and a
-    /// sweep of every 4099th float below 128.
+    /// `round_half_away16` and `round_half_away8` against `f32::round` (half away from zero,
+    /// ggml's `roundf`) on the 4001 floats around every integer and half-integer from −128 to
+    /// 128, both signs, and a sweep of every 4099th float below 128; a width this CPU lacks is
+    /// skipped with a message.
     #[test]
     fn round_half_away_matches_round() {
         let f = edge_kernels::cpu::features();
