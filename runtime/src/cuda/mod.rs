@@ -440,7 +440,9 @@ impl<'p> CudaSession<'p> {
             self.launch(index, i, bound)?;
             self.counts.gpu_steps += 1;
         } else {
-            // On the kernels' pool, as the CPU session's steps run (`edge_kernels::on_pool`).
+            // On the kernels' pool, as the CPU session's steps run (`edge_kernels::on_pool`),
+            // step by step: the loop itself stays on the caller's thread, where the GPU work
+            // is issued.
             let host = &mut self.host;
             edge_kernels::on_pool(|| host.run_step(index as usize, i, stats, bound))?;
             self.counts.host_steps += 1;
